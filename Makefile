@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Both create .venv when missing and install what they need (CPU torch first).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip
+STAMP_DEV := $(VENV)/.stamp-dev
+STAMP_BASE := $(VENV)/.stamp-base
+
+.PHONY: demo test lint typecheck check bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(STAMP_BASE): $(BIN)/python pyproject.toml setup.py
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	touch $@
+
+$(STAMP_DEV): $(STAMP_BASE)
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+demo: $(STAMP_BASE)
+	$(BIN)/qpa demo
+
+test: $(STAMP_DEV)
+	$(BIN)/ruff check qpa operator tests benchmarks
+	mkdir -p build/mypy && ln -sfn ../../operator build/mypy/qpa_operator
+	$(BIN)/mypy qpa build/mypy/qpa_operator
+	$(BIN)/lint-imports
+	$(BIN)/pytest
+
+lint: $(STAMP_DEV)
+	$(BIN)/ruff check qpa operator tests benchmarks
+	$(BIN)/ruff format --check qpa operator tests benchmarks
+
+bench: $(STAMP_BASE)
+	$(BIN)/python benchmarks/env_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""qpa_operator: the kopf operator that reconciles the five qpa custom resources."""

@@ -1,0 +1,3 @@
+"""qpa: the closed AI-for-AI loop for mobile planner agents."""
+
+__version__ = "0.1.0"

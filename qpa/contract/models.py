@@ -1,0 +1,302 @@
+"""The action -> feedback -> verification contract: the data every stage of qpa shares.
+
+Environments consume `Task` and `Action` and produce `Feedback` and `Verification`; the Harness,
+data pipeline, training, benchmark and diagnosis all read and write the same `Trajectory`.
+Nothing here knows which environment kind produced it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+Capability = Literal["tool_use", "memory", "skills", "subagent"]
+CAPABILITIES: tuple[Capability, ...] = ("tool_use", "memory", "skills", "subagent")
+Split = Literal["train", "validation", "test"]
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+EnvKind = Literal["sandbox", "llm_sim", "device"]
+SideEffect = Literal["read", "write", "payment"]
+ErrorKind = Literal[
+    "unknown_tool",
+    "invalid_arguments",
+    "precondition_failed",
+    "permission_denied",
+    "transient",
+    "environment_failure",
+]
+Evidence = Literal["stated", "confirmed", "observed", "inferred"]
+Fidelity = Literal["programmatic", "llm_judged", "device"]
+
+
+class _Model(BaseModel):
+    """Base for contract models: unknown fields are errors, so typos never pass silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+class UserProfile(_Model):
+    """Who the simulated phone belongs to."""
+
+    user_id: str = "u_0001"
+    name: str = "Alex Morgan"
+    phone: str = "+1-555-0100"
+    email: str = "alex.morgan@example.com"
+    home: str = "12 Harbor Street"
+    work: str = "400 Market Avenue"
+    timezone: str = "UTC"
+    locale: str = "en-US"
+
+
+class MemoryItem(_Model):
+    """A remembered preference or fact about the user, graded by the evidence behind it."""
+
+    key: str
+    value: str
+    evidence: Evidence = "stated"
+    source: str = "seed"
+    time: datetime = Field(default_factory=lambda: datetime(2026, 1, 1))
+
+
+class Check(_Model):
+    """One named verification check over the environment's final state.
+
+    For the sandbox, `target` is `app.collection` (or `answer` for the final answer) and
+    `where` filters records; keys may carry a Django-style suffix: `__contains`, `__in`,
+    `__gte`, `__lte`, `__ne`, `__icontains`. `op` says what must hold of the matches.
+    """
+
+    name: str
+    op: Literal["exists", "absent", "count", "equals", "answer"] = "exists"
+    target: str
+    where: dict[str, Any] = Field(default_factory=dict)
+    expect: Any = None
+
+
+class VerifierSpec(_Model):
+    """How success is decided: state checks and an optional answer check, or a rubric."""
+
+    kind: Literal["state", "rubric", "device"] = "state"
+    checks: list[Check] = Field(default_factory=list)
+    answer: str | None = None
+    answer_match: Literal["exact", "contains", "number", "all_of"] = "contains"
+    rubric: list[str] = Field(default_factory=list)
+
+
+class Task(_Model):
+    """An executable task: instruction, world to seed it in, tools on offer and how to verify it."""
+
+    id: str
+    suite: str = "mobilepa"
+    split: Split = "train"
+    domain: str
+    capabilities: list[Capability] = Field(min_length=1)
+    difficulty: int = Field(default=1, ge=1, le=5)
+    instruction: str = Field(min_length=1)
+    user: UserProfile = Field(default_factory=UserProfile)
+    memory: list[MemoryItem] = Field(default_factory=list)
+    seed: int = 0
+    apps: list[str] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+    world: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    verifier: VerifierSpec = Field(default_factory=VerifierSpec)
+    reference_plan: list[Action] | None = None
+    confirmations: list[str] = Field(default_factory=list)
+    source: str = "template"
+    template: str | None = None
+    lineage: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("capabilities")
+    @classmethod
+    def _unique_capabilities(cls, value: list[Capability]) -> list[Capability]:
+        if len(set(value)) != len(value):
+            raise ValueError("capabilities must not repeat")
+        return value
+
+
+class ToolSpec(_Model):
+    """A tool as a planner sees it: OpenAI-style function schema plus its side-effect class."""
+
+    name: str = Field(pattern=r"^[a-zA-Z][a-zA-Z0-9_]{0,63}$")
+    description: str
+    app: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    result: dict[str, Any] = Field(default_factory=dict)
+    side_effect: SideEffect = "read"
+
+
+# --------------------------------------------------------------------------- actions
+
+
+class ToolCall(_Model):
+    """Call one of the environment's tools with JSON arguments."""
+
+    type: Literal["tool_call"] = "tool_call"
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    call_id: str | None = None
+
+
+class UIAction(_Model):
+    """A raw UI gesture on a device screen."""
+
+    type: Literal["ui"] = "ui"
+    op: Literal["tap", "type", "swipe", "back", "home", "launch"]
+    x: int | None = None
+    y: int | None = None
+    x2: int | None = None
+    y2: int | None = None
+    text: str | None = None
+    package: str | None = None
+
+
+class MessageUser(_Model):
+    """Say something to the user (a question, a confirmation request, a progress note)."""
+
+    type: Literal["message_user"] = "message_user"
+    text: str
+
+
+class Delegate(_Model):
+    """Hand a self-contained part of the task to a sub-agent with a scoped tool set."""
+
+    type: Literal["delegate"] = "delegate"
+    goal: str
+    tools: list[str] = Field(default_factory=list)
+    agent: str = "sub"
+
+
+class Finish(_Model):
+    """End the episode, optionally with an answer for the user."""
+
+    type: Literal["finish"] = "finish"
+    answer: str | None = None
+
+
+Action = Annotated[ToolCall | UIAction | MessageUser | Delegate | Finish, Field(discriminator="type")]
+ACTION_ADAPTER: TypeAdapter[Action] = TypeAdapter(Action)
+
+
+# --------------------------------------------------------------------------- feedback
+
+
+class Feedback(_Model):
+    """What the environment answers to reset or to one action. Errors are data, never raised."""
+
+    status: Literal["ok", "error"] = "ok"
+    observation: Any = None
+    error: ErrorKind | None = None
+    message: str = ""
+    done: bool = False
+
+    @classmethod
+    def ok(cls, observation: Any = None, *, done: bool = False, message: str = "") -> Feedback:
+        return cls.model_construct(
+            status="ok", observation=observation, error=None, message=message, done=done
+        )
+
+    @classmethod
+    def fail(cls, kind: ErrorKind, message: str, *, done: bool = False) -> Feedback:
+        return cls.model_construct(
+            status="error", observation=None, error=kind, message=message, done=done
+        )
+
+
+class CheckResult(_Model):
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class Verification(_Model):
+    """Whether the task is done and succeeded; progress is the share of checks passed."""
+
+    done: bool
+    success: bool
+    progress: float = Field(ge=0.0, le=1.0)
+    checks: list[CheckResult] = Field(default_factory=list)
+    fidelity: Fidelity = "programmatic"
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+class TokenUsage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class Step(_Model):
+    """One turn: the action taken, the feedback it got, and what the Harness noted about it."""
+
+    index: int
+    agent: str = "main"
+    action: Action
+    feedback: Feedback
+    duration_ms: float = 0.0
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    annotations: dict[str, Any] = Field(default_factory=dict)
+
+
+class Policy(_Model):
+    """Which model and which Harness version acted."""
+
+    planner: str
+    model: str = ""
+    harness_version: str = ""
+
+
+class Totals(_Model):
+    turns: int = 0
+    tool_calls: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_time_s: float = 0.0
+
+
+class Trajectory(_Model):
+    """A whole episode, successful or not: failed trajectories are kept for diagnosis."""
+
+    id: str
+    task: Task
+    env_kind: EnvKind = "sandbox"
+    policy: Policy
+    sample: int = 0
+    steps: list[Step] = Field(default_factory=list)
+    verification: Verification | None = None
+    totals: Totals = Field(default_factory=Totals)
+    answer: str | None = None
+    error: str | None = None
+    started_at: datetime | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def success(self) -> bool:
+        return self.verification is not None and self.verification.success
+
+    def recompute_totals(self, wall_time_s: float | None = None) -> Totals:
+        """Derive totals from the steps (the one place they are computed)."""
+        totals = Totals(
+            turns=len(self.steps),
+            tool_calls=sum(1 for s in self.steps if s.action.type == "tool_call"),
+            errors=sum(1 for s in self.steps if s.feedback.status == "error"),
+            prompt_tokens=sum(s.usage.prompt_tokens for s in self.steps),
+            completion_tokens=sum(s.usage.completion_tokens for s in self.steps),
+            wall_time_s=self.totals.wall_time_s if wall_time_s is None else wall_time_s,
+        )
+        self.totals = totals
+        return totals
+
+
+Task.model_rebuild()

@@ -1,0 +1,1 @@
+"""Environments behind the shared contract: sandbox, llm_sim, device, and remote clients."""

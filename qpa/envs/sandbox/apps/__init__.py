@@ -1,0 +1,1 @@
+"""Sandbox apps: one module per app; each defines an `App` subclass with `@tool` methods."""

@@ -1,0 +1,120 @@
+"""Contacts: the address book other apps resolve people through."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from typing_extensions import TypedDict
+
+from pydantic import Field
+
+from qpa.envs.sandbox.engine import App, fail, tool
+
+
+class Contact(TypedDict):
+    id: str
+    name: str
+    phone: str
+    email: str
+    address: str
+    favorite: bool
+    groups: list[str]
+
+
+class ContactsApp(App):
+    name = "contacts"
+    title = "Contacts"
+    description = "The user's address book: people, phone numbers, emails, addresses, groups."
+    skills = {
+        "resolve_person": (
+            "To reach a person by name, call contacts_search with part of the name first and use "
+            "the returned phone or email; never guess a number. If several contacts match, pick "
+            "the exact full-name match or ask the user."
+        ),
+    }
+
+    @classmethod
+    def default_state(cls) -> dict[str, Any]:
+        return {"contacts": []}
+
+    @tool()
+    def contacts_search(
+        self,
+        query: Annotated[str, Field(min_length=1, description="Part of a name, phone or email")],
+        limit: Annotated[int, Field(ge=1, le=50)] = 10,
+    ) -> list[Contact]:
+        """Find contacts whose name, phone or email contains the query (case-insensitive)."""
+        q = query.lower()
+        hits = [
+            c
+            for c in self.records("contacts")
+            if q in c["name"].lower() or q in c["phone"] or q in c["email"].lower()
+        ]
+        return hits[:limit]
+
+    @tool()
+    def contacts_get(self, contact_id: str) -> Contact:
+        """Get one contact by id."""
+        record: Contact = self.find("contacts", contact_id, what="contact")  # type: ignore[assignment]
+        return record
+
+    @tool()
+    def contacts_list_group(self, group: str) -> list[Contact]:
+        """List the contacts in a group such as 'family' or 'work'."""
+        return [c for c in self.records("contacts") if group in c.get("groups", [])]
+
+    @tool("write")
+    def contacts_create(
+        self,
+        name: Annotated[str, Field(min_length=1)],
+        phone: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")],
+        email: str = "",
+        address: str = "",
+    ) -> Contact:
+        """Add a new contact. Fails if a contact with the same phone already exists."""
+        if any(c["phone"] == phone for c in self.records("contacts")):
+            raise fail(f"a contact with phone {phone} already exists")
+        contact: Contact = {
+            "id": self.world.new_id("c"),
+            "name": name,
+            "phone": phone,
+            "email": email,
+            "address": address,
+            "favorite": False,
+            "groups": [],
+        }
+        self.records("contacts").append(dict(contact))
+        return contact
+
+    @tool("write")
+    def contacts_update(
+        self,
+        contact_id: str,
+        phone: str | None = None,
+        email: str | None = None,
+        address: str | None = None,
+        favorite: bool | None = None,
+    ) -> Contact:
+        """Change a contact's phone, email, address or favorite flag (only the given fields)."""
+        record = self.find("contacts", contact_id, what="contact")
+        changes = {"phone": phone, "email": email, "address": address, "favorite": favorite}
+        given = {k: v for k, v in changes.items() if v is not None}
+        if not given:
+            raise fail("nothing to update: give at least one of phone, email, address, favorite", "invalid_arguments")
+        record.update(given)
+        return record  # type: ignore[return-value]
+
+    @tool("write")
+    def contacts_add_to_group(self, contact_id: str, group: Annotated[str, Field(min_length=1)]) -> Contact:
+        """Put a contact into a group (creating the group if needed)."""
+        record = self.find("contacts", contact_id, what="contact")
+        if group not in record["groups"]:
+            record["groups"].append(group)
+        return record  # type: ignore[return-value]
+
+    @tool("write")
+    def contacts_delete(self, contact_id: str) -> dict[str, Any]:
+        """Delete a contact."""
+        record = self.find("contacts", contact_id, what="contact")
+        self.records("contacts").remove(record)
+        return {"deleted": contact_id}

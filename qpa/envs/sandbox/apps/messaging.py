@@ -1,0 +1,127 @@
+"""Messaging: SMS-style conversations with phone numbers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from typing_extensions import TypedDict
+
+from pydantic import Field
+
+from qpa.envs.sandbox.engine import App, fail, tool
+
+
+class Message(TypedDict):
+    id: str
+    thread: str
+    to: str
+    sender: str
+    text: str
+    time: str
+    read: bool
+    scheduled_for: str | None
+
+
+class MessagingApp(App):
+    name = "messaging"
+    title = "Messages"
+    description = "Text messages: read conversations, send, schedule and forward messages."
+    skills = {
+        "reply_in_thread": (
+            "To answer someone, find their conversation with messaging_list_threads, read it with "
+            "messaging_read_thread, then messaging_send to the thread's phone number."
+        ),
+        "scheduled_send": (
+            "'Send it tomorrow at 8' means messaging_schedule with an ISO time "
+            "(YYYY-MM-DDTHH:MM), not messaging_send now."
+        ),
+    }
+
+    @classmethod
+    def default_state(cls) -> dict[str, Any]:
+        return {"messages": [], "blocked": []}
+
+    def _thread_id(self, phone: str) -> str:
+        return "t_" + "".join(ch for ch in phone if ch.isdigit())
+
+    @tool()
+    def messaging_list_threads(self, unread_only: bool = False) -> list[dict[str, Any]]:
+        """List conversations (one per phone number) with their latest message and unread count."""
+        threads: dict[str, dict[str, Any]] = {}
+        for m in self.records("messages"):
+            peer = m["to"] if m["sender"] == "me" else m["sender"]
+            entry = threads.setdefault(m["thread"], {"thread": m["thread"], "phone": peer, "unread": 0})
+            entry["last"] = m["text"]
+            entry["time"] = m["time"]
+            if not m["read"] and m["sender"] != "me":
+                entry["unread"] += 1
+        rows = list(threads.values())
+        return [t for t in rows if t["unread"]] if unread_only else rows
+
+    @tool()
+    def messaging_read_thread(
+        self, phone: Annotated[str, Field(min_length=3)], limit: Annotated[int, Field(ge=1, le=100)] = 20
+    ) -> list[Message]:
+        """Read the latest messages with a phone number (marks them read)."""
+        thread = self._thread_id(phone)
+        rows = [m for m in self.records("messages") if m["thread"] == thread]
+        for m in rows:
+            m["read"] = True
+        return rows[-limit:]  # type: ignore[return-value]
+
+    @tool()
+    def messaging_search(self, text: Annotated[str, Field(min_length=1)]) -> list[Message]:
+        """Search all messages for text (case-insensitive)."""
+        q = text.lower()
+        return [m for m in self.records("messages") if q in m["text"].lower()]  # type: ignore[misc]
+
+    @tool("write")
+    def messaging_send(
+        self,
+        to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$", description="Phone number")],
+        text: Annotated[str, Field(min_length=1, max_length=1000)],
+    ) -> Message:
+        """Send a text message to a phone number now."""
+        if to in self.state.get("blocked", []):
+            raise fail(f"{to} is blocked; unblock it before sending")
+        return self._store(to, text, None)
+
+    @tool("write")
+    def messaging_schedule(
+        self,
+        to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")],
+        text: Annotated[str, Field(min_length=1, max_length=1000)],
+        send_at: Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$", description="ISO time")],
+    ) -> Message:
+        """Schedule a text message for later delivery."""
+        if send_at <= self.world.iso_now():
+            raise fail(f"send_at {send_at} is not in the future (now {self.world.iso_now()})")
+        return self._store(to, text, send_at)
+
+    @tool("write")
+    def messaging_forward(self, message_id: str, to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")]) -> Message:
+        """Forward an existing message to another phone number."""
+        original = self.find("messages", message_id, what="message")
+        return self._store(to, original["text"], None)
+
+    @tool("write")
+    def messaging_block(self, phone: str) -> dict[str, Any]:
+        """Block a phone number: no messages can be sent to or received from it."""
+        blocked: list[str] = self.state.setdefault("blocked", [])
+        if phone not in blocked:
+            blocked.append(phone)
+        return {"blocked": phone}
+
+    def _store(self, to: str, text: str, scheduled_for: str | None) -> Message:
+        message: Message = {
+            "id": self.world.new_id("m"),
+            "thread": self._thread_id(to),
+            "to": to,
+            "sender": "me",
+            "text": text,
+            "time": self.world.iso_now(),
+            "read": True,
+            "scheduled_for": scheduled_for,
+        }
+        self.records("messages").append(dict(message))
+        return message

@@ -1,0 +1,180 @@
+"""The programmatic sandbox engine: a simulated phone whose apps expose typed Python tools.
+
+An `App` declares its state (collections of JSON records) and its tools as methods decorated with
+`@tool`. From each signature the engine derives a pydantic argument model (so arguments are
+validated, unknown ones rejected) and a `ToolSpec` with JSON schemas of arguments and result.
+Tool bodies raise `ToolError` for domain failures (out of stock, calendar conflict); the engine
+turns those, bad arguments and even bugs into structured `Feedback`, never exceptions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+
+from qpa.contract import ErrorKind, SideEffect, ToolSpec, UserProfile
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_START = datetime(2026, 3, 2, 9, 0, 0)
+SECONDS_PER_ACTION = 30
+
+
+class ToolError(Exception):
+    """A domain failure a tool reports: becomes error `Feedback` of the given kind."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+        self.message = message
+
+
+def fail(message: str, kind: ErrorKind = "precondition_failed") -> ToolError:
+    """Shorthand for tools: `raise fail("out of stock")`."""
+    return ToolError(kind, message)
+
+
+def tool(side_effect: SideEffect = "read") -> Callable[[F], F]:
+    """Mark an App method as a tool. Its docstring's first paragraph is the description."""
+
+    def mark(fn: F) -> F:
+        fn._qpa_side_effect = side_effect  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+class World:
+    """The phone: a clock, the user, deterministic id counters and the apps' state."""
+
+    def __init__(self, state: dict[str, dict[str, Any]], user: UserProfile, start: datetime):
+        self.state = state
+        self.user = user
+        self.now = start
+        self._counters: dict[str, int] = {}
+
+    def new_id(self, prefix: str) -> str:
+        """Deterministic ids for created records: `prefix_9001`, `prefix_9002`, ..."""
+        value = self._counters.get(prefix, 9000) + 1
+        self._counters[prefix] = value
+        return f"{prefix}_{value}"
+
+    def tick(self, seconds: int = SECONDS_PER_ACTION) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def iso_now(self) -> str:
+        return self.now.isoformat(timespec="minutes")
+
+
+@dataclass(frozen=True)
+class BoundTool:
+    """A tool ready to call: its app, method, argument model and public spec."""
+
+    app: type[App]
+    method: Callable[..., Any]
+    args_model: type[BaseModel]
+    spec: ToolSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class App:
+    """Base class of sandbox apps. Subclasses set `name`, `description`, `skills`, `State`."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    # App-specific procedures the tool schemas alone do not reveal (injected by the Harness).
+    skills: ClassVar[dict[str, str]] = {}
+    # Pydantic model of this app's state, used to validate task worlds (not on the hot path).
+    State: ClassVar[type[BaseModel] | None] = None
+    bound_tools: ClassVar[dict[str, BoundTool]] = {}
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.state: dict[str, Any] = world.state.setdefault(self.name, {})
+        for key, value in self.default_state().items():
+            self.state.setdefault(key, value)
+
+    @classmethod
+    def default_state(cls) -> dict[str, Any]:
+        """Empty collections and default settings for a fresh install of the app."""
+        return {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            cls.bound_tools = {
+                bound.name: bound
+                for attr, member in vars(cls).items()
+                if (bound := _bind(cls, attr, member)) is not None
+            }
+
+    # helpers shared by tools ------------------------------------------------------------
+    def records(self, collection: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.state.setdefault(collection, [])
+        return rows
+
+    def find(self, collection: str, record_id: str, *, what: str | None = None) -> dict[str, Any]:
+        """The record with this id, or a precondition failure naming what was not found."""
+        for record in self.records(collection):
+            if record.get("id") == record_id:
+                return record
+        raise fail(f"{what or collection.rstrip('s')} '{record_id}' not found")
+
+
+_ARGS_CONFIG = ConfigDict(extra="forbid")
+
+
+def _bind(app: type[App], attr: str, member: Any) -> BoundTool | None:
+    side_effect = getattr(member, "_qpa_side_effect", None)
+    if side_effect is None:
+        return None
+    hints = typing.get_type_hints(member, include_extras=True)
+    signature = inspect.signature(member)
+    fields: dict[str, Any] = {}
+    for pname, param in list(signature.parameters.items())[1:]:
+        if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+            raise TypeError(f"{app.__name__}.{attr}: tools take named parameters only")
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (hints[pname], default)
+    args_model = create_model(f"{app.__name__}_{attr}_args", __config__=_ARGS_CONFIG, **fields)
+    parameters = args_model.model_json_schema()
+    parameters.pop("title", None)
+    for prop in parameters.get("properties", {}).values():
+        prop.pop("title", None)
+    result_type = hints.get("return", Any)
+    result_schema = TypeAdapter(result_type).json_schema() if result_type is not Any else {}
+    doc = inspect.getdoc(member) or attr
+    spec = ToolSpec(
+        name=attr,
+        description=doc.split("\n\n")[0].replace("\n", " "),
+        app=app.name,
+        parameters=parameters,
+        result=result_schema,
+        side_effect=side_effect,
+    )
+    return BoundTool(app=app, method=member, args_model=args_model, spec=spec)
+
+
+def describe_validation_error(tool_name: str, exc: ValidationError) -> str:
+    """One readable line per problem, naming the argument: what a planner can act on."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(part) for part in err.get("loc", ())) or "<arguments>"
+        kind = err.get("type", "")
+        if kind == "missing":
+            problems.append(f"missing argument '{loc}'")
+        elif kind == "extra_forbidden":
+            problems.append(f"unexpected argument '{loc}'")
+        else:
+            problems.append(f"argument '{loc}': {err.get('msg')}")
+    return f"{tool_name}: " + "; ".join(problems)

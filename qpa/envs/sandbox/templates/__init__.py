@@ -1,0 +1,1 @@
+"""Task templates: one module per domain; each function decorated with `@template`."""

@@ -1,0 +1,1 @@
+"""The Harness: planners, the agent loop and (later) the Scenario Adapter, Skills and Memory."""

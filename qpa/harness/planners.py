@@ -1,0 +1,130 @@
+"""Planners: what decides the next `Action`. `oracle` and `noop` need no model.
+
+A planner is started once per episode with the task, the tools on offer and the reset feedback,
+then asked for one `Decision` per turn given the previous step. Model-backed planners (later
+issues) implement the same interface, so the agent loop never special-cases them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from qpa.contract import Action, Feedback, Finish, Step, Task, TokenUsage, ToolCall, ToolSpec
+
+
+@dataclass
+class Decision:
+    action: Action
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    annotations: dict[str, Any] = field(default_factory=dict)
+
+
+class Planner(Protocol):
+    name: str
+
+    def start(self, task: Task, tools: list[ToolSpec], first: Feedback) -> None: ...
+
+    def decide(self, last: Step | None) -> Decision: ...
+
+
+class NoopPlanner:
+    """Finishes at once: every task's verifier must fail it."""
+
+    name = "noop"
+
+    def start(self, task: Task, tools: list[ToolSpec], first: Feedback) -> None:
+        return None
+
+    def decide(self, last: Step | None) -> Decision:
+        return Decision(Finish())
+
+
+_REF = re.compile(r"\$\{(\d+)((?:\.[A-Za-z0-9_]+)*)\}")
+_MISSING = object()
+
+
+def _lookup(value: Any, path: str) -> Any:
+    for part in filter(None, path.split(".")):
+        if isinstance(value, dict):
+            value = value.get(part, _MISSING)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return _MISSING
+        if value is _MISSING:
+            return _MISSING
+    return value
+
+
+def resolve_refs(value: Any, results: list[Any]) -> Any:
+    """Replace `${i.path}` in plan arguments with data from the observation of plan step i.
+
+    A string that is exactly one reference takes the referenced value with its type; references
+    inside longer strings are substituted as text. Unresolvable references stay as written.
+    """
+    if isinstance(value, dict):
+        return {k: resolve_refs(v, results) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_refs(v, results) for v in value]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def find(match: re.Match[str]) -> Any:
+        index = int(match.group(1))
+        if index >= len(results):
+            return _MISSING
+        return _lookup(results[index], match.group(2))
+
+    whole = _REF.fullmatch(value)
+    if whole:
+        found = find(whole)
+        return value if found is _MISSING else found
+
+    def substitute(match: re.Match[str]) -> str:
+        found = find(match)
+        return match.group(0) if found is _MISSING else str(found)
+
+    return _REF.sub(substitute, value)
+
+
+class OraclePlanner:
+    """Follows the task's reference plan, grounding `${i.path}` arguments in earlier results."""
+
+    name = "oracle"
+
+    def __init__(self) -> None:
+        self._plan: list[Action] = []
+        self._results: list[Any] = []
+        self._cursor = 0
+
+    def start(self, task: Task, tools: list[ToolSpec], first: Feedback) -> None:
+        if task.reference_plan is None:
+            raise ValueError(f"task {task.id} has no reference plan for the oracle")
+        self._plan = list(task.reference_plan)
+        self._results = []
+        self._cursor = 0
+
+    def decide(self, last: Step | None) -> Decision:
+        if last is not None:
+            self._results.append(last.feedback.observation)
+        if self._cursor >= len(self._plan):
+            return Decision(Finish())
+        action = self._plan[self._cursor]
+        self._cursor += 1
+        if isinstance(action, ToolCall) and "${" in str(action.arguments):
+            action = action.model_copy(update={"arguments": resolve_refs(action.arguments, self._results)})
+        return Decision(action, annotations={"plan_step": self._cursor - 1})
+
+
+PLANNERS: dict[str, type[Any]] = {"oracle": OraclePlanner, "noop": NoopPlanner}
+
+
+def make_planner(name: str, **options: Any) -> Planner:
+    try:
+        factory = PLANNERS[name]
+    except KeyError:
+        raise ValueError(f"unknown planner {name!r}; choose from {', '.join(sorted(PLANNERS))}") from None
+    planner: Planner = factory(**options)
+    return planner

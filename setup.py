@@ -1,0 +1,16 @@
+"""Packaging shim: the folder `operator/` ships as the import package `qpa_operator`.
+
+pyproject.toml holds all metadata; setuptools cannot express a renamed package tree there.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    packages=[
+        *find_packages(include=["qpa", "qpa.*"]),
+        "qpa_operator",
+        *(f"qpa_operator.{name}" for name in find_packages("operator")),
+    ],
+    package_dir={"qpa_operator": "operator"},
+    package_data={"qpa": ["py.typed"]},
+)
