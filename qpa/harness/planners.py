@@ -118,7 +118,66 @@ class OraclePlanner:
         return Decision(action, annotations={"plan_step": self._cursor - 1})
 
 
-PLANNERS: dict[str, type[Any]] = {"oracle": OraclePlanner, "noop": NoopPlanner}
+def _perturb(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, str):
+        return value + "-x" if value else "x"
+    if isinstance(value, list):
+        return [*value[:-1]] if value else ["x"]
+    return "x"
+
+
+class GreedyWrongPlanner(OraclePlanner):
+    """The oracle with exactly one wrong argument: proves verifiers are not trivially satisfied.
+
+    It perturbs the first argument of the last state-changing tool call of the reference plan
+    (or, when the plan changes nothing, the final answer). Every shipped task must fail under it.
+    """
+
+    name = "greedy_wrong"
+
+    def __init__(self, write_tools: set[str] | None = None) -> None:
+        super().__init__()
+        self._write_tools = write_tools
+        self._target: int | None = None
+
+    def start(self, task: Task, tools: list[ToolSpec], first: Feedback) -> None:
+        super().start(task, tools, first)
+        writes = self._write_tools or {t.name for t in tools if t.side_effect != "read"}
+        self._target = next(
+            (
+                i
+                for i in range(len(self._plan) - 1, -1, -1)
+                if isinstance(self._plan[i], ToolCall)
+                and self._plan[i].tool in writes  # type: ignore[union-attr]
+                and self._plan[i].arguments  # type: ignore[union-attr]
+            ),
+            None,
+        )
+
+    def decide(self, last: Step | None) -> Decision:
+        index = self._cursor
+        decision = super().decide(last)
+        action = decision.action
+        if self._target is not None and index == self._target and isinstance(action, ToolCall):
+            key = next(iter(action.arguments))
+            arguments = {**action.arguments, key: _perturb(action.arguments[key])}
+            decision.action = action.model_copy(update={"arguments": arguments})
+            decision.annotations["injected_fault"] = f"wrong_argument:{key}"
+        elif self._target is None and isinstance(action, Finish):
+            decision.action = Finish(answer="unknown")
+            decision.annotations["injected_fault"] = "wrong_answer"
+        return decision
+
+
+PLANNERS: dict[str, type[Any]] = {
+    "oracle": OraclePlanner,
+    "noop": NoopPlanner,
+    "greedy_wrong": GreedyWrongPlanner,
+}
 
 
 def make_planner(name: str, **options: Any) -> Planner:

@@ -10,7 +10,19 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from qpa.contract import Environment, Policy, Step, Task, Trajectory, Verification
+from qpa.contract import (
+    Action,
+    Delegate,
+    Environment,
+    Feedback,
+    Finish,
+    Policy,
+    Step,
+    Task,
+    ToolCall,
+    Trajectory,
+    Verification,
+)
 from qpa.harness.planners import Planner
 
 DEFAULT_MAX_TURNS = 40
@@ -36,6 +48,7 @@ def run_episode(
         started_at=started,
     )
     steps: list[Step] = []
+    agents: list[tuple[str, set[str]]] = []  # the sub-agent stack: (name, scoped tools)
     try:
         first = env.reset(task)
         if first.status == "error":
@@ -46,10 +59,11 @@ def run_episode(
             for index in range(max_turns):
                 decision = planner.decide(last)
                 t0 = time.perf_counter()
-                feedback = env.step(decision.action)
+                agent = agents[-1][0] if agents else "main"
+                feedback = _delegation(decision.action, agents) or env.step(decision.action)
                 last = Step.model_construct(
                     index=index,
-                    agent=decision.annotations.pop("agent", "main"),
+                    agent=agent,
                     action=decision.action,
                     feedback=feedback,
                     duration_ms=(time.perf_counter() - t0) * 1000.0,
@@ -57,7 +71,7 @@ def run_episode(
                     annotations=decision.annotations,
                 )
                 steps.append(last)
-                if feedback.done:
+                if feedback.done and not agents:
                     break
             else:
                 trajectory.error = f"harness: turn budget of {max_turns} exhausted"
@@ -67,7 +81,27 @@ def run_episode(
         trajectory.verification = Verification(done=False, success=False, progress=0.0)
     trajectory.steps = steps
     trajectory.answer = next(
-        (s.action.answer for s in reversed(steps) if s.action.type == "finish"), None
+        (s.action.answer for s in reversed(steps) if s.action.type == "finish" and s.agent == "main"), None
     )
     trajectory.recompute_totals(wall_time_s=time.perf_counter() - clock)
     return trajectory
+
+
+def _delegation(action: Action, agents: list[tuple[str, set[str]]]) -> Feedback | None:
+    """Handle sub-agent bookkeeping in the Harness; None means: send the action to the env.
+
+    A `Delegate` opens a sub-agent with a scoped tool set; that agent's `Finish` returns its
+    answer to the parent instead of ending the episode; its calls outside scope are refused.
+    """
+    if isinstance(action, Delegate):
+        agents.append((action.agent, set(action.tools)))
+        return Feedback.ok({"delegated_to": action.agent, "goal": action.goal, "tools": action.tools})
+    if not agents:
+        return None
+    name, scope = agents[-1]
+    if isinstance(action, Finish):
+        agents.pop()
+        return Feedback.ok({"subagent": name, "result": action.answer})
+    if isinstance(action, ToolCall) and scope and action.tool not in scope:
+        return Feedback.fail("unknown_tool", f"tool '{action.tool}' is outside sub-agent '{name}' scope")
+    return None

@@ -1,0 +1,87 @@
+"""`qpa run`: one episode of one task with one planner, as a readable transcript."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.panel import Panel
+
+from qpa.cli import app
+from qpa.cli.common import console, die
+from qpa.contract import Environment, Step, Trajectory, write_trajectories
+from qpa.envs.sandbox import SandboxEnv
+from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, get_task
+from qpa.harness.planners import PLANNERS, make_planner
+from qpa.harness.runner import run_episode
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+def print_transcript(trajectory: Trajectory) -> None:
+    task = trajectory.task
+    console.print(Panel(task.instruction, title=f"{task.id} [{', '.join(task.capabilities)}]"))
+    for step in trajectory.steps:
+        _print_step(step)
+    verification = trajectory.verification
+    if trajectory.error:
+        console.print(f"[red]error:[/] {trajectory.error}")
+    if verification is not None:
+        for check in verification.checks:
+            mark = "[green]✓[/]" if check.passed else "[red]✗[/]"
+            console.print(f"  {mark} {check.name} ({check.detail})")
+        verdict = "[bold green]SUCCESS" if verification.success else "[bold red]FAILURE"
+        console.print(f"{verdict}[/] progress={verification.progress:.2f} turns={trajectory.totals.turns}")
+
+
+def _print_step(step: Step) -> None:
+    action = step.action
+    who = "" if step.agent == "main" else f"[magenta]{step.agent}[/] "
+    if action.type == "tool_call":
+        args = json.dumps(action.arguments, ensure_ascii=False)
+        console.print(f"{who}[cyan]→ {action.tool}[/]({_clip(args)})", highlight=False)
+    else:
+        console.print(f"{who}[cyan]→ {action.type}[/] {_clip(action.model_dump_json(exclude={'type'}))}", highlight=False)
+    feedback = step.feedback
+    if feedback.status == "ok":
+        console.print(f"   [dim]{_clip(json.dumps(feedback.observation, ensure_ascii=False))}[/]", highlight=False)
+    else:
+        console.print(f"   [yellow]{feedback.error}: {feedback.message}[/]", highlight=False)
+
+
+@app.command("run")
+def run(
+    task_id: Annotated[str, typer.Option("--task", help="Task id (see `qpa tasks list`).")],
+    planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNERS)}.")] = "oracle",
+    suite: Annotated[str, typer.Option(help="Suite the task belongs to.")] = DEFAULT_SUITE,
+    seed: Annotated[int, typer.Option(help="Suite seed.")] = CANONICAL_SEED,
+    env_url: Annotated[str | None, typer.Option(help="Environment server URL (default: in-process).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Append the trajectory to this JSON Lines file.")] = None,
+    max_turns: Annotated[int, typer.Option(min=1)] = 40,
+) -> None:
+    """Run one episode and print its transcript; exits 1 when the task fails."""
+    try:
+        task = get_task(task_id, suite, seed)
+        policy = make_planner(planner)
+    except (KeyError, ValueError) as exc:
+        die(str(exc.args[0]))
+    env: Environment
+    if env_url:
+        from qpa.envs.remote import RemoteEnv
+
+        env = RemoteEnv(env_url)
+    else:
+        env = SandboxEnv()
+    try:
+        trajectory = run_episode(env, task, policy, max_turns=max_turns)
+    finally:
+        env.close()
+    print_transcript(trajectory)
+    if out is not None:
+        write_trajectories(out, [trajectory], append=True)
+        console.print(f"trajectory appended to {out}")
+    raise typer.Exit(0 if trajectory.success else 1)
