@@ -26,7 +26,7 @@ from qpa.envs.sandbox.worldgen import Faker
 
 DEFAULT_SUITE = "mobilepa"
 CANONICAL_SEED = 0
-DEFAULT_COUNTS: dict[Split, int] = {"train": 6, "validation": 2, "test": 4}
+DEFAULT_COUNTS: dict[Split, int] = {"train": 10, "validation": 4, "test": 10}
 
 
 @dataclass(frozen=True)
