@@ -35,5 +35,10 @@ def demo(suite: str = DEFAULT_SUITE) -> None:
         table.add_column(column, justify="right" if column != "domain" else "left")
     for domain, by_planner in sorted(results.items()):
         oracle, noop = by_planner["oracle"], by_planner["noop"]
-        table.add_row(domain, str(len(oracle)), f"{sum(oracle) / len(oracle):.0%}", f"{sum(noop) / len(noop):.0%}")
+        table.add_row(
+            domain,
+            str(len(oracle)),
+            f"{sum(oracle) / len(oracle):.0%}",
+            f"{sum(noop) / len(noop):.0%}",
+        )
     console.print(table)

@@ -35,7 +35,9 @@ def print_transcript(trajectory: Trajectory) -> None:
             mark = "[green]✓[/]" if check.passed else "[red]✗[/]"
             console.print(f"  {mark} {check.name} ({check.detail})")
         verdict = "[bold green]SUCCESS" if verification.success else "[bold red]FAILURE"
-        console.print(f"{verdict}[/] progress={verification.progress:.2f} turns={trajectory.totals.turns}")
+        console.print(
+            f"{verdict}[/] progress={verification.progress:.2f} turns={trajectory.totals.turns}"
+        )
 
 
 def _print_step(step: Step) -> None:
@@ -45,10 +47,16 @@ def _print_step(step: Step) -> None:
         args = json.dumps(action.arguments, ensure_ascii=False)
         console.print(f"{who}[cyan]→ {action.tool}[/]({_clip(args)})", highlight=False)
     else:
-        console.print(f"{who}[cyan]→ {action.type}[/] {_clip(action.model_dump_json(exclude={'type'}))}", highlight=False)
+        console.print(
+            f"{who}[cyan]→ {action.type}[/] {_clip(action.model_dump_json(exclude={'type'}))}",
+            highlight=False,
+        )
     feedback = step.feedback
     if feedback.status == "ok":
-        console.print(f"   [dim]{_clip(json.dumps(feedback.observation, ensure_ascii=False))}[/]", highlight=False)
+        console.print(
+            f"   [dim]{_clip(json.dumps(feedback.observation, ensure_ascii=False))}[/]",
+            highlight=False,
+        )
     else:
         console.print(f"   [yellow]{feedback.error}: {feedback.message}[/]", highlight=False)
 
@@ -59,8 +67,12 @@ def run(
     planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNERS)}.")] = "oracle",
     suite: Annotated[str, typer.Option(help="Suite the task belongs to.")] = DEFAULT_SUITE,
     seed: Annotated[int, typer.Option(help="Suite seed.")] = CANONICAL_SEED,
-    env_url: Annotated[str | None, typer.Option(help="Environment server URL (default: in-process).")] = None,
-    out: Annotated[Path | None, typer.Option(help="Append the trajectory to this JSON Lines file.")] = None,
+    env_url: Annotated[
+        str | None, typer.Option(help="Environment server URL (default: in-process).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Append the trajectory to this JSON Lines file.")
+    ] = None,
     max_turns: Annotated[int, typer.Option(min=1)] = 40,
 ) -> None:
     """Run one episode and print its transcript; exits 1 when the task fails."""

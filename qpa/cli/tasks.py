@@ -43,8 +43,12 @@ def suite_stats(tasks: tuple[Task, ...] | list[Task]) -> dict[str, Any]:
         "by_split": dict(sorted(Counter(t.split for t in tasks).items())),
         "by_domain": dict(sorted(Counter(t.domain for t in tasks).items())),
         "by_capability": dict(sorted(Counter(c for t in tasks for c in t.capabilities).items())),
-        "by_difficulty": {str(k): v for k, v in sorted(Counter(t.difficulty for t in tasks).items())},
-        "test_by_capability": dict(sorted(Counter(c for t in test for c in t.capabilities).items())),
+        "by_difficulty": {
+            str(k): v for k, v in sorted(Counter(t.difficulty for t in tasks).items())
+        },
+        "test_by_capability": dict(
+            sorted(Counter(c for t in test for c in t.capabilities).items())
+        ),
         "by_tool": dict(sorted(tools_used.items())),
     }
 
@@ -67,10 +71,23 @@ def list_tasks(
         and (capability is None or capability in t.capabilities)
     ]
     if as_json:
-        print_json([{"id": t.id, "split": t.split, "domain": t.domain, "capabilities": t.capabilities,
-                     "difficulty": t.difficulty, "instruction": t.instruction} for t in tasks[:limit]])
+        print_json(
+            [
+                {
+                    "id": t.id,
+                    "split": t.split,
+                    "domain": t.domain,
+                    "capabilities": t.capabilities,
+                    "difficulty": t.difficulty,
+                    "instruction": t.instruction,
+                }
+                for t in tasks[:limit]
+            ]
+        )
         return
-    table = Table(title=f"{suite}: {len(tasks)} tasks" + (f" (first {limit})" if len(tasks) > limit else ""))
+    table = Table(
+        title=f"{suite}: {len(tasks)} tasks" + (f" (first {limit})" if len(tasks) > limit else "")
+    )
     for column in ("id", "split", "capabilities", "diff", "instruction"):
         table.add_column(column, overflow="fold")
     for t in tasks[:limit]:
@@ -79,7 +96,9 @@ def list_tasks(
 
 
 @tasks_app.command("show")
-def show_task(task_id: str, suite: SuiteOpt = DEFAULT_SUITE, seed: SeedOpt = CANONICAL_SEED) -> None:
+def show_task(
+    task_id: str, suite: SuiteOpt = DEFAULT_SUITE, seed: SeedOpt = CANONICAL_SEED
+) -> None:
     """Print one task as JSON (instruction, world, tools, verifier, reference plan)."""
     for task in load(suite, seed):
         if task.id == task_id:
@@ -95,7 +114,9 @@ def stats(suite: SuiteOpt = DEFAULT_SUITE, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(data)
         return
-    console.print(f"[bold]{suite}[/]: {data['tasks']} tasks, {data['domains']} domains, {data['tools']} tools")
+    console.print(
+        f"[bold]{suite}[/]: {data['tasks']} tasks, {data['domains']} domains, {data['tools']} tools"
+    )
     for key in ("by_split", "by_domain", "by_capability", "test_by_capability", "by_difficulty"):
         table = Table(title=key)
         table.add_column("name")

@@ -61,7 +61,9 @@ def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
     return read_models(path, Trajectory)
 
 
-def write_trajectories(path: str | Path, items: Iterable[Trajectory], *, append: bool = False) -> int:
+def write_trajectories(
+    path: str | Path, items: Iterable[Trajectory], *, append: bool = False
+) -> int:
     return write_models(path, items, append=append)
 
 

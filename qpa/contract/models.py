@@ -177,7 +177,9 @@ class Finish(_Model):
     answer: str | None = None
 
 
-Action = Annotated[ToolCall | UIAction | MessageUser | Delegate | Finish, Field(discriminator="type")]
+Action = Annotated[
+    ToolCall | UIAction | MessageUser | Delegate | Finish, Field(discriminator="type")
+]
 ACTION_ADAPTER: TypeAdapter[Action] = TypeAdapter(Action)
 
 

@@ -114,7 +114,9 @@ class OraclePlanner:
         action = self._plan[self._cursor]
         self._cursor += 1
         if isinstance(action, ToolCall) and "${" in str(action.arguments):
-            action = action.model_copy(update={"arguments": resolve_refs(action.arguments, self._results)})
+            action = action.model_copy(
+                update={"arguments": resolve_refs(action.arguments, self._results)}
+            )
         return Decision(action, annotations={"plan_step": self._cursor - 1})
 
 
@@ -184,6 +186,8 @@ def make_planner(name: str, **options: Any) -> Planner:
     try:
         factory = PLANNERS[name]
     except KeyError:
-        raise ValueError(f"unknown planner {name!r}; choose from {', '.join(sorted(PLANNERS))}") from None
+        raise ValueError(
+            f"unknown planner {name!r}; choose from {', '.join(sorted(PLANNERS))}"
+        ) from None
     planner: Planner = factory(**options)
     return planner

@@ -81,7 +81,12 @@ def run_episode(
         trajectory.verification = Verification(done=False, success=False, progress=0.0)
     trajectory.steps = steps
     trajectory.answer = next(
-        (s.action.answer for s in reversed(steps) if s.action.type == "finish" and s.agent == "main"), None
+        (
+            s.action.answer
+            for s in reversed(steps)
+            if s.action.type == "finish" and s.agent == "main"
+        ),
+        None,
     )
     trajectory.recompute_totals(wall_time_s=time.perf_counter() - clock)
     return trajectory
@@ -95,7 +100,9 @@ def _delegation(action: Action, agents: list[tuple[str, set[str]]]) -> Feedback 
     """
     if isinstance(action, Delegate):
         agents.append((action.agent, set(action.tools)))
-        return Feedback.ok({"delegated_to": action.agent, "goal": action.goal, "tools": action.tools})
+        return Feedback.ok(
+            {"delegated_to": action.agent, "goal": action.goal, "tools": action.tools}
+        )
     if not agents:
         return None
     name, scope = agents[-1]
@@ -103,5 +110,7 @@ def _delegation(action: Action, agents: list[tuple[str, set[str]]]) -> Feedback 
         agents.pop()
         return Feedback.ok({"subagent": name, "result": action.answer})
     if isinstance(action, ToolCall) and scope and action.tool not in scope:
-        return Feedback.fail("unknown_tool", f"tool '{action.tool}' is outside sub-agent '{name}' scope")
+        return Feedback.fail(
+            "unknown_tool", f"tool '{action.tool}' is outside sub-agent '{name}' scope"
+        )
     return None

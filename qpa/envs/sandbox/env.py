@@ -15,7 +15,18 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from qpa.contract import Action, Feedback, Task, ToolSpec, Verification
+from qpa.contract import (
+    Action,
+    Delegate,
+    EnvKind,
+    Feedback,
+    Finish,
+    MessageUser,
+    Task,
+    ToolCall,
+    ToolSpec,
+    Verification,
+)
 from qpa.envs.sandbox.engine import DEFAULT_START, App, BoundTool, ToolError, World
 from qpa.envs.sandbox.engine import describe_validation_error as _describe
 from qpa.envs.sandbox.registry import all_apps, all_tools
@@ -28,7 +39,7 @@ _WORLD_CACHE_SIZE = 4096
 class SandboxEnv:
     """One simulated phone; one episode at a time (servers hold one per session)."""
 
-    kind = "sandbox"
+    kind: EnvKind = "sandbox"
 
     def __init__(self, *, max_steps: int = MAX_STEPS) -> None:
         self.max_steps = max_steps
@@ -50,12 +61,20 @@ class SandboxEnv:
         self._answer = None
         self._steps = 0
         state = orjson.loads(self._world_blob(task))
-        start = datetime.fromisoformat(task.world.get("_clock", {}).get("start", DEFAULT_START.isoformat()))
+        start = datetime.fromisoformat(
+            task.world.get("_clock", {}).get("start", DEFAULT_START.isoformat())
+        )
         self._world = World(state, task.user, start)
-        app_names = list(dict.fromkeys([*task.apps, *(self._tools[t].app.name for t in task.tools if t in self._tools)]))
+        app_names = list(
+            dict.fromkeys(
+                [*task.apps, *(self._tools[t].app.name for t in task.tools if t in self._tools)]
+            )
+        )
         unknown = [a for a in app_names if a not in self._apps]
         if unknown:
-            return Feedback.fail("environment_failure", f"task uses unknown apps: {', '.join(unknown)}")
+            return Feedback.fail(
+                "environment_failure", f"task uses unknown apps: {', '.join(unknown)}"
+            )
         self._instances = {name: self._apps[name](self._world) for name in app_names}
         names = task.tools or [t for a in app_names for t in self._apps[a].bound_tools]
         self._allowed = {n: self._tools[n] for n in names if n in self._tools}
@@ -72,31 +91,41 @@ class SandboxEnv:
         if self._world is None or self._task is None:
             return Feedback.fail("precondition_failed", "no episode: call reset(task) first")
         if self._finished:
-            return Feedback.fail("precondition_failed", "the episode has finished; no more actions", done=True)
+            return Feedback.fail(
+                "precondition_failed", "the episode has finished; no more actions", done=True
+            )
         self._steps += 1
         if self._steps > self.max_steps:
             self._finished = True
-            return Feedback.fail("precondition_failed", f"step budget of {self.max_steps} exhausted", done=True)
+            return Feedback.fail(
+                "precondition_failed", f"step budget of {self.max_steps} exhausted", done=True
+            )
         self._world.tick()
-        kind = action.type
-        if kind == "tool_call":
+        if isinstance(action, ToolCall):
             return self._call(action.tool, action.arguments)
-        if kind == "finish":
+        if isinstance(action, Finish):
             self._finished = True
             self._answer = action.answer
             return Feedback.ok({"finished": True}, done=True)
-        if kind == "message_user":
+        if isinstance(action, MessageUser):
             log = self._world.state.setdefault("_user", {}).setdefault("messages", [])
             log.append({"time": self._world.iso_now(), "text": action.text})
             return Feedback.ok({"delivered": True})
-        if kind == "delegate":
-            return Feedback.fail("precondition_failed", "delegation is handled by the Harness, not the environment")
-        return Feedback.fail("precondition_failed", "the sandbox has no screen: UI gestures are not available, use tools")
+        if isinstance(action, Delegate):
+            return Feedback.fail(
+                "precondition_failed", "delegation is handled by the Harness, not the environment"
+            )
+        return Feedback.fail(
+            "precondition_failed",
+            "the sandbox has no screen: UI gestures are not available, use tools",
+        )
 
     def verify(self) -> Verification:
         if self._world is None or self._task is None:
             return Verification(done=False, success=False, progress=0.0)
-        return verify_state(self._task.verifier, self._world.state, self._answer, finished=self._finished)
+        return verify_state(
+            self._task.verifier, self._world.state, self._answer, finished=self._finished
+        )
 
     def tools(self) -> list[ToolSpec]:
         return [bound.spec for bound in self._allowed.values()]
@@ -132,7 +161,9 @@ class SandboxEnv:
         bound = self._allowed.get(name)
         if bound is None:
             if name in self._tools:
-                return Feedback.fail("unknown_tool", f"tool '{name}' is not available in this scenario")
+                return Feedback.fail(
+                    "unknown_tool", f"tool '{name}' is not available in this scenario"
+                )
             return Feedback.fail("unknown_tool", f"no tool named '{name}'")
         task = self._task
         assert task is not None
@@ -151,4 +182,6 @@ class SandboxEnv:
         except ToolError as exc:
             return Feedback.fail(exc.kind, exc.message)
         except Exception as exc:  # a bug in an app must not kill the episode
-            return Feedback.fail("environment_failure", f"{name} crashed: {type(exc).__name__}: {exc}")
+            return Feedback.fail(
+                "environment_failure", f"{name} crashed: {type(exc).__name__}: {exc}"
+            )

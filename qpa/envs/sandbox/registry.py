@@ -36,7 +36,9 @@ def all_tools() -> dict[str, BoundTool]:
     for app in all_apps().values():
         for name, bound in app.bound_tools.items():
             if name in tools:
-                raise ValueError(f"tool {name!r} defined by both {tools[name].app.name} and {app.name}")
+                raise ValueError(
+                    f"tool {name!r} defined by both {tools[name].app.name} and {app.name}"
+                )
             tools[name] = bound
     return tools
 

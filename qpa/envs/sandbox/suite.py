@@ -17,9 +17,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
-from qpa.contract import SPLITS, Action, Capability, Check, MemoryItem, Split, Task, VerifierSpec
+from qpa.contract import Action, Capability, Check, MemoryItem, Split, Task, VerifierSpec
 from qpa.envs.sandbox import templates as templates_package
 from qpa.envs.sandbox.registry import all_apps
 from qpa.envs.sandbox.worldgen import Faker
@@ -98,7 +98,7 @@ class TaskGen:
         checks: list[Check],
         plan: list[Action],
         answer: str | None = None,
-        answer_match: str = "contains",
+        answer_match: Literal["exact", "contains", "number", "all_of"] = "contains",
         memory: list[MemoryItem] | None = None,
         confirmations: list[str] | None = None,
         extra_apps: list[str] | None = None,
@@ -121,7 +121,7 @@ class TaskGen:
             apps=apps,
             tools=tools,
             world=world,
-            verifier=VerifierSpec(checks=checks, answer=answer, answer_match=answer_match),  # type: ignore[arg-type]
+            verifier=VerifierSpec(checks=checks, answer=answer, answer_match=answer_match),
             reference_plan=plan,
             confirmations=confirmations or [],
             source="template",
@@ -160,7 +160,9 @@ def build_task(tpl: TaskTemplate, split: Split, index: int, suite_seed: int) -> 
 
 @cache
 def _canonical_test_instructions(suite: str) -> frozenset[str]:
-    return frozenset(t.instruction for t in generate_suite(suite, CANONICAL_SEED) if t.split == "test")
+    return frozenset(
+        t.instruction for t in generate_suite(suite, CANONICAL_SEED) if t.split == "test"
+    )
 
 
 @cache
@@ -172,7 +174,8 @@ def generate_suite(suite: str = DEFAULT_SUITE, seed: int = CANONICAL_SEED) -> tu
         if tpl.suite != suite:
             continue
         seen: set[str] = set()
-        for split in SPLITS:
+        # Test first: a template with a small parameter space must never starve the test split.
+        for split in ("test", "validation", "train"):
             index, made, attempts = 0, 0, 0
             while made < tpl.counts[split] and attempts < tpl.counts[split] * 20:
                 attempts += 1

@@ -106,7 +106,9 @@ def verify_state(
     if spec.answer is not None:
         ok = answer_matches(answer, spec.answer, spec.answer_match)
         results.append(
-            CheckResult(name="answer", passed=ok, detail=f"expected {spec.answer!r}, got {answer!r}")
+            CheckResult(
+                name="answer", passed=ok, detail=f"expected {spec.answer!r}, got {answer!r}"
+            )
         )
     passed = sum(r.passed for r in results)
     progress = passed / len(results) if results else 0.0

@@ -64,7 +64,9 @@ class Faker:
 
     def slot(self, day: datetime | None = None, *, earliest: int = 8, latest: int = 18) -> datetime:
         base = day or self.day()
-        return base.replace(hour=self.rng.randint(earliest, latest), minute=self.rng.choice([0, 30]))
+        return base.replace(
+            hour=self.rng.randint(earliest, latest), minute=self.rng.choice([0, 30])
+        )
 
     def money(self, low: float, high: float) -> float:
         return round(self.rng.uniform(low, high), 2)

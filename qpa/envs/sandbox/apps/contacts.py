@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from typing_extensions import TypedDict
-
 from pydantic import Field
+from typing_extensions import TypedDict
 
 from qpa.envs.sandbox.engine import App, fail, tool
 
@@ -50,7 +49,7 @@ class ContactsApp(App):
             for c in self.records("contacts")
             if q in c["name"].lower() or q in c["phone"] or q in c["email"].lower()
         ]
-        return hits[:limit]
+        return hits[:limit]  # type: ignore[return-value]
 
     @tool()
     def contacts_get(self, contact_id: str) -> Contact:
@@ -61,7 +60,12 @@ class ContactsApp(App):
     @tool()
     def contacts_list_group(self, group: str) -> list[Contact]:
         """List the contacts in a group such as 'family' or 'work'."""
-        return [c for c in self.records("contacts") if group in c.get("groups", [])]
+        return [c for c in self.records("contacts") if group in c.get("groups", [])]  # type: ignore[misc]
+
+    @tool()
+    def contacts_list_favorites(self) -> list[Contact]:
+        """List the contacts marked as favorite."""
+        return [c for c in self.records("contacts") if c.get("favorite")]  # type: ignore[misc]
 
     @tool("write")
     def contacts_create(
@@ -100,12 +104,17 @@ class ContactsApp(App):
         changes = {"phone": phone, "email": email, "address": address, "favorite": favorite}
         given = {k: v for k, v in changes.items() if v is not None}
         if not given:
-            raise fail("nothing to update: give at least one of phone, email, address, favorite", "invalid_arguments")
+            raise fail(
+                "nothing to update: give at least one of phone, email, address, favorite",
+                "invalid_arguments",
+            )
         record.update(given)
         return record  # type: ignore[return-value]
 
     @tool("write")
-    def contacts_add_to_group(self, contact_id: str, group: Annotated[str, Field(min_length=1)]) -> Contact:
+    def contacts_add_to_group(
+        self, contact_id: str, group: Annotated[str, Field(min_length=1)]
+    ) -> Contact:
         """Put a contact into a group (creating the group if needed)."""
         record = self.find("contacts", contact_id, what="contact")
         if group not in record["groups"]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from typing_extensions import TypedDict
-
 from pydantic import Field
+from typing_extensions import TypedDict
 
 from qpa.envs.sandbox.engine import App, fail, tool
 
@@ -31,6 +30,10 @@ class MessagingApp(App):
             "To answer someone, find their conversation with messaging_list_threads, read it with "
             "messaging_read_thread, then messaging_send to the thread's phone number."
         ),
+        "spam_cleanup": (
+            "Reporting spam means two things: messaging_block the sender's number, then "
+            "messaging_delete every message from it. Deleting alone lets the sender text again."
+        ),
         "scheduled_send": (
             "'Send it tomorrow at 8' means messaging_schedule with an ISO time "
             "(YYYY-MM-DDTHH:MM), not messaging_send now."
@@ -50,7 +53,9 @@ class MessagingApp(App):
         threads: dict[str, dict[str, Any]] = {}
         for m in self.records("messages"):
             peer = m["to"] if m["sender"] == "me" else m["sender"]
-            entry = threads.setdefault(m["thread"], {"thread": m["thread"], "phone": peer, "unread": 0})
+            entry = threads.setdefault(
+                m["thread"], {"thread": m["thread"], "phone": peer, "unread": 0}
+            )
             entry["last"] = m["text"]
             entry["time"] = m["time"]
             if not m["read"] and m["sender"] != "me":
@@ -60,7 +65,9 @@ class MessagingApp(App):
 
     @tool()
     def messaging_read_thread(
-        self, phone: Annotated[str, Field(min_length=3)], limit: Annotated[int, Field(ge=1, le=100)] = 20
+        self,
+        phone: Annotated[str, Field(min_length=3)],
+        limit: Annotated[int, Field(ge=1, le=100)] = 20,
     ) -> list[Message]:
         """Read the latest messages with a phone number (marks them read)."""
         thread = self._thread_id(phone)
@@ -91,7 +98,9 @@ class MessagingApp(App):
         self,
         to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")],
         text: Annotated[str, Field(min_length=1, max_length=1000)],
-        send_at: Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$", description="ISO time")],
+        send_at: Annotated[
+            str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$", description="ISO time")
+        ],
     ) -> Message:
         """Schedule a text message for later delivery."""
         if send_at <= self.world.iso_now():
@@ -99,7 +108,9 @@ class MessagingApp(App):
         return self._store(to, text, send_at)
 
     @tool("write")
-    def messaging_forward(self, message_id: str, to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")]) -> Message:
+    def messaging_forward(
+        self, message_id: str, to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")]
+    ) -> Message:
         """Forward an existing message to another phone number."""
         original = self.find("messages", message_id, what="message")
         return self._store(to, original["text"], None)
@@ -111,6 +122,33 @@ class MessagingApp(App):
         if phone not in blocked:
             blocked.append(phone)
         return {"blocked": phone}
+
+    @tool("write")
+    def messaging_unblock(self, phone: str) -> dict[str, Any]:
+        """Unblock a phone number."""
+        blocked: list[str] = self.state.setdefault("blocked", [])
+        if phone not in blocked:
+            raise fail(f"{phone} is not blocked")
+        blocked.remove(phone)
+        return {"unblocked": phone}
+
+    @tool("write")
+    def messaging_delete(self, message_id: str) -> dict[str, Any]:
+        """Delete one message."""
+        record = self.find("messages", message_id, what="message")
+        self.records("messages").remove(record)
+        return {"deleted": message_id}
+
+    @tool("write")
+    def messaging_mark_read(self, phone: Annotated[str, Field(min_length=3)]) -> dict[str, Any]:
+        """Mark every message from a phone number as read without opening the conversation."""
+        thread = self._thread_id(phone)
+        rows = [m for m in self.records("messages") if m["thread"] == thread and not m["read"]]
+        if not any(m["thread"] == thread for m in self.records("messages")):
+            raise fail(f"no conversation with {phone}")
+        for m in rows:
+            m["read"] = True
+        return {"marked_read": len(rows)}
 
     def _store(self, to: str, text: str, scheduled_for: str | None) -> Message:
         message: Message = {

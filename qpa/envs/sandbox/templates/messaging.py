@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from qpa.contract import Check, Finish, ToolCall
+from qpa.contract import Check, Delegate, Finish, MemoryItem, ToolCall
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.worldgen import Faker
+from qpa.envs.sandbox.worldgen import TOPICS, Faker
 
 NOTES = [
     "Running 10 minutes late, sorry!",
@@ -57,7 +58,9 @@ def inbox(fake: Faker, people: list[dict[str, Any]], n: int = 4) -> list[dict[st
     return rows
 
 
-@template(domain="messaging", capabilities=["tool_use"], apps=["contacts", "messaging"], difficulty=2)
+@template(
+    domain="messaging", capabilities=["tool_use"], apps=["contacts", "messaging"], difficulty=2
+)
 def text_contact_by_name(g: TaskGen) -> Any:
     people = contacts_world(g.fake)
     target = g.rng.choice(people)
@@ -66,10 +69,18 @@ def text_contact_by_name(g: TaskGen) -> Any:
         instruction=f'Text {target["name"]}: "{note}"',
         world={"contacts": {"contacts": people}, "messaging": {"messages": inbox(g.fake, people)}},
         checks=[
-            Check(name="message sent to the contact", target="messaging.messages",
-                  where={"to": target["phone"], "sender": "me", "text": note}),
-            Check(name="nobody else texted", target="messaging.messages", op="count",
-                  where={"sender": "me"}, expect=1),
+            Check(
+                name="message sent to the contact",
+                target="messaging.messages",
+                where={"to": target["phone"], "sender": "me", "text": note},
+            ),
+            Check(
+                name="nobody else texted",
+                target="messaging.messages",
+                op="count",
+                where={"sender": "me"},
+                expect=1,
+            ),
         ],
         plan=[
             ToolCall(tool="contacts_search", arguments={"query": target["name"]}),
@@ -79,19 +90,25 @@ def text_contact_by_name(g: TaskGen) -> Any:
     )
 
 
-@template(domain="messaging", capabilities=["tool_use"], apps=["contacts", "messaging"], difficulty=3)
+@template(
+    domain="messaging", capabilities=["tool_use"], apps=["contacts", "messaging"], difficulty=3
+)
 def reply_to_latest_unread(g: TaskGen) -> Any:
     people = contacts_world(g.fake)
     messages = inbox(g.fake, people, n=3)
     latest = messages[-1]
     sender = next(p for p in people if p["phone"] == latest["sender"])
-    reply = g.rng.choice(["Sounds good!", "On my way.", "Got it, thanks.", "Will do."])
+    reply = g.rng.choice(REPLIES)
+    ask = g.rng.choice(["and tell me who it was", "then tell me their name", "and say who sent it"])
     return g.task(
-        instruction=f'Reply "{reply}" to whoever sent my most recent unread text, and tell me who it was.',
+        instruction=f'Reply "{reply}" to whoever sent my most recent unread text, {ask}.',
         world={"contacts": {"contacts": people}, "messaging": {"messages": messages}},
         checks=[
-            Check(name="reply sent to the latest sender", target="messaging.messages",
-                  where={"to": latest["sender"], "sender": "me", "text": reply}),
+            Check(
+                name="reply sent to the latest sender",
+                target="messaging.messages",
+                where={"to": latest["sender"], "sender": "me", "text": reply},
+            ),
         ],
         answer=sender["name"],
         plan=[
@@ -114,14 +131,24 @@ def schedule_text(g: TaskGen) -> Any:
         instruction=f'Tomorrow at {hour}:00, send {target["name"]} the text "{note}".',
         world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
         checks=[
-            Check(name="message scheduled for tomorrow", target="messaging.messages",
-                  where={"to": target["phone"], "text": note, "scheduled_for": when}),
-            Check(name="not sent immediately", target="messaging.messages", op="absent",
-                  where={"to": target["phone"], "scheduled_for": None}),
+            Check(
+                name="message scheduled for tomorrow",
+                target="messaging.messages",
+                where={"to": target["phone"], "text": note, "scheduled_for": when},
+            ),
+            Check(
+                name="not sent immediately",
+                target="messaging.messages",
+                op="absent",
+                where={"to": target["phone"], "scheduled_for": None},
+            ),
         ],
         plan=[
             ToolCall(tool="contacts_search", arguments={"query": target["name"]}),
-            ToolCall(tool="messaging_schedule", arguments={"to": "${0.0.phone}", "text": note, "send_at": when}),
+            ToolCall(
+                tool="messaging_schedule",
+                arguments={"to": "${0.0.phone}", "text": note, "send_at": when},
+            ),
             Finish(),
         ],
     )
@@ -134,33 +161,349 @@ def add_new_contact(g: TaskGen) -> Any:
     return g.task(
         instruction=f"Save {name} as a new contact with the number {phone}.",
         world={"contacts": {"contacts": people}},
-        checks=[Check(name="contact saved", target="contacts.contacts", where={"name": name, "phone": phone})],
+        checks=[
+            Check(
+                name="contact saved",
+                target="contacts.contacts",
+                where={"name": name, "phone": phone},
+            )
+        ],
         plan=[ToolCall(tool="contacts_create", arguments={"name": name, "phone": phone}), Finish()],
     )
 
 
-@template(domain="messaging", capabilities=["tool_use"], apps=["contacts", "messaging"], difficulty=3)
+@template(
+    domain="messaging", capabilities=["tool_use"], apps=["contacts", "messaging"], difficulty=3
+)
 def text_family_group(g: TaskGen) -> Any:
     people = contacts_world(g.fake, 8)
+    group = g.rng.choice(GROUPS)
     for p in people[:2]:
-        p["groups"] = ["family"]
+        p["groups"] = [group]
     for p in people[2:]:
         p["groups"] = [g.rng.choice(["work", "friends", "gym"])]
     note = g.rng.choice(NOTES)
     family = people[:2]
     return g.task(
-        instruction=f'Send "{note}" to everyone in my family group.',
+        instruction=f'Send "{note}" to everyone in my {group} group.',
         world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
         checks=[
-            *(Check(name=f"sent to {p['name']}", target="messaging.messages",
-                    where={"to": p["phone"], "text": note}) for p in family),
-            Check(name="only family texted", target="messaging.messages", op="count",
-                  where={"sender": "me"}, expect=len(family)),
+            *(
+                Check(
+                    name=f"sent to {p['name']}",
+                    target="messaging.messages",
+                    where={"to": p["phone"], "text": note},
+                )
+                for p in family
+            ),
+            Check(
+                name="only family texted",
+                target="messaging.messages",
+                op="count",
+                where={"sender": "me"},
+                expect=len(family),
+            ),
         ],
         plan=[
-            ToolCall(tool="contacts_list_group", arguments={"group": "family"}),
+            ToolCall(tool="contacts_list_group", arguments={"group": group}),
             ToolCall(tool="messaging_send", arguments={"to": "${0.0.phone}", "text": note}),
             ToolCall(tool="messaging_send", arguments={"to": "${0.1.phone}", "text": note}),
             Finish(),
         ],
+    )
+
+
+REPLIES = [
+    "Sounds good!", "On my way.", "Got it, thanks.", "Will do.", "See you soon.", "No problem!",
+    "Let me check and get back to you.", "Perfect, thank you.", "Yes, that works.",
+    "Can we do it tomorrow instead?", "Great news!", "I'll call you later.",
+]  # fmt: skip
+GROUPS = ["family", "book club", "climbing crew", "neighbours", "project team", "choir"]
+
+SPAM = [
+    "Congratulations! You won a $500 prize, reply YES to claim",
+    "URGENT: your parcel is held, pay the fee at parcel-fix.example",
+    "You have been selected for a free cruise, call now",
+    "Final notice: verify your bank account at secure-login.example",
+]
+
+
+@template(
+    domain="messaging",
+    capabilities=["memory", "tool_use"],
+    apps=["contacts", "messaging"],
+    difficulty=2,
+)
+def text_partner_from_memory(g: TaskGen) -> Any:
+    people = contacts_world(g.fake)
+    partner, stale = g.fake.pick(people, 2)
+    note = g.rng.choice(NOTES)
+    relation = g.rng.choice(["partner", "sister", "best friend", "flatmate", "coach"])
+    memory = [
+        MemoryItem(
+            key=relation,
+            value=stale["name"],
+            evidence="inferred",
+            source="chat-2025-11",
+            time=datetime(2025, 11, 2),
+        ),
+        MemoryItem(
+            key=relation,
+            value=partner["name"],
+            evidence="stated",
+            source="onboarding",
+            time=datetime(2025, 6, 1),
+        ),
+    ]
+    return g.task(
+        instruction=f'Text my {relation}: "{note}"',
+        world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
+        memory=memory,
+        checks=[
+            Check(
+                name=f"sent to the {relation} the user stated",
+                target="messaging.messages",
+                where={"to": partner["phone"], "text": note},
+            ),
+            Check(
+                name="no one else texted",
+                target="messaging.messages",
+                op="count",
+                where={"sender": "me"},
+                expect=1,
+            ),
+        ],
+        plan=[
+            ToolCall(tool="contacts_search", arguments={"query": partner["name"]}),
+            ToolCall(tool="messaging_send", arguments={"to": "${0.0.phone}", "text": note}),
+            Finish(),
+        ],
+    )
+
+
+@template(domain="messaging", capabilities=["memory"], apps=["contacts", "messaging"], difficulty=3)
+def usual_late_message(g: TaskGen) -> Any:
+    people = contacts_world(g.fake)
+    manager, old_manager = g.fake.pick(people, 2)
+    minutes = g.rng.choice([5, 10, 15, 20, 25, 30])
+    usual = g.rng.choice(["Stuck in traffic", "Train delayed", "Running behind", "Small delay"])
+    text = f"{usual}, I'll be {minutes} min late."
+    event = g.rng.choice(TOPICS)
+    memory = [
+        MemoryItem(
+            key="manager",
+            value=old_manager["name"],
+            evidence="confirmed",
+            source="traj-old",
+            time=datetime(2025, 3, 1),
+        ),
+        MemoryItem(
+            key="manager",
+            value=manager["name"],
+            evidence="confirmed",
+            source="traj-new",
+            time=datetime(2026, 2, 1),
+        ),
+        MemoryItem(
+            key="late message opener",
+            value=usual,
+            evidence="stated",
+            source="settings",
+            time=datetime(2025, 9, 1),
+        ),
+    ]
+    return g.task(
+        instruction=f"Tell my manager I'll be {minutes} minutes late for the {event}, "
+        "the way I usually phrase it "
+        f'("<my usual opener>, I\'ll be N min late.").',
+        world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
+        memory=memory,
+        checks=[
+            Check(
+                name="current manager told",
+                target="messaging.messages",
+                where={"to": manager["phone"], "text": text},
+            ),
+            Check(
+                name="former manager not texted",
+                target="messaging.messages",
+                op="absent",
+                where={"to": old_manager["phone"]},
+            ),
+        ],
+        plan=[
+            ToolCall(tool="contacts_search", arguments={"query": manager["name"]}),
+            ToolCall(tool="messaging_send", arguments={"to": "${0.0.phone}", "text": text}),
+            Finish(),
+        ],
+    )
+
+
+@template(domain="messaging", capabilities=["skills"], apps=["contacts", "messaging"], difficulty=3)
+def report_spam(g: TaskGen) -> Any:
+    people = contacts_world(g.fake, 6)
+    messages = inbox(g.fake, people, n=3)
+    spammer = g.fake.phone()
+    texts = g.fake.pick(SPAM, 2)
+    for i, text in enumerate(texts):
+        messages.append(
+            {
+                "id": f"m_{300 + i}",
+                "thread": "t_" + "".join(c for c in spammer if c.isdigit()),
+                "to": "me",
+                "sender": spammer,
+                "text": text,
+                "time": f"2026-03-01T2{i}:00",
+                "read": False,
+                "scheduled_for": None,
+            }
+        )
+    return g.task(
+        instruction=f"Report the texts from {spammer} as spam.",
+        world={"contacts": {"contacts": people}, "messaging": {"messages": messages}},
+        checks=[
+            Check(
+                name="spammer blocked", target="messaging.blocked", op="equals", expect=[spammer]
+            ),
+            Check(
+                name="spam deleted",
+                target="messaging.messages",
+                op="absent",
+                where={"sender": spammer},
+            ),
+            Check(
+                name="other messages kept",
+                target="messaging.messages",
+                op="count",
+                where={"sender__ne": spammer},
+                expect=len(messages) - len(texts),
+            ),
+        ],
+        plan=[
+            ToolCall(tool="messaging_block", arguments={"phone": spammer}),
+            ToolCall(tool="messaging_read_thread", arguments={"phone": spammer}),
+            ToolCall(tool="messaging_delete", arguments={"message_id": "${1.0.id}"}),
+            ToolCall(tool="messaging_delete", arguments={"message_id": "${1.1.id}"}),
+            Finish(),
+        ],
+    )
+
+
+@template(
+    domain="messaging",
+    capabilities=["subagent", "tool_use"],
+    apps=["contacts", "messaging"],
+    difficulty=4,
+)
+def invite_three_friends(g: TaskGen) -> Any:
+    people = contacts_world(g.fake, 9)
+    friends = g.fake.pick(people, 3)
+    place = g.fake.place()
+    hour = g.rng.randint(17, 21)
+    note = f"Join us at {place} on Saturday at {hour}:00?"
+    plan: list[Any] = []
+    for i, friend in enumerate(friends):
+        plan += [
+            Delegate(
+                goal=f"Find {friend['name']}'s phone number",
+                tools=["contacts_search"],
+                agent=f"lookup_{i}",
+            ),
+            ToolCall(tool="contacts_search", arguments={"query": friend["name"]}),
+            Finish(answer=friend["phone"]),
+        ]
+    plan += [
+        ToolCall(tool="messaging_send", arguments={"to": f["phone"], "text": note}) for f in friends
+    ]
+    plan.append(Finish())
+    names = ", ".join(f["name"] for f in friends[:2]) + f" and {friends[2]['name']}"
+    return g.task(
+        instruction=f'Invite {names} with the text "{note}"',
+        world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
+        checks=[
+            *(
+                Check(
+                    name=f"invited {f['name']}",
+                    target="messaging.messages",
+                    where={"to": f["phone"], "text": note},
+                )
+                for f in friends
+            ),
+            Check(
+                name="exactly three invites",
+                target="messaging.messages",
+                op="count",
+                where={"sender": "me"},
+                expect=3,
+            ),
+        ],
+        plan=plan,
+    )
+
+
+@template(
+    domain="messaging",
+    capabilities=["subagent", "memory"],
+    apps=["contacts", "messaging"],
+    difficulty=4,
+)
+def answer_unread_threads(g: TaskGen) -> Any:
+    people = contacts_world(g.fake, 8)
+    messages = inbox(g.fake, people, n=2)
+    senders = [m["sender"] for m in messages]
+    sign_off = g.rng.choice(["Cheers", "Best", "Talk soon", "Thanks", "Love"])
+    reply = g.rng.choice([r.rstrip(".!") for r in REPLIES])
+    text = f"{reply}. {sign_off}"
+    how = g.rng.choice(["each of", "all", "every one of"])
+    memory = [
+        MemoryItem(
+            key="text sign-off",
+            value=sign_off,
+            evidence="stated",
+            source="settings",
+            time=datetime(2025, 12, 1),
+        ),
+        MemoryItem(
+            key="text sign-off",
+            value="Regards",
+            evidence="inferred",
+            source="traj-7",
+            time=datetime(2026, 2, 20),
+        ),
+    ]
+    plan: list[Any] = []
+    for i, sender in enumerate(senders):
+        plan += [
+            Delegate(
+                goal=f"Read the conversation with {sender} and reply",
+                agent=f"thread_{i}",
+                tools=["messaging_read_thread", "messaging_send"],
+            ),
+            ToolCall(tool="messaging_read_thread", arguments={"phone": sender}),
+            ToolCall(tool="messaging_send", arguments={"to": sender, "text": text}),
+            Finish(answer="replied"),
+        ]
+    plan.append(Finish())
+    return g.task(
+        instruction=f'Reply "{reply}." to {how} my unread conversations, '
+        "signed off the way I always sign texts.",
+        world={"contacts": {"contacts": people}, "messaging": {"messages": messages}},
+        memory=memory,
+        checks=[
+            *(
+                Check(
+                    name=f"replied to {s}",
+                    target="messaging.messages",
+                    where={"to": s, "sender": "me", "text": text},
+                )
+                for s in senders
+            ),
+            Check(
+                name="threads read",
+                target="messaging.messages",
+                op="absent",
+                where={"sender__in": senders, "read": False},
+            ),
+        ],
+        plan=plan,
     )

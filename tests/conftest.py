@@ -1,0 +1,11 @@
+"""Shared pytest configuration: make sure the stdlib `operator` is never shadowed by ./operator."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The repo root holds the folder `operator/` (packaged as qpa_operator); with the root on
+# sys.path it would shadow the standard library module of the same name.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]

@@ -1,0 +1,121 @@
+"""The contract: models validate strictly, JSON Lines stream and name corrupt lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from qpa.contract import (
+    ACTION_ADAPTER,
+    CorruptLineError,
+    Feedback,
+    Finish,
+    Policy,
+    Step,
+    Task,
+    ToolCall,
+    Trajectory,
+    read_trajectories,
+    write_trajectories,
+)
+
+
+def make_task(**overrides: object) -> Task:
+    fields: dict[str, object] = {
+        "id": "t1",
+        "domain": "messaging",
+        "capabilities": ["tool_use"],
+        "instruction": "do it",
+    }
+    fields.update(overrides)
+    return Task.model_validate(fields)
+
+
+def make_trajectory(i: int) -> Trajectory:
+    step = Step(
+        index=0, action=ToolCall(tool="x", arguments={"a": i}), feedback=Feedback.ok({"n": i})
+    )
+    return Trajectory(
+        id=f"tr{i}", task=make_task(id=f"t{i}"), policy=Policy(planner="oracle"), steps=[step]
+    )
+
+
+def test_action_union_dispatches_on_type() -> None:
+    action = ACTION_ADAPTER.validate_python(
+        {"type": "tool_call", "tool": "a", "arguments": {"x": 1}}
+    )
+    assert isinstance(action, ToolCall) and action.arguments == {"x": 1}
+    assert isinstance(ACTION_ADAPTER.validate_json('{"type": "finish", "answer": "42"}'), Finish)
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"type": "teleport"}, "teleport"),
+        ({"type": "tool_call"}, "tool"),
+        ({"type": "ui", "op": "fly"}, "op"),
+        ({"type": "tool_call", "tool": "a", "bogus": 1}, "bogus"),
+    ],
+)
+def test_malformed_actions_name_the_problem(payload: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        ACTION_ADAPTER.validate_python(payload)
+    assert field in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"capabilities": []}, "capabilities"),
+        ({"capabilities": ["telepathy"]}, "capabilities"),
+        ({"capabilities": ["memory", "memory"]}, "capabilities"),
+        ({"difficulty": 9}, "difficulty"),
+        ({"split": "holdout"}, "split"),
+        ({"instruction": ""}, "instruction"),
+        ({"surprise": True}, "surprise"),
+    ],
+)
+def test_malformed_tasks_name_the_field(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        make_task(**overrides)
+    assert field in str(info.value)
+
+
+def test_jsonl_roundtrip_streams(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    assert write_trajectories(path, (make_trajectory(i) for i in range(50))) == 50
+    loaded = list(read_trajectories(path))
+    assert [t.id for t in loaded] == [f"tr{i}" for i in range(50)]
+    assert loaded[7].steps[0].feedback.observation == {"n": 7}
+    assert loaded[3] == make_trajectory(3)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "reason"),
+    [("{not json", "json"), ('{"id": "x"}', "task"), ("[1, 2]", "input")],
+)
+def test_corrupt_line_is_named(tmp_path: Path, bad_line: str, reason: str) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trajectories(path, [make_trajectory(0), make_trajectory(1)])
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(bad_line + "\n")
+    write_trajectories(path, [make_trajectory(2)], append=True)
+    reader = read_trajectories(path)
+    assert next(reader).id == "tr0"
+    assert next(reader).id == "tr1"
+    with pytest.raises(CorruptLineError) as info:
+        next(reader)
+    assert info.value.line_no == 3
+    assert f"{path}:3" in str(info.value)
+    assert reason in str(info.value).lower()
+
+
+def test_totals_are_derived_from_steps() -> None:
+    trajectory = make_trajectory(1)
+    trajectory.steps.append(
+        Step(index=1, action=Finish(), feedback=Feedback.fail("transient", "x"))
+    )
+    totals = trajectory.recompute_totals(wall_time_s=1.5)
+    assert (totals.turns, totals.tool_calls, totals.errors, totals.wall_time_s) == (2, 1, 1, 1.5)
