@@ -21,7 +21,7 @@ $(STAMP_BASE): $(BIN)/python pyproject.toml setup.py
 	touch $@
 
 $(STAMP_DEV): $(STAMP_BASE)
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,local,serve]'
 	touch $@
 
 demo: $(STAMP_BASE)

@@ -25,6 +25,7 @@ ErrorKind = Literal[
     "permission_denied",
     "transient",
     "environment_failure",
+    "malformed_action",  # the Harness could not parse the model's output into an action
 ]
 Evidence = Literal["stated", "confirmed", "observed", "inferred"]
 Fidelity = Literal["programmatic", "llm_judged", "device"]

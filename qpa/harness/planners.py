@@ -16,9 +16,17 @@ from qpa.contract import Action, Feedback, Finish, Step, Task, TokenUsage, ToolC
 
 @dataclass
 class Decision:
+    """The next action, what producing it cost, and what the Harness noted.
+
+    `feedback` is set when the Harness itself answers the action (a malformed model output, a
+    refused payment, a write blocked by the provenance guard): the action is then recorded with
+    that feedback and never reaches the environment.
+    """
+
     action: Action
     usage: TokenUsage = field(default_factory=TokenUsage)
     annotations: dict[str, Any] = field(default_factory=dict)
+    feedback: Feedback | None = None
 
 
 class Planner(Protocol):

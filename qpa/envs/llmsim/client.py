@@ -13,6 +13,7 @@ callers that need more (native `tool_calls`, several choices).
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -23,7 +24,6 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
 )
 
 from qpa.contract import TokenUsage
@@ -76,8 +76,8 @@ class _Wait:
     """Exponential backoff with jitter; a server's `Retry-After` (seconds) wins, up to the cap."""
 
     def __init__(self, initial: float, maximum: float) -> None:
+        self.initial = initial
         self.maximum = maximum
-        self._backoff = wait_exponential_jitter(initial=initial, max=maximum, jitter=initial)
 
     def __call__(self, state: RetryCallState) -> float:
         outcome = state.outcome
@@ -85,7 +85,8 @@ class _Wait:
         after = getattr(exc, "retry_after", None)
         if isinstance(after, float):
             return min(after, self.maximum)
-        return float(self._backoff(state))
+        backoff = self.initial * 2 ** (state.attempt_number - 1) + random.uniform(0, self.initial)
+        return min(backoff, self.maximum)
 
 
 class _RetryableStatus(ChatError):
@@ -209,7 +210,9 @@ class ChatClient:
         except httpx.HTTPError as exc:
             raise ChatError(f"GET /models failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise ChatError(f"GET /models: HTTP {response.status_code}", status=response.status_code)
+            raise ChatError(
+                f"GET /models: HTTP {response.status_code}", status=response.status_code
+            )
         try:
             return [str(m["id"]) for m in response.json()["data"]]
         except (ValueError, KeyError, TypeError) as exc:
@@ -232,7 +235,9 @@ class ChatClient:
         try:
             document = response.json()
         except ValueError as exc:
-            raise ChatError(f"response is not JSON: {_excerpt(response.text)}", status=status) from exc
+            raise ChatError(
+                f"response is not JSON: {_excerpt(response.text)}", status=status
+            ) from exc
         if not isinstance(document, dict) or not isinstance(document.get("choices"), list):
             raise ChatError(f"response has no choices: {_excerpt(response.text)}", status=status)
         if not document["choices"]:
@@ -269,4 +274,6 @@ def usage_of(document: dict[str, Any]) -> TokenUsage:
         value = usage.get(key)
         return value if isinstance(value, int) and value >= 0 else 0
 
-    return TokenUsage(prompt_tokens=count("prompt_tokens"), completion_tokens=count("completion_tokens"))
+    return TokenUsage(
+        prompt_tokens=count("prompt_tokens"), completion_tokens=count("completion_tokens")
+    )

@@ -82,7 +82,9 @@ class SimApp(BaseModel):
                 try:
                     Draft202012Validator.check_schema(schema)
                 except SchemaError as exc:
-                    raise ValueError(f"tool {t.name!r}: invalid {what} schema: {exc.message}") from exc
+                    raise ValueError(
+                        f"tool {t.name!r}: invalid {what} schema: {exc.message}"
+                    ) from exc
             if t.parameters.get("type") != "object":
                 raise ValueError(f"tool {t.name!r}: parameters must be an object schema")
         return tools
@@ -131,7 +133,7 @@ def load_app(path: str | Path) -> SimApp:
 
 
 def load_apps(paths: Iterable[str | Path]) -> dict[str, SimApp]:
-    """Load apps from YAML files and folders of `*.yaml`/`*.yml` (names and tools must be unique)."""
+    """Load apps from YAML files and folders of `*.yaml`/`*.yml` (names, tools unique)."""
     files: list[Path] = []
     for entry in map(Path, paths):
         if entry.is_dir():

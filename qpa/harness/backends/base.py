@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from qpa.contract import TokenUsage, ToolSpec
+from qpa.harness.parsing import format_tool_call, format_tool_response, render_tool_protocol
 
 Role = Literal["system", "user", "assistant", "tool"]
 WireProtocol = Literal["native", "text"]
@@ -106,7 +107,9 @@ class Completion(BaseModel):
 class ModelBackend(Protocol):
     """A planner model behind one call: messages + tools -> text, tool calls, token usage."""
 
-    def complete(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Completion: ...
+    def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> Completion: ...
 
 
 class BackendError(Exception):
@@ -144,3 +147,42 @@ class BackendRejected(BackendError):
         self.status = status
         self.body = body
         self.endpoint = endpoint
+
+
+def to_text_protocol(
+    messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+) -> list[ChatMessage]:
+    """The conversation for a model without native function calling.
+
+    The tools and the calling convention go into the (first) system prompt; earlier assistant
+    tool calls become `<tool_call>` blocks and tool results `<tool_response>` blocks in user
+    turns (consecutive results share one turn). Only system/user/assistant roles remain.
+    """
+    protocol = render_tool_protocol(tools)
+    out: list[ChatMessage] = []
+    has_system = False
+    for message in messages:
+        if message.role == "system" and not has_system:
+            has_system = True
+            content = f"{message.content}\n\n{protocol}" if message.content else protocol
+            out.append(ChatMessage.system(content))
+        elif message.role == "assistant":
+            parts = [message.content] if message.content else []
+            parts += [format_tool_call(c.name, c.arguments) for c in message.tool_calls]
+            out.append(ChatMessage.assistant("\n".join(parts)))
+        elif message.role == "tool":
+            block = format_tool_response(message.content or "")
+            last = out[-1] if out else None
+            if (
+                last is not None
+                and last.role == "user"
+                and (last.content or "").endswith("</tool_response>")
+            ):
+                out[-1] = ChatMessage.user(f"{last.content}\n{block}")
+            else:
+                out.append(ChatMessage.user(block))
+        else:
+            out.append(ChatMessage(role=message.role, content=message.content or ""))
+    if not has_system:
+        out.insert(0, ChatMessage.system(protocol))
+    return out

@@ -1,0 +1,59 @@
+"""`qpa env serve`: run an environment server (what a RolloutPool's pods run)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from qpa.cli import app
+from qpa.cli.common import die, err_console
+from qpa.envs.factory import env_kinds
+from qpa.envs.server import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_TTL_S,
+    serve,
+)
+
+env_app = typer.Typer(help="Environment servers: many concurrent episodes over HTTP.")
+app.add_typer(env_app, name="env", no_args_is_help=True)
+
+
+@env_app.command("serve")
+def serve_command(
+    kind: Annotated[str, typer.Option(help=f"Environment kind: {', '.join(env_kinds())}.")] = (
+        "sandbox"
+    ),
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
+    max_sessions: Annotated[
+        int, typer.Option(min=1, help="Live sessions at most; more answer 503.")
+    ] = DEFAULT_MAX_SESSIONS,
+    session_ttl: Annotated[
+        float, typer.Option(min=0.001, help="Seconds an idle session lives.")
+    ] = DEFAULT_SESSION_TTL_S,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="Largest request body; larger ones answer 413.")
+    ] = DEFAULT_MAX_BODY_BYTES,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve reset/step/verify/tools/state for one environment kind until interrupted."""
+    if kind not in env_kinds():
+        die(f"unknown environment kind {kind!r}; choose from: {', '.join(env_kinds())}")
+    err_console.print(
+        f"qpa env serve: {kind} environments on http://{host}:{port} "
+        f"(max {max_sessions} sessions, idle ttl {session_ttl:g}s)",
+        highlight=False,
+    )
+    serve(
+        kind,
+        host=host,
+        port=port,
+        max_sessions=max_sessions,
+        session_ttl_s=session_ttl,
+        max_body_bytes=max_body_bytes,
+        log_level=log_level,
+    )

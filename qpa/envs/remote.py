@@ -1,0 +1,318 @@
+"""`RemoteEnv`: the `Environment` protocol over HTTP, against `qpa env serve`.
+
+A rollout holding a `RemoteEnv` cannot tell it from the local environment: the feedback of a
+step is the same JSON the environment produced in the server, parsed into the same `Feedback`.
+
+- One keep-alive `httpx.Client` per instance (or a shared one passed in), one server session per
+  instance. The session id is chosen here, so `reset` is idempotent and safe to retry.
+- Idempotent calls (reset, verify, tools, state, close) retry connection errors and 5xx answers
+  with exponential backoff (tenacity). A step is never retried blindly: it carries `seq`, the
+  number of steps already applied since reset, and the server answers a duplicate from its
+  record instead of applying it twice; so only transport failures are retried, and a 5xx on a
+  step is reported, not repeated. The happy path makes exactly one request and no retry set-up.
+- What the server refuses becomes error `Feedback` where the protocol has room for it (reset and
+  step: an action the contract rejects, a lost or expired session, a server bug); an unreachable
+  server, and errors of `verify`/`tools`/`state`, raise `RemoteEnvError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from types import TracebackType
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from qpa.contract import Action, EnvKind, Feedback, Task, ToolSpec, Verification
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_RETRIES = 3
+_NO_EPISODE = "no episode: call reset(task) first"  # the sandbox's own words
+
+
+class RemoteEnvError(RuntimeError):
+    """The environment server could not be reached, or refused a call outside an episode."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        kind: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.field = field
+
+
+class _RetryableStatus(Exception):
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    feedback: Feedback
+    session_id: str | None = None
+
+
+class _ToolsReply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tools: list[ToolSpec]
+
+
+def _server_error(response: httpx.Response) -> tuple[str, str, str | None]:
+    """(kind, message, field) of a server error answer, whatever its body looks like."""
+    try:
+        error = orjson.loads(response.content)["error"]
+        return str(error["kind"]), str(error["message"]), error.get("field")
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        text = response.text[:300]
+        return "http_error", f"HTTP {response.status_code}: {text}", None
+
+
+class RemoteEnv:
+    """An environment served by `qpa env serve` at `url` (e.g. `http://127.0.0.1:8000`)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = 0.1,
+        session_id: str | None = None,
+        client: httpx.Client | None = None,
+        kind: EnvKind | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retries = max(0, retries)
+        self.backoff_s = backoff_s
+        self.session_id = session_id or uuid.uuid4().hex
+        # The hot path hands requests straight to the keep-alive transport: `Client.send` adds
+        # auth, redirect, cookie and event-hook machinery (~80 us a call) this client never uses.
+        self._owns_client = client is None
+        self._transport: httpx.HTTPTransport | None = None
+        if client is None:
+            self._transport = httpx.HTTPTransport()
+            client = httpx.Client(timeout=timeout, transport=self._transport)
+        self._client = client
+        self._timeout = {"timeout": httpx.Timeout(timeout).as_dict()}
+        self._headers = httpx.Headers(
+            {"content-type": "application/json", "accept": "application/json"}
+        )
+        self._urls = {
+            name: httpx.URL(f"{self.url}/{name}")
+            for name in ("reset", "step", "verify", "state", "tools", "health")
+        }
+        self._session_url = httpx.URL(f"{self.url}/sessions/{self.session_id}")
+        self._sid_json = orjson.dumps(self.session_id)
+        self._session_body = b'{"session_id":' + self._sid_json + b"}"
+        self._kind: EnvKind | None = kind
+        self._active = False  # a session exists on the server
+        self._seq = 0
+        self._tools: list[ToolSpec] | None = None
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def kind(self) -> EnvKind:
+        """The served environment's kind (asked of the server once)."""
+        if self._kind is None:
+            self._kind = self.health()["kind"]
+        return self._kind
+
+    @kind.setter
+    def kind(self, value: EnvKind) -> None:
+        self._kind = value
+
+    def reset(self, task: Task) -> Feedback:
+        body = (
+            b'{"session_id":'
+            + self._sid_json
+            + b',"task":'
+            + task.__pydantic_serializer__.to_json(task)
+            + b"}"
+        )
+        response = self._request("POST", self._urls["reset"], body)
+        self._tools = None
+        self._seq = 0
+        if response.status_code == 200:
+            self._active = True
+            return self._parse(response).feedback
+        kind, message, _ = _server_error(response)
+        if response.status_code == 503:
+            return Feedback.fail("transient", f"server busy ({kind}): {message}")
+        return Feedback.fail("environment_failure", f"reset refused ({kind}): {message}")
+
+    def step(self, action: Action) -> Feedback:
+        if not self._active:
+            return Feedback.fail("precondition_failed", _NO_EPISODE)
+        body = (
+            b'{"session_id":'
+            + self._sid_json
+            + b',"seq":'
+            + str(self._seq).encode()
+            + b',"action":'
+            + action.__pydantic_serializer__.to_json(action, warnings=False)
+            + b"}"
+        )
+        # Safe to retry on transport errors only: the server de-duplicates by seq.
+        response = self._request("POST", self._urls["step"], body, retry_status=False)
+        status = response.status_code
+        if status == 200:
+            self._seq += 1
+            return self._parse(response).feedback
+        kind, message, _ = _server_error(response)
+        if status in (413, 422):  # the action itself was refused; nothing was applied
+            return Feedback.fail("invalid_arguments", f"action refused ({kind}): {message}")
+        if status in (404, 409):  # the session is gone or out of step: the episode is over
+            self._active = status != 404
+            return Feedback.fail("environment_failure", f"{kind}: {message}", done=True)
+        return Feedback.fail("environment_failure", f"server error ({kind}): {message}")
+
+    def verify(self) -> Verification:
+        if not self._active:
+            return Verification(done=False, success=False, progress=0.0)
+        response = self._checked("POST", self._urls["verify"], self._session_body)
+        try:
+            return Verification.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise RemoteEnvError(f"verify: unreadable answer: {exc}") from None
+
+    def tools(self) -> list[ToolSpec]:
+        if not self._active:
+            return []
+        if self._tools is None:
+            response = self._checked("GET", self._query_url("tools"))
+            try:
+                self._tools = _ToolsReply.model_validate_json(response.content).tools
+            except ValidationError as exc:
+                raise RemoteEnvError(f"tools: unreadable answer: {exc}") from None
+        return list(self._tools)
+
+    def close(self) -> None:
+        """Delete the server session (best effort) and close an owned HTTP client."""
+        try:
+            if self._active:
+                self._active = False
+                # When the server is gone, its session expires there.
+                with contextlib.suppress(RemoteEnvError):
+                    self._request("DELETE", self._session_url)
+        finally:
+            if self._owns_client:
+                self._client.close()
+
+    # ------------------------------------------------------------------ extras
+    def state(self) -> dict[str, Any]:
+        """The server's detached snapshot of this session's environment state."""
+        if not self._active:
+            return {}
+        response = self._checked("GET", self._query_url("state"))
+        data = orjson.loads(response.content).get("state")
+        return data if isinstance(data, dict) else {}
+
+    def health(self) -> dict[str, Any]:
+        response = self._checked("GET", self._urls["health"])
+        data: dict[str, Any] = orjson.loads(response.content)
+        return data
+
+    def __enter__(self) -> RemoteEnv:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+    def _query_url(self, name: str) -> httpx.URL:
+        return self._urls[name].copy_merge_params({"session_id": self.session_id})
+
+    def _parse(self, response: httpx.Response) -> _Reply:
+        try:
+            return _Reply.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise RemoteEnvError(f"unreadable answer from {self.url}: {exc}") from None
+
+    def _send(self, method: str, url: httpx.URL, content: bytes | None) -> httpx.Response:
+        request = httpx.Request(
+            method, url, content=content, headers=self._headers, extensions=self._timeout
+        )
+        if self._transport is None:
+            return self._client.send(request)
+        response = self._transport.handle_request(request)
+        try:
+            response.read()
+        finally:
+            response.close()
+        return response
+
+    def _attempt(
+        self, method: str, url: httpx.URL, content: bytes | None, retry_status: bool
+    ) -> httpx.Response:
+        response = self._send(method, url, content)
+        if retry_status and response.status_code >= 500:
+            raise _RetryableStatus(response)
+        return response
+
+    def _request(
+        self,
+        method: str,
+        url: httpx.URL,
+        content: bytes | None = None,
+        *,
+        retry_status: bool = True,
+    ) -> httpx.Response:
+        """One request; on a transport error (and on 5xx when `retry_status`) retry with backoff.
+
+        Returns the last answer (maybe a 5xx); raises `RemoteEnvError` when no answer came.
+        """
+        try:
+            return self._attempt(method, url, content, retry_status)  # the fast path
+        except (httpx.TransportError, _RetryableStatus) as exc:
+            failure: Exception = exc
+        if self.retries:
+            retrying = Retrying(
+                stop=stop_after_attempt(self.retries),
+                wait=wait_exponential(multiplier=self.backoff_s, max=2.0),
+                retry=retry_if_exception_type((httpx.TransportError, _RetryableStatus)),
+                reraise=True,
+            )
+            try:
+                for attempt in retrying:
+                    with attempt:
+                        return self._attempt(method, url, content, retry_status)
+            except (httpx.TransportError, _RetryableStatus) as exc:
+                failure = exc
+        if isinstance(failure, _RetryableStatus):
+            return failure.response
+        raise RemoteEnvError(
+            f"{method} {url}: {type(failure).__name__}: {failure} "
+            f"(after {self.retries + 1} attempts)"
+        ) from failure
+
+    def _checked(self, method: str, url: httpx.URL, content: bytes | None = None) -> httpx.Response:
+        response = self._request(method, url, content)
+        if response.status_code != 200:
+            kind, message, field = _server_error(response)
+            if response.status_code == 404:
+                self._active = False
+            raise RemoteEnvError(
+                f"{method} {url.path}: {kind}: {message}",
+                status=response.status_code,
+                kind=kind,
+                field=field,
+            )
+        return response

@@ -1,0 +1,775 @@
+"""The environment server behind `qpa env serve`: many concurrent episodes over HTTP + JSON.
+
+OpenEnv-style endpoints, one environment per session id, so one server holds many episodes:
+
+    POST   /reset      {task, session_id?}        -> {session_id, feedback}
+    POST   /step       {session_id, action, seq?} -> {feedback}
+    POST   /verify     {session_id}               -> Verification
+    GET    /state?session_id=ID                   -> {session_id, task_id, steps, finished, state}
+    GET    /tools?session_id=ID                   -> {tools: [ToolSpec]}
+    DELETE /sessions/ID                           -> {deleted}
+    GET    /health                                -> {status, kind, sessions, max_sessions}
+
+Errors of the *request* (it cannot be understood, or names no live session) answer a JSON body
+`{"error": {"kind", "message", "field"?}}` with a matching HTTP status: 400 malformed JSON,
+413 body too large, 404 unknown or expired session, 409 out-of-order step, 422 a task or action
+that breaks the contract (the field path is named), 503 when all session slots are taken.
+Errors of the *episode* (unknown tool, bad tool arguments, actions after finish) are ordinary
+200 `Feedback` with `status="error"`, exactly as the environment returns them in-process, so a
+rollout cannot tell a local environment from a remote one. A bug anywhere answers 500 JSON and
+the server keeps serving.
+
+Sessions: a client may choose its session id on reset (which makes reset idempotent and safe to
+retry); each session has a lock, so concurrent requests to one session run one at a time while
+different sessions proceed independently. `seq` (the number of steps the client has already
+applied since reset) makes a retried step safe: the server replays the answer of a duplicate
+instead of applying it twice. Idle sessions expire after `session_ttl_s`.
+
+The hot path is kept lean: raw body -> pydantic `model_validate_json` (Rust) -> environment ->
+pre-serialized JSON bytes. Environments whose calls are fast and CPU-bound (the sandbox) run
+inline on the event loop; other kinds run in the thread pool so slow calls never stall the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Annotated, Any, TypeVar
+
+import orjson
+import pydantic_core
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from qpa.contract import (
+    Action,
+    Delegate,
+    Environment,
+    Feedback,
+    Finish,
+    MessageUser,
+    Task,
+    ToolCall,
+    UIAction,
+)
+from qpa.envs.factory import make_env
+
+logger = logging.getLogger("qpa.envs.server")
+
+DEFAULT_MAX_SESSIONS = 1024
+DEFAULT_SESSION_TTL_S = 900.0
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# Kinds whose calls are fast and CPU-bound: run inline on the event loop (no thread hop).
+INLINE_KINDS = frozenset({"sandbox"})
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+_EXPIRED_MEMORY = 10_000  # how many expired ids are remembered (to say "expired", not "unknown")
+_JSON = "application/json"
+
+SessionId = Annotated[str, StringConstraints(pattern=SESSION_ID_PATTERN)]
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- request bodies
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResetRequest(_Body):
+    """Start (or restart) an episode; a given session id is created when it does not exist."""
+
+    task: Task
+    session_id: SessionId | None = None
+
+
+class StepRequest(_Body):
+    """Apply one action. `seq` = steps this client already applied since reset (optional)."""
+
+    session_id: SessionId
+    action: Action
+    seq: int | None = Field(default=None, ge=0)
+
+
+class SessionRequest(_Body):
+    session_id: SessionId
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ServerError(Exception):
+    """A request the server refuses: becomes `{"error": {...}}` with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.field = field
+        self.headers = headers
+
+
+def error_body(kind: str, message: str, field: str | None = None) -> bytes:
+    error: dict[str, Any] = {"kind": kind, "message": message}
+    if field is not None:
+        error["field"] = field
+    return orjson.dumps({"error": error})
+
+
+def _error_response(exc: ServerError) -> Response:
+    return Response(
+        error_body(exc.kind, exc.message, exc.field),
+        status_code=exc.status,
+        media_type=_JSON,
+        headers=exc.headers,
+    )
+
+
+_ACTION_TAGS = frozenset(
+    str(model.model_fields["type"].default)
+    for model in (ToolCall, UIAction, MessageUser, Delegate, Finish)
+)
+
+
+def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """`('action', 'tool_call', 'arguments')` -> `action.arguments`; list indexes as `[i]`.
+
+    The discriminator tag pydantic puts after a union field is dropped: it names the variant
+    tried, not a field of the request.
+    """
+    out = ""
+    previous: int | str | None = None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _ACTION_TAGS and (previous == "action" or isinstance(previous, int)):
+            pass
+        else:
+            out += f".{part}" if out else str(part)
+        previous = part
+    return out
+
+
+def _from_validation(exc: ValidationError) -> ServerError:
+    errors = exc.errors(include_url=False, include_context=False)
+    for err in errors:
+        if err["type"] == "json_invalid":
+            return ServerError(400, "malformed_json", f"malformed JSON body: {err['msg']}")
+    problems: list[str] = []
+    first_field: str | None = None
+    for err in errors[:5]:
+        path = field_path(err["loc"])
+        if not path:
+            if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+                problems.append("the request body must be a JSON object")
+            else:
+                problems.append(str(err["msg"]))
+            continue
+        first_field = first_field or path
+        if err["type"] == "missing":
+            problems.append(f"missing field '{path}'")
+        elif err["type"] == "extra_forbidden":
+            problems.append(f"unexpected field '{path}'")
+        else:
+            problems.append(f"field '{path}': {err['msg']}")
+    if len(errors) > 5:
+        problems.append(f"and {len(errors) - 5} more")
+    return ServerError(422, "invalid_request", "; ".join(problems), field=first_field)
+
+
+def _parse(model: type[M], body: bytes) -> M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise _from_validation(exc) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing (413) anything over `limit` bytes before buffering it."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise ServerError(400, "malformed_request", "invalid Content-Length header") from None
+        if size > limit:
+            raise ServerError(
+                413, "body_too_large", f"request body of {size} bytes exceeds the limit of {limit}"
+            )
+        return await request.body()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ServerError(
+                413, "body_too_large", f"request body exceeds the limit of {limit} bytes"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# --------------------------------------------------------------------------- serialization
+
+
+def _json_fallback(value: Any) -> Any:
+    return pydantic_core.to_jsonable_python(value, fallback=repr)
+
+
+def dump_feedback(feedback: Feedback) -> bytes:
+    """Feedback as JSON bytes, fields in contract order (the same bytes for local and remote)."""
+    return orjson.dumps(
+        {
+            "status": feedback.status,
+            "observation": feedback.observation,
+            "error": feedback.error,
+            "message": feedback.message,
+            "done": feedback.done,
+        },
+        default=_json_fallback,
+    )
+
+
+def _ok(payload: bytes) -> Response:
+    return Response(payload, media_type=_JSON)
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+@dataclass(eq=False)
+class Session:
+    """One live episode: its environment, its lock and the bookkeeping for safe retries."""
+
+    id: str
+    env: Environment
+    last_used: float
+    lock: asyncio.Lock = dataclass_field(default_factory=asyncio.Lock)
+    task_id: str | None = None
+    steps: int = 0
+    last_reply: bytes | None = None
+    tools_json: bytes | None = None
+    closed: bool = False
+
+
+class SessionStore:
+    """Live sessions by id, bounded in number and idle time."""
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        max_sessions: int,
+        session_ttl_s: float,
+        env_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.max_sessions = max_sessions
+        self.session_ttl_s = session_ttl_s
+        self.env_options = dict(env_options or {})
+        self._sessions: dict[str, Session] = {}
+        self._expired: OrderedDict[str, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    def get(self, session_id: str) -> Session:
+        """The live session, or 404 saying whether it never existed or expired."""
+        session = self._sessions.get(session_id)
+        now = time.monotonic()
+        if session is None:
+            if session_id in self._expired:
+                raise ServerError(
+                    404,
+                    "session_expired",
+                    f"session '{session_id}' expired after {self.session_ttl_s:g}s idle; "
+                    "start a new episode with POST /reset",
+                    field="session_id",
+                )
+            raise ServerError(
+                404,
+                "unknown_session",
+                f"no session '{session_id}'; start one with POST /reset",
+                field="session_id",
+            )
+        if now - session.last_used > self.session_ttl_s and not session.lock.locked():
+            self._drop(session, expired=True)
+            return self.get(session_id)
+        session.last_used = now
+        return session
+
+    def get_or_create(self, session_id: str) -> Session:
+        """For reset: the live session of that id, or a new one (503 when all slots are taken)."""
+        if session_id in self._sessions:
+            with contextlib.suppress(ServerError):
+                return self.get(session_id)
+        if len(self._sessions) >= self.max_sessions:
+            self.sweep()
+            if len(self._sessions) >= self.max_sessions:
+                raise ServerError(
+                    503,
+                    "too_many_sessions",
+                    f"all {self.max_sessions} session slots are in use; close sessions "
+                    "(DELETE /sessions/{id}) or retry later",
+                    headers={"Retry-After": "1"},
+                )
+        session = Session(
+            id=session_id, env=make_env(self.kind, **self.env_options), last_used=time.monotonic()
+        )
+        self._sessions[session_id] = session
+        self._expired.pop(session_id, None)
+        return session
+
+    def remove(self, session_id: str) -> Session | None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            self._drop(session, expired=False)
+        return session
+
+    def sweep(self) -> int:
+        """Expire every idle session not busy with a request; the number expired."""
+        deadline = time.monotonic() - self.session_ttl_s
+        idle = [
+            s for s in self._sessions.values() if s.last_used < deadline and not s.lock.locked()
+        ]
+        for session in idle:
+            self._drop(session, expired=True)
+        return len(idle)
+
+    def close_all(self) -> None:
+        for session in list(self._sessions.values()):
+            self._drop(session, expired=False)
+
+    def _drop(self, session: Session, *, expired: bool) -> None:
+        self._sessions.pop(session.id, None)
+        session.closed = True
+        if expired:
+            self._expired[session.id] = None
+            while len(self._expired) > _EXPIRED_MEMORY:
+                self._expired.popitem(last=False)
+        try:
+            session.env.close()
+        except Exception:  # a failing close must not take the server down
+            logger.exception("closing session %s failed", session.id)
+
+
+def _check_open(session: Session) -> None:
+    if session.closed:
+        raise ServerError(
+            404,
+            "unknown_session",
+            f"session '{session.id}' was closed while this request waited",
+            field="session_id",
+        )
+
+
+# --------------------------------------------------------------------------- the service
+
+
+class EnvService:
+    """What the endpoints do, on raw bytes in and JSON bytes out (raises `ServerError`).
+
+    Both the documented FastAPI routes and the ASGI fast path call these methods, so the
+    behaviour is written once.
+    """
+
+    def __init__(self, store: SessionStore, *, inline: bool) -> None:
+        self.store = store
+        self.inline = inline
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.inline:
+            return fn(*args)
+        return await run_in_threadpool(fn, *args)
+
+    async def reset(self, body: bytes) -> bytes:
+        req = _parse(ResetRequest, body)
+        session_id = req.session_id or uuid.uuid4().hex
+        session = self.store.get_or_create(session_id)
+        async with session.lock:
+            _check_open(session)
+            feedback = await self._run(session.env.reset, req.task)
+            session.task_id = req.task.id
+            session.steps = 0
+            session.last_reply = None
+            session.tools_json = None
+            session.last_used = time.monotonic()
+        return (
+            b'{"session_id":'
+            + orjson.dumps(session_id)
+            + b',"feedback":'
+            + dump_feedback(feedback)
+            + b"}"
+        )
+
+    async def step(self, body: bytes) -> bytes:
+        req = _parse(StepRequest, body)
+        session = self.store.get(req.session_id)
+        async with session.lock:
+            _check_open(session)
+            seq = req.seq
+            if seq is not None and seq != session.steps:
+                if seq == session.steps - 1 and session.last_reply is not None:
+                    return session.last_reply  # a retried step: the same answer, applied once
+                raise ServerError(
+                    409,
+                    "sequence_conflict",
+                    f"step seq {seq} does not follow the {session.steps} steps applied since reset",
+                    field="seq",
+                )
+            feedback = await self._run(session.env.step, req.action)
+            reply = b'{"feedback":' + dump_feedback(feedback) + b"}"
+            session.steps += 1
+            session.last_reply = reply
+            session.last_used = time.monotonic()
+        return reply
+
+    async def verify(self, body: bytes) -> bytes:
+        req = _parse(SessionRequest, body)
+        session = self.store.get(req.session_id)
+        async with session.lock:
+            _check_open(session)
+            verification = await self._run(session.env.verify)
+        return verification.__pydantic_serializer__.to_json(verification)
+
+    async def tools(self, session_id: str) -> bytes:
+        session = self.store.get(session_id)
+        async with session.lock:
+            _check_open(session)
+            if session.tools_json is None:
+                specs = await self._run(session.env.tools)
+                session.tools_json = orjson.dumps(
+                    {"tools": [spec.model_dump(mode="json") for spec in specs]}
+                )
+            return session.tools_json
+
+    async def state(self, session_id: str) -> bytes:
+        session = self.store.get(session_id)
+        async with session.lock:
+            _check_open(session)
+            snapshot = getattr(session.env, "state", None)
+            data = await self._run(snapshot) if callable(snapshot) else None
+            finished = getattr(session.env, "finished", None)
+            payload = {
+                "session_id": session.id,
+                "task_id": session.task_id,
+                "steps": session.steps,
+                "finished": finished if isinstance(finished, bool) else None,
+                "state": data,
+            }
+        return orjson.dumps(payload, default=_json_fallback)
+
+    async def delete(self, session_id: str) -> bytes:
+        session = self.store.get(session_id)
+        async with session.lock:
+            self.store.remove(session.id)
+        return orjson.dumps({"deleted": session.id})
+
+    def health(self) -> bytes:
+        return orjson.dumps(
+            {
+                "status": "ok",
+                "kind": self.store.kind,
+                "sessions": len(self.store),
+                "max_sessions": self.store.max_sessions,
+            }
+        )
+
+
+# --------------------------------------------------------------------------- ASGI layer
+
+
+async def _send_json(
+    send: Send, status: int, payload: bytes, headers: dict[str, str] | None = None
+) -> None:
+    raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
+    if headers:
+        raw.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _receive_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The raw body from the ASGI channel, refusing (413) more than `limit` bytes."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                size = int(value)
+            except ValueError:
+                raise ServerError(
+                    400, "malformed_request", "invalid Content-Length header"
+                ) from None
+            if size > limit:
+                raise ServerError(
+                    413,
+                    "body_too_large",
+                    f"request body of {size} bytes exceeds the limit of {limit}",
+                )
+            break
+    chunks: list[bytes] | None = None
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ServerError(413, "body_too_large", f"request body exceeds the limit of {limit}")
+        if not message.get("more_body", False):
+            if chunks is None:
+                return chunk
+            chunks.append(chunk)
+            return b"".join(chunks)
+        if chunks is None:
+            chunks = []
+        chunks.append(chunk)
+
+
+class _FastPath:
+    """ASGI layer in front of the FastAPI app: serves the hot endpoints and guards the rest.
+
+    POST /reset, /step and /verify go straight from the ASGI channel to `EnvService` (no
+    routing, no `Request` object, no dependency resolution: about half the per-request cost of
+    a FastAPI route). Everything else, including those paths with other methods, falls through
+    to FastAPI. Any exception escaping either answers 500 JSON; the server keeps serving.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, service: EnvService, max_body_bytes: int, enabled: bool = True
+    ) -> None:
+        self.app = app
+        self.limit = max_body_bytes
+        self.routes: dict[str, Callable[[bytes], Awaitable[bytes]]] = (
+            {"/reset": service.reset, "/step": service.step, "/verify": service.verify}
+            if enabled
+            else {}
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        handler = self.routes.get(scope["path"]) if scope["method"] == "POST" else None
+        if handler is not None:
+            try:
+                payload = await handler(await _receive_body(scope, receive, self.limit))
+            except ServerError as exc:
+                await _send_json(
+                    send, exc.status, error_body(exc.kind, exc.message, exc.field), exc.headers
+                )
+            except _ClientGone:
+                return
+            except Exception as exc:
+                await self._bug(scope, send, exc)
+            else:
+                await _send_json(send, 200, payload)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                logger.exception("bug after answering %s %s", scope["method"], scope["path"])
+                return
+            await self._bug(scope, send, exc)
+
+    @staticmethod
+    async def _bug(scope: Scope, send: Send, exc: Exception) -> None:
+        logger.exception("bug while serving %s %s", scope["method"], scope["path"])
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        await _send_json(send, 500, error_body("internal", message))
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def _body_doc(model: type[BaseModel], summary: str) -> dict[str, Any]:
+    """OpenAPI text for endpoints that parse their raw body (no FastAPI body model)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "description": f"{summary} (JSON object: {', '.join(model.model_fields)})",
+            "content": {_JSON: {"schema": {"type": "object"}}},
+        }
+    }
+
+
+def create_app(
+    kind: str = "sandbox",
+    *,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    inline: bool | None = None,
+    fast_path: bool = True,
+    env_options: dict[str, Any] | None = None,
+) -> FastAPI:
+    """The environment server for one environment kind.
+
+    `inline` runs environment calls on the event loop (default: for the sandbox, whose calls
+    take microseconds); otherwise they run in the thread pool. `fast_path=False` serves every
+    endpoint through FastAPI routing (same behaviour, slower). An unknown kind raises ValueError.
+    """
+    if max_sessions < 1 or session_ttl_s <= 0 or max_body_bytes < 1:
+        raise ValueError("max_sessions, session_ttl_s and max_body_bytes must be positive")
+    # Fail fast on an unknown kind (ValueError) or bad options; warms the tool registries too.
+    make_env(kind, **(env_options or {})).close()
+    store = SessionStore(
+        kind, max_sessions=max_sessions, session_ttl_s=session_ttl_s, env_options=env_options
+    )
+    service = EnvService(store, inline=kind in INLINE_KINDS if inline is None else inline)
+    limit = max_body_bytes
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async def sweeper() -> None:
+            interval = max(0.05, min(session_ttl_s / 4, 30.0))
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    if expired := store.sweep():
+                        logger.info("expired %d idle sessions", expired)
+                except Exception:
+                    logger.exception("session sweep failed")
+
+        task = asyncio.create_task(sweeper())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            store.close_all()
+
+    app = FastAPI(
+        title=f"qpa environment server ({kind})",
+        summary="reset/step/verify episodes of one environment kind, many sessions at once",
+        lifespan=lifespan,
+    )
+    app.state.store = store
+    app.state.service = service
+    app.state.kind = kind
+    app.add_middleware(_FastPath, service=service, max_body_bytes=limit, enabled=fast_path)
+
+    @app.exception_handler(ServerError)
+    async def _server_error(_: Request, exc: ServerError) -> Response:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_invalid(_: Request, exc: RequestValidationError) -> Response:
+        errors = list(exc.errors())
+        first = errors[0] if errors else {}
+        loc = list(first.get("loc", ()))[1:]  # drop 'query' / 'path' / 'body'
+        path = field_path(loc) or None
+        what = "missing" if first.get("type") == "missing" else first.get("msg", "invalid")
+        message = f"parameter '{path}': {what}" if path else str(what)
+        return _error_response(ServerError(422, "invalid_request", message, field=path))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        kinds = {404: "not_found", 405: "method_not_allowed"}
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return _error_response(
+            ServerError(exc.status_code, kinds.get(exc.status_code, "http_error"), message)
+        )
+
+    # The three POST routes document the endpoints (and serve them when fast_path=False).
+    @app.post("/reset", openapi_extra=_body_doc(ResetRequest, "the task and optional session id"))
+    async def reset(request: Request) -> Response:
+        """Start an episode of `task` (in a new session, or restart the given one)."""
+        return _ok(await service.reset(await _read_body(request, limit)))
+
+    @app.post("/step", openapi_extra=_body_doc(StepRequest, "the session and one action"))
+    async def step(request: Request) -> Response:
+        """Apply one action; episode-level problems come back as error feedback (200)."""
+        return _ok(await service.step(await _read_body(request, limit)))
+
+    @app.post("/verify", openapi_extra=_body_doc(SessionRequest, "the session"))
+    async def verify(request: Request) -> Response:
+        """Judge the session's current state against its task's verifier."""
+        return _ok(await service.verify(await _read_body(request, limit)))
+
+    @app.get("/state")
+    async def state(session_id: Annotated[str, Query(pattern=SESSION_ID_PATTERN)]) -> Response:
+        """A detached snapshot of the session's environment state."""
+        return _ok(await service.state(session_id))
+
+    @app.get("/tools")
+    async def tools(session_id: Annotated[str, Query(pattern=SESSION_ID_PATTERN)]) -> Response:
+        """The tools of the session's current episode."""
+        return _ok(await service.tools(session_id))
+
+    @app.delete("/sessions/{session_id}")
+    async def delete_session(session_id: str) -> Response:
+        """Close a session and free its slot."""
+        return _ok(await service.delete(session_id))
+
+    @app.get("/health")
+    async def health() -> Response:
+        """Liveness and load: kind and number of live sessions."""
+        return _ok(service.health())
+
+    return app
+
+
+def serve(
+    kind: str = "sandbox",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    log_level: str = "warning",
+) -> None:
+    """Run the server with uvicorn until interrupted (one process: sessions live in memory)."""
+    import uvicorn
+
+    app = create_app(
+        kind, max_sessions=max_sessions, session_ttl_s=session_ttl_s, max_body_bytes=max_body_bytes
+    )
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=75,
+    )
