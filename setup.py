@@ -12,5 +12,5 @@ setup(
         *(f"qpa_operator.{name}" for name in find_packages("operator")),
     ],
     package_dir={"qpa_operator": "operator"},
-    package_data={"qpa": ["py.typed"]},
+    package_data={"qpa": ["py.typed", "envs/llmsim/apps/*.yaml"]},
 )

@@ -9,3 +9,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # The repo root holds the folder `operator/` (packaged as qpa_operator); with the root on
 # sys.path it would shadow the standard library module of the same name.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+
+# Reusable fixtures: a deterministic OpenAI-compatible server on 127.0.0.1 (tests/fakes).
+pytest_plugins = ["fakes.openai_server"]

@@ -11,10 +11,10 @@ from rich.panel import Panel
 
 from qpa.cli import app
 from qpa.cli.common import console, die
-from qpa.contract import Environment, Step, Trajectory, write_trajectories
+from qpa.contract import Environment, Policy, Step, Trajectory, write_trajectories
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, get_task
-from qpa.harness.planners import PLANNERS, make_planner
+from qpa.harness.factory import PLANNER_NAMES, PlannerFactory, PlannerSpec, load_harness_config
 from qpa.harness.runner import run_episode
 
 
@@ -61,25 +61,67 @@ def _print_step(step: Step) -> None:
         console.print(f"   [yellow]{feedback.error}: {feedback.message}[/]", highlight=False)
 
 
+def planner_spec(
+    planner: str,
+    model_url: str | None,
+    model: str,
+    model_path: str | None,
+    harness_config: Path | None,
+    api_key_env: str | None = None,
+    noise: float = 0.5,
+    seed: int = 0,
+) -> PlannerSpec:
+    """Validate planner options into a spec, or exit with a clear error."""
+    try:
+        return PlannerSpec(
+            name=planner,
+            model_url=model_url,
+            model=model,
+            model_path=model_path,
+            api_key_env=api_key_env,
+            noise=noise,
+            seed=seed,
+            harness=load_harness_config(harness_config),
+        )
+    except (ValueError, OSError) as exc:
+        die(str(exc))
+
+
 @app.command("run")
 def run(
     task_id: Annotated[str, typer.Option("--task", help="Task id (see `qpa tasks list`).")],
-    planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNERS)}.")] = "oracle",
+    planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNER_NAMES)}.")] = "oracle",
     suite: Annotated[str, typer.Option(help="Suite the task belongs to.")] = DEFAULT_SUITE,
     seed: Annotated[int, typer.Option(help="Suite seed.")] = CANONICAL_SEED,
     env_url: Annotated[
         str | None, typer.Option(help="Environment server URL (default: in-process).")
     ] = None,
+    model_url: Annotated[
+        str | None, typer.Option(help="OpenAI-compatible endpoint (planner openai).")
+    ] = None,
+    model: Annotated[str, typer.Option(help="Model name at the endpoint.")] = "planner",
+    model_path: Annotated[
+        str | None, typer.Option(help="Local checkpoint folder (planner local).")
+    ] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="Environment variable holding the endpoint's API key.")
+    ] = None,
+    harness_config: Annotated[
+        Path | None, typer.Option(help="Harness version YAML (adapter, Skills, memory, budgets).")
+    ] = None,
+    noise: Annotated[float, typer.Option(help="Fault rate of the noisy planner.")] = 0.5,
     out: Annotated[
         Path | None, typer.Option(help="Append the trajectory to this JSON Lines file.")
     ] = None,
     max_turns: Annotated[int, typer.Option(min=1)] = 40,
 ) -> None:
     """Run one episode and print its transcript; exits 1 when the task fails."""
+    spec = planner_spec(
+        planner, model_url, model, model_path, harness_config, api_key_env, noise, seed
+    )
     try:
         task = get_task(task_id, suite, seed)
-        policy = make_planner(planner)
-    except (KeyError, ValueError) as exc:
+    except KeyError as exc:
         die(str(exc.args[0]))
     env: Environment
     if env_url:
@@ -88,8 +130,11 @@ def run(
         env = RemoteEnv(env_url)
     else:
         env = SandboxEnv()
+    policy = Policy(planner=planner, model=spec.policy_model, harness_version=spec.harness.version)
     try:
-        trajectory = run_episode(env, task, policy, max_turns=max_turns)
+        trajectory = run_episode(
+            env, task, PlannerFactory(spec)(), policy=policy, max_turns=max_turns
+        )
     finally:
         env.close()
     print_transcript(trajectory)

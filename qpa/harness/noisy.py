@@ -52,7 +52,7 @@ class PlannedFault:
     kind: FaultKind
     step: int
     requested: FaultKind
-    key: str | None = None  # the argument to change ("answer" for a Finish)
+    key: str | None = None  # the argument to change, when fixed at planning ("answer", memory)
     replacement_tool: str | None = None
     memory: MemoryItem | None = None
     memory_alternatives: list[Any] = field(default_factory=list)
@@ -88,7 +88,8 @@ class NoisyPlanner(OraclePlanner):
         self.injected: dict[str, Any] | None = None
         self._task: Task | None = None
         self._tools: list[ToolSpec] = []
-        self._pending_skip: dict[str, Any] | None = None
+        self._answer_step: int | None = None
+        self._ungrounded = False
 
     # ------------------------------------------------------------------ planning
     def start(self, task: Task, tools: list[ToolSpec], first: Feedback) -> None:
@@ -97,7 +98,14 @@ class NoisyPlanner(OraclePlanner):
         self._tools = list(tools)
         self.planned = None
         self.injected = None
-        self._pending_skip = None
+        self._ungrounded = False
+        writes = self._writes()
+        has_writes = any(self._call(i).tool in writes for i in self._tool_steps())
+        answers = [
+            i for i, a in enumerate(self._plan) if isinstance(a, Finish) and a.answer is not None
+        ]
+        # in a read-only plan the final answer is what the reads found out
+        self._answer_step = answers[-1] if answers and not has_writes else None
         rng = _rng_for(self.seed, task.id)
         if self.faults and rng.random() < self.fault_rate:
             requested = self.faults[rng.randrange(len(self.faults))]
@@ -136,11 +144,8 @@ class NoisyPlanner(OraclePlanner):
         if kind == "wrong_argument":
             steps = [i for i in self._targets() if self._call(i).arguments]
             if steps:
-                step = steps[rng.randrange(len(steps))]
-                keys = sorted(self._call(step).arguments)
-                return PlannedFault(
-                    kind, step, requested, key=keys[rng.randrange(len(keys))], salt=salt
-                )
+                # the argument is chosen when acting, once `${i}` references are resolved
+                return PlannedFault(kind, steps[rng.randrange(len(steps))], requested, salt=salt)
             answered = [
                 i
                 for i, a in enumerate(self._plan)
@@ -247,7 +252,39 @@ class NoisyPlanner(OraclePlanner):
         if label is not None:
             self.injected = label
             annotations["injected_fault"] = label
+            self._ground(label)
+        if (
+            self._ungrounded
+            and index is not None
+            and index == self._answer_step
+            and (label is None or label["step"] != index)
+        ):
+            action, consequence = self._unground(action)
+            annotations["fault_consequence"] = consequence
         return Decision(action, annotations=annotations)
+
+    def _ground(self, label: dict[str, Any]) -> None:
+        """A fault at a read step of a read-only plan also spoils the final answer."""
+        if (
+            self._answer_step is not None
+            and label["kind"] != "gives_up_early"
+            and label["step"] < self._answer_step
+            and label["tool"] is not None
+        ):
+            self._ungrounded = True
+            label["detail"] += "; the final answer is no longer grounded"
+
+    def _unground(self, action: Action) -> tuple[Action, dict[str, Any]]:
+        assert self.injected is not None
+        current = _field(action, "answer")
+        rng = random.Random(self.planned.salt if self.planned else 0)
+        replacement = _pick(current, self._alternatives(current), rng)
+        consequence = {
+            "kind": "ungrounded_answer",
+            "caused_by_step": self.injected["step"],
+            "detail": f"answer {current!r} -> {replacement!r}",
+        }
+        return _with_field(action, "answer", replacement), consequence
 
     def _label(self, fault: PlannedFault, tool: str | None, detail: str) -> dict[str, Any]:
         return {
@@ -275,6 +312,8 @@ class NoisyPlanner(OraclePlanner):
             wrong = action.model_copy(update={"tool": new, "arguments": arguments})
             return wrong, self._label(fault, action.tool, detail)
         key = fault.key or "answer"
+        if fault.kind == "wrong_argument" and isinstance(action, ToolCall) and action.arguments:
+            key = self._key_that_matters(action.arguments, rng)
         current = _field(action, key)
         if fault.kind == "ignores_memory" and fault.memory is not None:
             memory = fault.memory
@@ -291,6 +330,26 @@ class NoisyPlanner(OraclePlanner):
             replacement = _pick(current, self._alternatives(current, key), rng)
             detail = f"{tool or 'finish'}.{key}: {current!r} -> {replacement!r}"
         return _with_field(action, key, replacement), self._label(fault, tool, detail)
+
+    def _key_that_matters(self, arguments: dict[str, Any], rng: random.Random) -> str:
+        """An argument whose value the verifier looks at (else any): a consequential mistake."""
+        task = self._task
+        checked: list[tuple[str, Any]] = []  # (how it is compared, the value checked)
+        if task is not None:
+            for check in task.verifier.checks:
+                for field_, value in check.where.items():
+                    suffix = field_.rsplit("__", 1)[1] if "__" in field_ else "exact"
+                    values = value if isinstance(value, list) else [value]
+                    if suffix in ("exact", "in", "contains", "icontains"):
+                        checked.extend(("exact" if suffix == "in" else suffix, v) for v in values)
+                if check.expect is not None:
+                    checked.append(("exact", check.expect))
+            if task.verifier.answer is not None:
+                checked.append(("contains", task.verifier.answer))
+        keys = sorted(arguments)
+        matters = [k for k in keys if any(_same(arguments[k], op, c) for op, c in checked)]
+        pool = matters or keys
+        return pool[rng.randrange(len(pool))]
 
     def _alternatives(self, value: Any, key: str | None = None) -> list[Any]:
         """Plausible mistakes for `value`: the same field of sibling records in the world.
@@ -312,6 +371,15 @@ class NoisyPlanner(OraclePlanner):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _same(value: Any, op: str, checked: Any) -> bool:
+    """Whether a verifier check compares `value` (as `op` does) with `checked`."""
+    if value is None or checked is None or isinstance(value, bool) != isinstance(checked, bool):
+        return False
+    if op in ("contains", "icontains") and isinstance(value, str) and isinstance(checked, str):
+        return checked.lower() in value.lower()
+    return bool(value == checked)
 
 
 def _memory_used(value: Any, memory: list[MemoryItem]) -> MemoryItem | None:

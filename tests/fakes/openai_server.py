@@ -3,7 +3,7 @@
 Each test scripts its own backend: the server answers `POST /v1/chat/completions` by calling a
 Python `handler(request) -> reply` and wraps the reply in the OpenAI response shape, with usage
 counts; `GET /v1/models` lists the served model ids. It runs in a background thread on a free
-port, so synchronous code under test (httpx, the openai SDK, LLMSimEnv) talks to it over real
+port, so synchronous code under test (httpx clients, OpenAI SDKs, LLMSimEnv) talks to it over real
 HTTP.
 
     with FakeOpenAI(lambda req: {"result": {"ok": True}}) as server:
@@ -238,6 +238,7 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
         self.port = 0
         self.app = self._build_app()
 
@@ -321,8 +322,9 @@ class FakeOpenAI:
             return
         server.should_exit = True
         thread.join(timeout=10)
-        self._socket.close()
-        self._server = self._thread = None
+        if self._socket is not None:
+            self._socket.close()
+        self._server, self._thread, self._socket = None, None, None
 
     def __enter__(self) -> FakeOpenAI:
         return self.start()

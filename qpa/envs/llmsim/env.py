@@ -267,7 +267,7 @@ class LLMSimEnv:
             )
         try:
             apps = self._resolve_apps(world, task)
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:
             return Feedback.fail("environment_failure", str(exc))
         names = task.tools or [t.name for app in apps.values() for t in app.tools]
         specs = {t.name: t for app in apps.values() for t in app.tools}

@@ -52,13 +52,17 @@ def uses_memory(task: Task) -> bool:
 
 def test_fault_rate_zero_is_the_oracle(suite: tuple[Task, ...], env: SandboxEnv) -> None:
     noisy, oracle = NoisyPlanner(fault_rate=0.0), OraclePlanner()
+    successes = 0
     for task in suite:
         quiet = run_episode(env, task, noisy)
         reference = run_episode(env, task, oracle)
-        assert quiet.success, task.id
         assert not labels(quiet)
-        assert [s.action for s in quiet.steps] == [s.action for s in reference.steps]
         assert noisy.planned is None and noisy.injected is None
+        assert [s.action for s in quiet.steps] == [s.action for s in reference.steps], task.id
+        assert quiet.success == reference.success, task.id
+        successes += quiet.success
+    # the oracle solves the suite (its own tests hold every task to it)
+    assert successes >= 0.99 * len(suite)
 
 
 @pytest.mark.parametrize("kind", FAULT_KINDS)
@@ -242,3 +246,33 @@ def test_a_plan_without_tool_calls_still_gets_a_fault(suite: tuple[Task, ...]) -
 )
 def test_perturb_changes_the_value(value: Any) -> None:
     assert perturb(value) != value
+
+
+def test_a_fault_at_a_read_step_spoils_the_answer_of_a_read_only_plan(
+    suite: tuple[Task, ...], env: SandboxEnv
+) -> None:
+    from qpa.contract import Finish, VerifierSpec
+
+    base = next(t for t in suite if t.template == "add_new_contact")
+    person = base.world["contacts"]["contacts"][2]
+    task = base.model_copy(
+        update={
+            "id": base.id + ".lookup",
+            "instruction": f"What is {person['name']}'s number?",
+            "reference_plan": [
+                ToolCall(tool="contacts_search", arguments={"query": person["name"]}),
+                Finish(answer=person["phone"]),
+            ],
+            "verifier": VerifierSpec(answer=person["phone"]),
+        }
+    )
+    assert run_episode(env, task, OraclePlanner()).success
+    for kind in ("skipped_step", "wrong_tool", "wrong_argument"):
+        trajectory = run_episode(env, task, NoisyPlanner(fault_rate=1.0, faults=(kind,)))
+        (label,) = labels(trajectory)
+        assert label["kind"] == kind and label["step"] == 0
+        assert "no longer grounded" in label["detail"]
+        final = trajectory.steps[-1]
+        assert final.annotations["fault_consequence"]["kind"] == "ungrounded_answer"
+        assert isinstance(final.action, Finish) and final.action.answer != person["phone"]
+        assert not trajectory.success

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, NotRequired, cast
 
 from pydantic import Field
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from qpa.envs.sandbox.engine import App, ToolError, fail, tool
 
@@ -485,7 +485,9 @@ class HomeApp(App):
     @tool()
     def home_list_guest_codes(self, lock_id: str | None = None) -> list[GuestCode]:
         """List guest access codes (optionally for one lock)."""
-        rows = [c for c in self.records("guest_codes") if lock_id is None or c["lock_id"] == lock_id]
+        rows = [
+            c for c in self.records("guest_codes") if lock_id is None or c["lock_id"] == lock_id
+        ]
         return cast(list[GuestCode], rows)
 
     @tool("write")

@@ -129,14 +129,24 @@ class MusicApp(App):
             "playlists": [],
             "liked": [],
             "devices": [
-                {"id": "dev_phone", "name": "This phone", "kind": "phone", "status": "online",
-                 "volume": 50},
+                {
+                    "id": "dev_phone",
+                    "name": "This phone",
+                    "kind": "phone",
+                    "status": "online",
+                    "volume": 50,
+                },
             ],
-            "player": {"state": "stopped", "context_id": None, "track_id": None,
-                       "device_id": None, "shuffle": False},
+            "player": {
+                "state": "stopped",
+                "context_id": None,
+                "track_id": None,
+                "device_id": None,
+                "shuffle": False,
+            },
             "queue": [],
             "history": [],
-        }  # fmt: skip
+        }
 
     # ------------------------------------------------------------------ helpers
     def _region(self) -> str:
@@ -320,8 +330,12 @@ class MusicApp(App):
     ) -> PlaylistSummary:
         """Rename a playlist or change its description, visibility or collaboration."""
         p = self._playlist(playlist_id)
-        changes = {"name": name, "description": description, "public": public,
-                   "collaborative": collaborative}  # fmt: skip
+        changes = {
+            "name": name,
+            "description": description,
+            "public": public,
+            "collaborative": collaborative,
+        }
         given = {k: v for k, v in changes.items() if v is not None}
         if not given:
             raise fail("nothing to update", "invalid_arguments")
@@ -383,8 +397,14 @@ class MusicApp(App):
         out: list[Played] = []
         for r in rows[:limit]:
             t = catalog.get(r["track_id"], {})
-            out.append({"track_id": r["track_id"], "title": t.get("title", "?"),
-                        "artist": t.get("artist", "?"), "played_at": r["played_at"]})  # fmt: skip
+            out.append(
+                {
+                    "track_id": r["track_id"],
+                    "title": t.get("title", "?"),
+                    "artist": t.get("artist", "?"),
+                    "played_at": r["played_at"],
+                }
+            )
         return out
 
     # ------------------------------------------------------------------ playback
@@ -425,8 +445,15 @@ class MusicApp(App):
             self._playable(track)
         device = self._device(device_id)
         player = self.state["player"]
-        player.update({"state": "playing", "context_id": context_id, "track_id": track["id"],
-                       "device_id": device["id"], "shuffle": shuffle})  # fmt: skip
+        player.update(
+            {
+                "state": "playing",
+                "context_id": context_id,
+                "track_id": track["id"],
+                "device_id": device["id"],
+                "shuffle": shuffle,
+            }
+        )
         self.records("history").append({"track_id": track["id"], "played_at": self.world.iso_now()})
         return cast(NowPlaying, {**player, "track": track})
 
@@ -465,5 +492,7 @@ class MusicApp(App):
         player = self.state["player"]
         track = None
         if player.get("track_id"):
-            track = next((t for t in self.records("catalog") if t["id"] == player["track_id"]), None)
+            track = next(
+                (t for t in self.records("catalog") if t["id"] == player["track_id"]), None
+            )
         return cast(NowPlaying, {**player, "track": track})

@@ -164,8 +164,11 @@ class PodcastsApp(App):
         subs = self.records("subscriptions")
         if any(s["show_id"] == show_id for s in subs):
             raise fail(f"already subscribed to '{show['title']}'")
-        record: Subscription = {"show_id": show_id, "title": show["title"],
-                                "since": self.world.iso_now()}  # fmt: skip
+        record: Subscription = {
+            "show_id": show_id,
+            "title": show["title"],
+            "since": self.world.iso_now(),
+        }
         subs.append(dict(record))
         return record
 
@@ -202,8 +205,12 @@ class PodcastsApp(App):
             raise fail(
                 f"storage full: {used} of {limit} MB used, '{ep['title']}' needs {ep['size_mb']} MB"
             )
-        record: Download = {"episode_id": episode_id, "show_id": ep["show_id"],
-                            "size_mb": ep["size_mb"], "time": self.world.iso_now()}  # fmt: skip
+        record: Download = {
+            "episode_id": episode_id,
+            "show_id": ep["show_id"],
+            "size_mb": ep["size_mb"],
+            "time": self.world.iso_now(),
+        }
         downloads.append(dict(record))
         return record
 
