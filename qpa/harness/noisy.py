@@ -10,12 +10,15 @@ Per episode, with probability `fault_rate`, one fault kind is drawn deterministi
   conflicting memory value, or a sibling from the world);
 - `gives_up_early`: finishes before the work is done.
 
-Faults target state-changing steps when the plan has any, so a faulted episode almost always
-fails verification. A kind that does not apply falls back (`ignores_memory` without memory
-values in the plan -> `wrong_argument` -> `gives_up_early`); the label names the fault actually
-injected. The label sits on the decision where the fault happens:
-`Decision.annotations["injected_fault"] = {"kind", "step", "detail", "tool", "requested"}`, with
-`step` the index in the reference plan; diagnosis is scored against it.
+Faults target state-changing steps when the plan has any (and, for `wrong_argument`, an
+argument the verifier looks at), so a faulted episode almost always fails verification. In a
+read-only plan a fault at a read step also spoils the final answer (the planner never learnt
+it); that step is annotated `fault_consequence`. A kind that does not apply falls back
+(`ignores_memory` without remembered values in the plan, or `wrong_tool` without another tool ->
+`wrong_argument` -> `gives_up_early`; `skipped_step` -> `gives_up_early`); the label names the
+fault actually injected and the one `requested`. It sits on the decision where the fault
+happens: `Decision.annotations["injected_fault"] = {"kind", "step", "detail", "tool",
+"requested"}`, with `step` the index in the reference plan; diagnosis is scored against it.
 """
 
 from __future__ import annotations
@@ -72,10 +75,13 @@ class NoisyPlanner(OraclePlanner):
     def __init__(
         self,
         fault_rate: float = 0.5,
-        faults: Sequence[str] = FAULT_KINDS,
+        faults: Sequence[str] | str = FAULT_KINDS,
         seed: int = 0,
     ) -> None:
         super().__init__()
+        fault_rate = float(fault_rate)
+        if isinstance(faults, str):  # "wrong_tool,skipped_step" from a command line
+            faults = [f.strip() for f in faults.split(",") if f.strip()]
         if not 0.0 <= fault_rate <= 1.0:
             raise ValueError("fault_rate must be within [0, 1]")
         unknown = [f for f in faults if f not in FAULT_KINDS]
@@ -83,7 +89,7 @@ class NoisyPlanner(OraclePlanner):
             raise ValueError(f"unknown fault kinds {unknown}; choose from {', '.join(FAULT_KINDS)}")
         self.fault_rate = fault_rate
         self.faults: tuple[FaultKind, ...] = tuple(f for f in FAULT_KINDS if f in set(faults))
-        self.seed = seed
+        self.seed = int(seed)
         self.planned: PlannedFault | None = None
         self.injected: dict[str, Any] | None = None
         self._task: Task | None = None

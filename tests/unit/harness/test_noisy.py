@@ -224,6 +224,8 @@ def test_planner_options_are_checked() -> None:
     with pytest.raises(ValueError, match="fault_rate"):
         NoisyPlanner(fault_rate=1.5)
     assert NoisyPlanner().name == "noisy"
+    chosen = NoisyPlanner(fault_rate="0.25", faults="skipped_step, wrong_tool")  # type: ignore[arg-type]
+    assert chosen.faults == ("wrong_tool", "skipped_step") and chosen.fault_rate == 0.25
 
 
 def test_a_plan_without_tool_calls_still_gets_a_fault(suite: tuple[Task, ...]) -> None:

@@ -115,7 +115,9 @@ def _parse(value: str, field: str) -> datetime:
     try:
         return datetime.fromisoformat(value)
     except ValueError:
-        raise fail(f"argument '{field}': {value!r} is not a real date/time", "invalid_arguments") from None
+        raise fail(
+            f"argument '{field}': {value!r} is not a real date/time", "invalid_arguments"
+        ) from None
 
 
 def _fmt(moment: datetime) -> str:
@@ -129,7 +131,9 @@ def _occurrence(event: dict[str, Any], day: date) -> tuple[datetime, datetime] |
         end = datetime.fromisoformat(event["end"])
     except (KeyError, TypeError, ValueError):
         return None
-    if start.date() <= day <= end.date() and (start.date() == day or end.time() != datetime.min.time()):
+    if start.date() <= day <= end.date() and (
+        start.date() == day or end.time() != datetime.min.time()
+    ):
         return start, end
     rule = event.get("recurrence")
     if not rule or day < start.date():
@@ -204,7 +208,8 @@ class CalendarApp(App):
         cal = self._calendar(calendar_id)
         if cal.get("access") == "free_busy":
             raise fail(
-                f"{cal.get('name', calendar_id)} shares free/busy only; use calendar_find_free_slots",
+                f"{cal.get('name', calendar_id)} shares free/busy only; "
+                "use calendar_find_free_slots",
                 "permission_denied",
             )
         return cal
@@ -228,8 +233,10 @@ class CalendarApp(App):
     def _writable(self, calendar_id: str) -> None:
         cal = self._calendar(calendar_id)
         if cal.get("access") != "owner":
-            raise fail(f"{cal.get('name', calendar_id)} is not yours; you cannot add events to it",
-                       "permission_denied")
+            raise fail(
+                f"{cal.get('name', calendar_id)} is not yours; you cannot add events to it",
+                "permission_denied",
+            )
 
     def _future(self, start: datetime) -> None:
         if start < self.world.now.replace(second=0, microsecond=0):
@@ -237,7 +244,11 @@ class CalendarApp(App):
 
     def _conflict(self, calendar_id: str, start: datetime, end: datetime, skip: str = "") -> None:
         for event in self.records("events"):
-            if event.get("calendar_id") != calendar_id or event.get("id") == skip or not _blocks(event):
+            if (
+                event.get("calendar_id") != calendar_id
+                or event.get("id") == skip
+                or not _blocks(event)
+            ):
                 continue
             occ = _occurrence(event, start.date())
             if occ and occ[0] < end and start < occ[1]:
@@ -273,14 +284,15 @@ class CalendarApp(App):
         first = _parse(date_from, "date_from").date()
         last = _parse(date_to, "date_to").date() if date_to else first
         if last < first:
-            raise fail(f"argument 'date_to': {date_to} is before date_from {date_from}", "invalid_arguments")
+            raise fail(
+                f"argument 'date_to': {date_to} is before date_from {date_from}",
+                "invalid_arguments",
+            )
         if (last - first).days > 62:
             raise fail("argument 'date_to': ranges are limited to 62 days", "invalid_arguments")
         if calendar_id is not None:
             self._readable(calendar_id)
-        readable = {
-            c["id"] for c in self.records("calendars") if c.get("access") != "free_busy"
-        }
+        readable = {c["id"] for c in self.records("calendars") if c.get("access") != "free_busy"}
         days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
         rows = []
         for event in self.records("events"):
@@ -294,7 +306,12 @@ class CalendarApp(App):
         rows.sort(key=lambda e: str(e.get("start", "")))
         page = rows[offset : offset + limit]
         nxt = offset + limit if offset + limit < len(rows) else None
-        return {"events": cast(list[Event], page), "total": len(rows), "offset": offset, "next_offset": nxt}
+        return {
+            "events": cast(list[Event], page),
+            "total": len(rows),
+            "offset": offset,
+            "next_offset": nxt,
+        }
 
     @tool()
     def calendar_search_events(
@@ -340,7 +357,9 @@ class CalendarApp(App):
         day_start = _parse(f"{date}T{earliest}", "earliest")
         day_end = _parse(f"{date}T{latest}", "latest")
         if day_end <= day_start:
-            raise fail(f"argument 'latest': {latest} is not after earliest {earliest}", "invalid_arguments")
+            raise fail(
+                f"argument 'latest': {latest} is not after earliest {earliest}", "invalid_arguments"
+            )
         busy = [
             occ
             for event in self.records("events")
@@ -435,7 +454,9 @@ class CalendarApp(App):
         time use calendar_reschedule_event."""
         record = self._own_event(event_id)
         given = {
-            k: v for k, v in {"title": title, "location": location, "notes": notes}.items() if v is not None
+            k: v
+            for k, v in {"title": title, "location": location, "notes": notes}.items()
+            if v is not None
         }
         if not given:
             raise fail("nothing to update: give title, location or notes", "invalid_arguments")
@@ -469,7 +490,9 @@ class CalendarApp(App):
     def calendar_cancel_event(
         self,
         event_id: EventId,
-        message: Annotated[str, Field(min_length=1, max_length=500, description="Note to attendees")],
+        message: Annotated[
+            str, Field(min_length=1, max_length=500, description="Note to attendees")
+        ],
     ) -> Event:
         """Cancel an event you organise: it stays visible as cancelled and the attendees get
         the message."""
@@ -484,7 +507,8 @@ class CalendarApp(App):
         record = self._event(event_id)
         if record.get("organizer", "me") != "me":
             raise fail(
-                f"you were invited to '{record['title']}'; decline it with calendar_respond_to_invite"
+                f"you were invited to '{record['title']}'; "
+                "decline it with calendar_respond_to_invite"
             )
         if record.get("attendees") and record.get("status") != "cancelled":
             raise fail(

@@ -12,20 +12,61 @@ from qpa.envs.sandbox.engine import App, fail, tool
 
 DATE = r"^\d{4}-\d{2}-\d{2}$"
 WEEK = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-SOUNDS = ("Radar", "Beacon", "Birdsong", "Harp", "Sunrise", "Ocean", "Bright Morning", "Classic Bell")
+SOUNDS = (
+    "Radar",
+    "Beacon",
+    "Birdsong",
+    "Harp",
+    "Sunrise",
+    "Ocean",
+    "Bright Morning",
+    "Classic Bell",
+)
 CITY_OFFSETS = {
-    "London": 0, "Lisbon": 0, "Paris": 1, "Berlin": 1, "Cairo": 2, "Istanbul": 3, "Dubai": 4,
-    "Mumbai": 5.5, "Singapore": 8, "Tokyo": 9, "Sydney": 11, "Auckland": 13, "Honolulu": -10,
-    "Los Angeles": -8, "Denver": -7, "Chicago": -6, "New York": -5, "Sao Paulo": -3,
-}  # fmt: skip
+    "London": 0,
+    "Lisbon": 0,
+    "Paris": 1,
+    "Berlin": 1,
+    "Cairo": 2,
+    "Istanbul": 3,
+    "Dubai": 4,
+    "Mumbai": 5.5,
+    "Singapore": 8,
+    "Tokyo": 9,
+    "Sydney": 11,
+    "Auckland": 13,
+    "Honolulu": -10,
+    "Los Angeles": -8,
+    "Denver": -7,
+    "Chicago": -6,
+    "New York": -5,
+    "Sao Paulo": -3,
+}
 
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
-Sound = Literal["Radar", "Beacon", "Birdsong", "Harp", "Sunrise", "Ocean", "Bright Morning", "Classic Bell"]
+Sound = Literal[
+    "Radar", "Beacon", "Birdsong", "Harp", "Sunrise", "Ocean", "Bright Morning", "Classic Bell"
+]
 City = Literal[
-    "London", "Lisbon", "Paris", "Berlin", "Cairo", "Istanbul", "Dubai", "Mumbai", "Singapore",
-    "Tokyo", "Sydney", "Auckland", "Honolulu", "Los Angeles", "Denver", "Chicago", "New York",
+    "London",
+    "Lisbon",
+    "Paris",
+    "Berlin",
+    "Cairo",
+    "Istanbul",
+    "Dubai",
+    "Mumbai",
+    "Singapore",
+    "Tokyo",
+    "Sydney",
+    "Auckland",
+    "Honolulu",
+    "Los Angeles",
+    "Denver",
+    "Chicago",
+    "New York",
     "Sao Paulo",
-]  # fmt: skip
+]
 AlarmTime = Annotated[str, Field(pattern=r"^\d{1,2}:\d{2}$", description="24-hour time, HH:MM")]
 IsoDate = Annotated[str, Field(pattern=DATE, description="Day, YYYY-MM-DD")]
 AlarmId = Annotated[str, Field(min_length=1, description="Alarm id, e.g. al_101")]
@@ -98,8 +139,10 @@ def world_clock_record(clock_id: str, city: str) -> dict[str, Any]:
 def _hhmm(value: str, field: str = "time") -> str:
     hours, minutes = (int(part) for part in value.split(":"))
     if hours > 23 or minutes > 59:
-        raise fail(f"argument '{field}': alarm time invalid: '{value}' (use 24-hour HH:MM, 00:00-23:59)",
-                   "invalid_arguments")
+        raise fail(
+            f"argument '{field}': alarm time invalid: '{value}' (use 24-hour HH:MM, 00:00-23:59)",
+            "invalid_arguments",
+        )
     return f"{hours:02d}:{minutes:02d}"
 
 
@@ -107,7 +150,9 @@ def _day(value: str, field: str) -> datetime:
     try:
         return datetime.fromisoformat(value)
     except ValueError:
-        raise fail(f"argument '{field}': {value!r} is not a real date", "invalid_arguments") from None
+        raise fail(
+            f"argument '{field}': {value!r} is not a real date", "invalid_arguments"
+        ) from None
 
 
 class ClockApp(App):
@@ -141,17 +186,25 @@ class ClockApp(App):
     def _check_date(self, date: str, time: str) -> str:
         moment = _day(f"{date}T{time}", "date")
         if moment <= self.world.now:
-            raise fail(f"argument 'date': {date} {time} has already passed (now {self.world.iso_now()})",
-                       "invalid_arguments")
+            raise fail(
+                f"argument 'date': {date} {time} has already passed (now {self.world.iso_now()})",
+                "invalid_arguments",
+            )
         return date
 
     def _duplicate(self, time: str, days: list[str], date: str | None, skip: str = "") -> None:
         for alarm in self.records("alarms"):
             if alarm.get("id") == skip or not alarm.get("enabled"):
                 continue
-            if alarm.get("time") == time and alarm.get("days") == days and alarm.get("date") == date:
-                raise fail(f"an alarm at {time} with the same days already exists ({alarm['id']}); "
-                           "update it instead")
+            if (
+                alarm.get("time") == time
+                and alarm.get("days") == days
+                and alarm.get("date") == date
+            ):
+                raise fail(
+                    f"an alarm at {time} with the same days already exists ({alarm['id']}); "
+                    "update it instead"
+                )
 
     def _timer(self, timer_id: str) -> dict[str, Any]:
         return self.find("timers", timer_id, what="timer")
@@ -183,9 +236,12 @@ class ClockApp(App):
         """Create an alarm: repeating on the given days, or one-off (no days) at the next
         occurrence of the time or on a given date."""
         hhmm = _hhmm(time)
-        ordered = [d for d in WEEK if d in set(days)]
+        ordered: list[str] = [d for d in WEEK if d in set(days)]
         if ordered and date is not None:
-            raise fail("argument 'date': a repeating alarm (days given) cannot have a date", "invalid_arguments")
+            raise fail(
+                "argument 'date': a repeating alarm (days given) cannot have a date",
+                "invalid_arguments",
+            )
         if date is not None:
             self._check_date(date, hhmm)
         self._duplicate(hhmm, ordered, date)
@@ -227,7 +283,10 @@ class ClockApp(App):
             if value is not None:
                 changes[key] = value
         if not changes:
-            raise fail("nothing to update: give time, label, days, sound or snooze_min", "invalid_arguments")
+            raise fail(
+                "nothing to update: give time, label, days, sound or snooze_min",
+                "invalid_arguments",
+            )
         merged = {**alarm, **changes}
         if alarm.get("enabled"):
             self._duplicate(merged["time"], merged["days"], merged.get("date"), skip=alarm_id)
@@ -238,8 +297,15 @@ class ClockApp(App):
     def clock_set_alarm_enabled(self, alarm_id: AlarmId, enabled: bool) -> Alarm:
         """Switch an alarm on or off (off stops every occurrence)."""
         alarm = self.find("alarms", alarm_id, what="alarm")
-        if enabled and alarm.get("date") and _day(f"{alarm['date']}T{alarm['time']}", "date") <= self.world.now:
-            raise fail(f"one-off alarm {alarm_id} was for {alarm['date']}, which has passed; set a new date")
+        if (
+            enabled
+            and alarm.get("date")
+            and _day(f"{alarm['date']}T{alarm['time']}", "date") <= self.world.now
+        ):
+            raise fail(
+                f"one-off alarm {alarm_id} was for {alarm['date']}, which has passed; "
+                "set a new date"
+            )
         alarm["enabled"] = enabled
         return cast(Alarm, alarm)
 
@@ -260,7 +326,9 @@ class ClockApp(App):
             raise fail(f"'{alarm['label']}' ({alarm_id}) is switched off")
         moment = _day(f"{date}T{alarm['time']}", "date")
         if moment <= self.world.now:
-            raise fail(f"argument 'date': {date} {alarm['time']} has already passed", "invalid_arguments")
+            raise fail(
+                f"argument 'date': {date} {alarm['time']} has already passed", "invalid_arguments"
+            )
         code = WEEK[moment.weekday()]
         if code not in alarm["days"]:
             raise fail(
@@ -353,7 +421,11 @@ class ClockApp(App):
         """Add a city to the world clock."""
         if any(c.get("city") == city for c in self.records("world_clocks")):
             raise fail(f"{city} is already on the world clock")
-        record: WorldClock = {"id": self.world.new_id("wc"), "city": city, "utc_offset": CITY_OFFSETS[city]}
+        record: WorldClock = {
+            "id": self.world.new_id("wc"),
+            "city": city,
+            "utc_offset": CITY_OFFSETS[city],
+        }
         self.records("world_clocks").append(dict(record))
         return record
 

@@ -241,8 +241,8 @@ class FlightsApp(App):
     )
     skills = {
         "change_flight": (
-            "To change a flight: flights_get_booking, flights_search the SAME origin and "
-            "destination on the new date, then flights_change_booking(booking_id, new_flight_id, "
+            "To change a flight: flights_get_booking, flights_search the SAME origin, "
+            "destination and airline on the new date, then flights_change_booking(booking_id, new_flight_id, "
             "accept_fare_difference=true) when the new fare is higher or a change fee applies "
             "(see flights_get_fare_rules); the difference is charged. A different route is not "
             "a change: cancel and book again."
@@ -487,6 +487,11 @@ class FlightsApp(App):
         new = self.find("flights", new_flight_id, what="flight")
         if new["id"] == booking["flight_id"]:
             raise fail(f"booking {booking_id} is already on {new['flight_no']}")
+        if new["airline"] != booking["airline"]:
+            raise fail(
+                f"{new['flight_no']} is operated by another airline; a change stays on "
+                f"{AIRLINES.get(booking['airline'])} (cancel and book again to switch)"
+            )
         if (new["origin"], new["destination"]) != (booking["origin"], booking["destination"]):
             raise fail(
                 f"a change must keep the route {booking['origin']}-{booking['destination']}; "

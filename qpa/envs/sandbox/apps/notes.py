@@ -115,7 +115,9 @@ class NotesApp(App):
             if str(folder.get("name", "")).lower() == name.lower():
                 return folder
         names = ", ".join(f["name"] for f in self.records("folders"))
-        raise fail(f"folder '{name}' not found (folders: {names}); create it with notes_create_folder")
+        raise fail(
+            f"folder '{name}' not found (folders: {names}); create it with notes_create_folder"
+        )
 
     def _live(self, note_id: str) -> dict[str, Any]:
         note = self.find("notes", note_id, what="note")
@@ -174,12 +176,19 @@ class NotesApp(App):
         rows.sort(key=lambda n: not n.get("pinned"))
         page = rows[offset : offset + limit]
         nxt = offset + limit if offset + limit < len(rows) else None
-        return {"notes": cast(list[Note], page), "total": len(rows), "offset": offset, "next_offset": nxt}
+        return {
+            "notes": cast(list[Note], page),
+            "total": len(rows),
+            "offset": offset,
+            "next_offset": nxt,
+        }
 
     @tool()
     def notes_search(
         self,
-        query: Annotated[str, Field(min_length=1, description="Words in a title, body or checklist")],
+        query: Annotated[
+            str, Field(min_length=1, description="Words in a title, body or checklist")
+        ],
         folder: FolderName | None = None,
         limit: Annotated[int, Field(ge=1, le=50)] = 10,
     ) -> list[Note]:
@@ -224,16 +233,24 @@ class NotesApp(App):
         for note in self.records("notes"):
             same = str(note.get("title", "")).lower() == title.lower()
             if same and note.get("folder") == name and not note.get("deleted"):
-                raise fail(f"'{name}' already has a note titled '{title}' ({note['id']}); append to it")
+                raise fail(
+                    f"'{name}' already has a note titled '{title}' ({note['id']}); append to it"
+                )
         record = note_record(
-            self.world.new_id("n"), title, body, folder=name, tags=list(dict.fromkeys(tags)),
+            self.world.new_id("n"),
+            title,
+            body,
+            folder=name,
+            tags=list(dict.fromkeys(tags)),
             updated=self.world.iso_now(),
-        )  # fmt: skip
+        )
         self.records("notes").append(record)
         return cast(Note, dict(record))
 
     @tool("write")
-    def notes_append(self, note_id: NoteId, text: Annotated[str, Field(min_length=1, max_length=5000)]) -> Note:
+    def notes_append(
+        self, note_id: NoteId, text: Annotated[str, Field(min_length=1, max_length=5000)]
+    ) -> Note:
         """Add text as a new line at the end of a note's body."""
         note = self._live(note_id)
         note["body"] = f"{note['body']}\n{text}" if note.get("body") else text

@@ -90,7 +90,9 @@ def _parse(value: str, field: str) -> datetime:
     try:
         return datetime.fromisoformat(value)
     except ValueError:
-        raise fail(f"argument '{field}': {value!r} is not a real date/time", "invalid_arguments") from None
+        raise fail(
+            f"argument '{field}': {value!r} is not a real date/time", "invalid_arguments"
+        ) from None
 
 
 def _next_due(due: datetime, repeat: str) -> datetime:
@@ -165,7 +167,9 @@ class RemindersApp(App):
                 "id": lst["id"],
                 "name": lst["name"],
                 "color": lst.get("color", "blue"),
-                "open": sum(1 for r in rows if r.get("list_id") == lst["id"] and not r.get("completed")),
+                "open": sum(
+                    1 for r in rows if r.get("list_id") == lst["id"] and not r.get("completed")
+                ),
             }
             for lst in self.records("lists")
         ]
@@ -199,7 +203,12 @@ class RemindersApp(App):
         rows.sort(key=lambda r: (r.get("due") is None, str(r.get("due") or "")))
         page = rows[offset : offset + limit]
         nxt = offset + limit if offset + limit < len(rows) else None
-        return {"reminders": cast(list[Reminder], page), "total": len(rows), "offset": offset, "next_offset": nxt}
+        return {
+            "reminders": cast(list[Reminder], page),
+            "total": len(rows),
+            "offset": offset,
+            "next_offset": nxt,
+        }
 
     @tool()
     def reminders_search(
@@ -257,9 +266,15 @@ class RemindersApp(App):
             if parent.get("completed"):
                 raise fail(f"'{parent['title']}' is completed; reopen it before adding subtasks")
         record = reminder_record(
-            self.world.new_id("r"), title, list_id, due=due, priority=priority,
-            parent_id=parent_id, repeat=repeat, notes=notes,
-        )  # fmt: skip
+            self.world.new_id("r"),
+            title,
+            list_id,
+            due=due,
+            priority=priority,
+            parent_id=parent_id,
+            repeat=repeat,
+            notes=notes,
+        )
         self.records("reminders").append(record)
         return cast(Reminder, dict(record))
 
@@ -278,12 +293,24 @@ class RemindersApp(App):
         record = self._open(reminder_id)
         if due is not None:
             _parse(due, "due")
-        changes = {"title": title, "due": due, "priority": priority, "notes": notes, "repeat": repeat}
+        changes = {
+            "title": title,
+            "due": due,
+            "priority": priority,
+            "notes": notes,
+            "repeat": repeat,
+        }
         given = {k: v for k, v in changes.items() if v is not None}
         if not given:
-            raise fail("nothing to update: give title, due, priority, notes or repeat", "invalid_arguments")
-        if given.get("repeat", record.get("repeat")) != "never" and not given.get("due", record.get("due")):
-            raise fail("argument 'repeat': a repeating reminder needs a due time", "invalid_arguments")
+            raise fail(
+                "nothing to update: give title, due, priority, notes or repeat", "invalid_arguments"
+            )
+        if given.get("repeat", record.get("repeat")) != "never" and not given.get(
+            "due", record.get("due")
+        ):
+            raise fail(
+                "argument 'repeat': a repeating reminder needs a due time", "invalid_arguments"
+            )
         record.update(given)
         return cast(Reminder, record)
 
@@ -347,7 +374,9 @@ class RemindersApp(App):
         return cast(Reminder, record)
 
     @tool("write")
-    def reminders_snooze(self, reminder_id: ReminderId, minutes: Literal[10, 30, 60, 1440]) -> Reminder:
+    def reminders_snooze(
+        self, reminder_id: ReminderId, minutes: Literal[10, 30, 60, 1440]
+    ) -> Reminder:
         """Snooze a due reminder: it becomes due again this many minutes from now."""
         record = self._open(reminder_id)
         if not record.get("due"):

@@ -17,13 +17,29 @@ WEEK = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 ClockTime = Annotated[str, Field(pattern=CLOCK, description="Time of day, HH:MM (24-hour)")]
 Toggle = Literal[
-    "wifi", "bluetooth", "airplane_mode", "dark_mode", "auto_brightness", "battery_saver",
+    "wifi",
+    "bluetooth",
+    "airplane_mode",
+    "dark_mode",
+    "auto_brightness",
+    "battery_saver",
     "location_services",
-]  # fmt: skip
+]
 Stream = Literal["ring", "media", "alarm", "notification"]
 Permission = Literal["camera", "location", "microphone", "contacts", "notifications", "photos"]
-RINGTONES = ("Opening", "Chimes", "Marimba", "Pixel Bells", "Ripples", "Beacon", "Silk", "Old Phone")
-Ringtone = Literal["Opening", "Chimes", "Marimba", "Pixel Bells", "Ripples", "Beacon", "Silk", "Old Phone"]
+RINGTONES = (
+    "Opening",
+    "Chimes",
+    "Marimba",
+    "Pixel Bells",
+    "Ripples",
+    "Beacon",
+    "Silk",
+    "Old Phone",
+)
+Ringtone = Literal[
+    "Opening", "Chimes", "Marimba", "Pixel Bells", "Ripples", "Beacon", "Silk", "Old Phone"
+]
 DeviceId = Annotated[str, Field(min_length=1, description="Bluetooth device id, e.g. bt_101")]
 
 DEFAULT_SYSTEM: dict[str, Any] = {
@@ -116,23 +132,44 @@ def system_record(**overrides: Any) -> dict[str, Any]:
 
 
 def wifi_record(
-    net_id: str, ssid: str, *, secured: bool = True, password: str = "", saved: bool = False,
-    signal: int = 3, in_range: bool = True,
-) -> dict[str, Any]:  # fmt: skip
+    net_id: str,
+    ssid: str,
+    *,
+    secured: bool = True,
+    password: str = "",
+    saved: bool = False,
+    signal: int = 3,
+    in_range: bool = True,
+) -> dict[str, Any]:
     return {
-        "id": net_id, "ssid": ssid, "secured": secured, "password": password, "saved": saved,
-        "connected": False, "signal": signal, "in_range": in_range,
-    }  # fmt: skip
+        "id": net_id,
+        "ssid": ssid,
+        "secured": secured,
+        "password": password,
+        "saved": saved,
+        "connected": False,
+        "signal": signal,
+        "in_range": in_range,
+    }
 
 
 def bluetooth_record(
-    dev_id: str, name: str, kind: str, *, paired: bool = True, connected: bool = False,
+    dev_id: str,
+    name: str,
+    kind: str,
+    *,
+    paired: bool = True,
+    connected: bool = False,
     in_range: bool = True,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     return {
-        "id": dev_id, "name": name, "kind": kind, "paired": paired, "connected": connected,
+        "id": dev_id,
+        "name": name,
+        "kind": kind,
+        "paired": paired,
+        "connected": connected,
         "in_range": in_range,
-    }  # fmt: skip
+    }
 
 
 def permission_record(perm_id: str, app: str, permission: str, granted: bool) -> dict[str, Any]:
@@ -300,12 +337,16 @@ class SettingsApp(App):
     ) -> SystemSettings:
         """Set the volume (0-10) of the ring, media, alarm or notification stream."""
         if stream == "alarm" and level == 0:
-            raise fail("argument 'level': the alarm volume cannot be 0 (minimum 1)", "invalid_arguments")
+            raise fail(
+                "argument 'level': the alarm volume cannot be 0 (minimum 1)", "invalid_arguments"
+            )
         self._system()[f"{stream}_volume"] = level
         return self._snapshot()
 
     @tool("write")
-    def settings_set_screen_timeout(self, seconds: Literal[15, 30, 60, 120, 300, 600]) -> SystemSettings:
+    def settings_set_screen_timeout(
+        self, seconds: Literal[15, 30, 60, 120, 300, 600]
+    ) -> SystemSettings:
         """Set how long the screen stays on without a touch."""
         system = self._system()
         if system["battery_saver"] and seconds > 60:
@@ -314,7 +355,9 @@ class SettingsApp(App):
         return self._snapshot()
 
     @tool("write")
-    def settings_set_font_size(self, size: Literal["small", "default", "large", "largest"]) -> SystemSettings:
+    def settings_set_font_size(
+        self, size: Literal["small", "default", "large", "largest"]
+    ) -> SystemSettings:
         """Set the system font size."""
         self._system()["font_size"] = size
         return self._snapshot()
@@ -329,17 +372,23 @@ class SettingsApp(App):
     def settings_set_do_not_disturb(
         self,
         enabled: bool,
-        until: Annotated[str | None, Field(pattern=DATETIME, description="YYYY-MM-DDTHH:MM")] = None,
+        until: Annotated[
+            str | None, Field(pattern=DATETIME, description="YYYY-MM-DDTHH:MM")
+        ] = None,
     ) -> SystemSettings:
         """Turn Do Not Disturb on now (optionally until a time) or off."""
         system = self._system()
         if until is not None:
             if not enabled:
-                raise fail("argument 'until': only for turning Do Not Disturb on", "invalid_arguments")
+                raise fail(
+                    "argument 'until': only for turning Do Not Disturb on", "invalid_arguments"
+                )
             try:
                 moment = datetime.fromisoformat(until)
             except ValueError:
-                raise fail(f"argument 'until': {until!r} is not a real time", "invalid_arguments") from None
+                raise fail(
+                    f"argument 'until': {until!r} is not a real time", "invalid_arguments"
+                ) from None
             if moment <= self.world.now:
                 raise fail(f"until {until} is not in the future (now {self.world.iso_now()})")
         system["do_not_disturb"] = enabled
@@ -370,7 +419,9 @@ class SettingsApp(App):
         return self._public(net)
 
     @tool("write")
-    def settings_forget_wifi(self, ssid: Annotated[str, Field(min_length=1, max_length=64)]) -> WifiNetwork:
+    def settings_forget_wifi(
+        self, ssid: Annotated[str, Field(min_length=1, max_length=64)]
+    ) -> WifiNetwork:
         """Forget a saved Wi-Fi network (disconnecting from it if connected)."""
         net = self._network(ssid)
         if not net.get("saved"):
@@ -428,7 +479,9 @@ class SettingsApp(App):
         on the given days; favourites' calls can be let through."""
         if start == end:
             raise fail("argument 'end': must differ from start", "invalid_arguments")
-        if any(str(s.get("name", "")).lower() == name.lower() for s in self.records("dnd_schedules")):
+        if any(
+            str(s.get("name", "")).lower() == name.lower() for s in self.records("dnd_schedules")
+        ):
             raise fail(f"a schedule named '{name}' already exists; delete it first")
         record: DndSchedule = {
             "id": self.world.new_id("dnd"),
@@ -443,7 +496,9 @@ class SettingsApp(App):
         return record
 
     @tool("write")
-    def settings_delete_dnd_schedule(self, schedule_id: Annotated[str, Field(min_length=1)]) -> Removed:
+    def settings_delete_dnd_schedule(
+        self, schedule_id: Annotated[str, Field(min_length=1)]
+    ) -> Removed:
         """Delete a Do Not Disturb schedule."""
         record = self.find("dnd_schedules", schedule_id, what="schedule")
         self.records("dnd_schedules").remove(record)
@@ -455,7 +510,10 @@ class SettingsApp(App):
     ) -> AppPermission:
         """Grant or revoke a permission an app has asked for."""
         for row in self.records("app_permissions"):
-            if str(row.get("app", "")).lower() == app.lower() and row.get("permission") == permission:
+            if (
+                str(row.get("app", "")).lower() == app.lower()
+                and row.get("permission") == permission
+            ):
                 row["granted"] = granted
                 return cast(AppPermission, row)
         raise fail(f"{app} has never asked for {permission} access")

@@ -63,6 +63,8 @@ class CartLine(TypedDict):
 class Cart(TypedDict):
     id: str
     lines: list[CartLine]
+    product_ids: list[str]
+    units: int
     coupon: str | None
     subtotal: float
     discount: float
@@ -270,6 +272,8 @@ class ShopApp(App):
         return money(min(eligible, coupon.get("amount_off", 0.0)))
 
     def _cart_view(self, cart: dict[str, Any]) -> Cart:
+        cart["product_ids"] = [ln["product_id"] for ln in cart["lines"]]
+        cart["units"] = sum(ln["quantity"] for ln in cart["lines"])
         cart["subtotal"] = money(sum(ln["quantity"] * ln["unit_price"] for ln in cart["lines"]))
         cart["discount"] = self._discount(cart["lines"], self._coupon(cart.get("coupon")))
         return cast(Cart, cart)
@@ -280,6 +284,8 @@ class ShopApp(App):
             cart = {
                 "id": self.world.new_id("cart"),
                 "lines": [],
+                "product_ids": [],
+                "units": 0,
                 "coupon": None,
                 "subtotal": 0.0,
                 "discount": 0.0,

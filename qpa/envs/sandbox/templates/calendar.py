@@ -18,19 +18,47 @@ from qpa.envs.sandbox.worldgen import BASE_DAY, Faker, iso
 
 WORKDAYS = [BASE_DAY + timedelta(days=d) for d in (1, 2, 3, 4, 7, 8, 9, 10, 11)]
 MEETINGS = [
-    "Budget review", "Project sync", "Design review", "Quarterly planning", "Hiring debrief",
-    "Roadmap chat", "Contract review", "Coffee catch-up", "Vendor call", "Launch prep",
-    "Sprint retro", "Board prep", "Client check-in", "Offsite planning", "Pricing workshop",
+    "Budget review",
+    "Project sync",
+    "Design review",
+    "Quarterly planning",
+    "Hiring debrief",
+    "Roadmap chat",
+    "Contract review",
+    "Coffee catch-up",
+    "Vendor call",
+    "Launch prep",
+    "Sprint retro",
+    "Board prep",
+    "Client check-in",
+    "Offsite planning",
+    "Pricing workshop",
     "Security review",
-]  # fmt: skip
+]
 BACKGROUND = [
-    "Dentist", "Team standup", "Lunch with Sam", "School pickup", "Car service", "Yoga",
-    "Focus time", "Parent meeting", "Haircut", "Book club", "Pharmacy run", "Piano lesson",
-]  # fmt: skip
+    "Dentist",
+    "Team standup",
+    "Lunch with Sam",
+    "School pickup",
+    "Car service",
+    "Yoga",
+    "Focus time",
+    "Parent meeting",
+    "Haircut",
+    "Book club",
+    "Pharmacy run",
+    "Piano lesson",
+]
 ROOMS = [
-    "Room 4B", "Room 2A", "the Atrium", "Cafe Lumen", "the Boardroom", "Studio 7",
-    "the Library room", "Harbor Room",
-]  # fmt: skip
+    "Room 4B",
+    "Room 2A",
+    "the Atrium",
+    "Cafe Lumen",
+    "the Boardroom",
+    "Studio 7",
+    "the Library room",
+    "Harbor Room",
+]
 EVIDENCE_RANK = {"stated": 3, "confirmed": 2, "observed": 1, "inferred": 0}
 
 
@@ -90,8 +118,8 @@ def recall(
         ev_wrong = rng.choice(["observed", "inferred"])
         t_right, t_wrong = late, early
     items = [
-        MemoryItem(key=key, value=right, evidence=ev_right, source="chat", time=t_right),  # type: ignore[arg-type]
-        MemoryItem(key=key, value=wrong, evidence=ev_wrong, source="usage", time=t_wrong),  # type: ignore[arg-type]
+        MemoryItem(key=key, value=right, evidence=ev_right, source="chat", time=t_right),
+        MemoryItem(key=key, value=wrong, evidence=ev_wrong, source="usage", time=t_wrong),
     ]
     for other_key, value in noise or []:
         items.append(MemoryItem(key=other_key, value=value, evidence="confirmed", source="chat"))
@@ -129,15 +157,23 @@ def background_events(
         taken.append((start, end))
         events.append(
             event_record(
-                f"ev_{first_id + len(events)}", g.rng.choice(BACKGROUND), iso(start), iso(end),
+                f"ev_{first_id + len(events)}",
+                g.rng.choice(BACKGROUND),
+                iso(start),
+                iso(end),
                 location=g.rng.choice(["", "Home", "Downtown"]),
-            )  # fmt: skip
+            )
         )
     return events
 
 
-def _calendar_world(events: list[dict[str, Any]], calendars: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"calendars": [calendar_record("primary", "Personal"), *(calendars or [])], "events": events}
+def _calendar_world(
+    events: list[dict[str, Any]], calendars: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {
+        "calendars": [calendar_record("primary", "Personal"), *(calendars or [])],
+        "events": events,
+    }
 
 
 # --------------------------------------------------------------------------- tool_use
@@ -160,26 +196,47 @@ def book_meeting_with_contact(g: TaskGen) -> Any:
         ),
         world={"calendar": _calendar_world(events), "contacts": {"contacts": people}},
         checks=[
-            Check(name="meeting booked with the guest", target="calendar.events",
-                  where={"title": topic, "start": iso(start), "end": iso(end),
-                         "attendees__contains": guest["email"], "location__icontains": room}),
-            Check(name="booked once", target="calendar.events", op="count",
-                  where={"title": topic}, expect=1),
-        ],  # fmt: skip
+            Check(
+                name="meeting booked with the guest",
+                target="calendar.events",
+                where={
+                    "title": topic,
+                    "start": iso(start),
+                    "end": iso(end),
+                    "attendees__contains": guest["email"],
+                    "location__icontains": room,
+                },
+            ),
+            Check(
+                name="booked once",
+                target="calendar.events",
+                op="count",
+                where={"title": topic},
+                expect=1,
+            ),
+        ],
         plan=[
             ToolCall(tool="contacts_search", arguments={"query": guest["name"]}),
             ToolCall(
                 tool="calendar_create_event",
-                arguments={"title": topic, "start": iso(start), "end": iso(end), "location": room,
-                           "attendees": ["${0.0.email}"]},
-            ),  # fmt: skip
+                arguments={
+                    "title": topic,
+                    "start": iso(start),
+                    "end": iso(end),
+                    "location": room,
+                    "attendees": ["${0.0.email}"],
+                },
+            ),
             Finish(),
         ],
     )
 
 
 @template(
-    domain="calendar", capabilities=["tool_use"], apps=["calendar", "contacts", "messaging"], difficulty=3
+    domain="calendar",
+    capabilities=["tool_use"],
+    apps=["calendar", "contacts", "messaging"],
+    difficulty=3,
 )
 def text_meeting_details(g: TaskGen) -> Any:
     people = people_world(g.fake)
@@ -189,10 +246,21 @@ def text_meeting_details(g: TaskGen) -> Any:
     decoy_start = other_day.replace(hour=g.rng.randint(8, 17), minute=g.rng.choice([0, 30]))
     topic = g.rng.choice(MEETINGS)
     room, decoy_room = g.rng.sample(ROOMS, 2)
-    target = event_record("ev_201", topic, iso(start), iso(start + timedelta(hours=1)),
-                          location=room, attendees=[friend["email"]])  # fmt: skip
-    decoy = event_record("ev_202", topic, iso(decoy_start), iso(decoy_start + timedelta(hours=1)),
-                         location=decoy_room)  # fmt: skip
+    target = event_record(
+        "ev_201",
+        topic,
+        iso(start),
+        iso(start + timedelta(hours=1)),
+        location=room,
+        attendees=[friend["email"]],
+    )
+    decoy = event_record(
+        "ev_202",
+        topic,
+        iso(decoy_start),
+        iso(decoy_start + timedelta(hours=1)),
+        location=decoy_room,
+    )
     avoid = [(start, start + timedelta(hours=1)), (decoy_start, decoy_start + timedelta(hours=1))]
     events = [*background_events(g, 5, avoid=avoid), target, decoy]
     g.rng.shuffle(events)
@@ -208,12 +276,24 @@ def text_meeting_details(g: TaskGen) -> Any:
             "messaging": {"messages": []},
         },
         checks=[
-            Check(name="time and place texted", target="messaging.messages",
-                  where={"to": friend["phone"], "sender": "me", "text__contains": hm(start),
-                         "text__icontains": room}),
-            Check(name="one text only", target="messaging.messages", op="count",
-                  where={"sender": "me"}, expect=1),
-        ],  # fmt: skip
+            Check(
+                name="time and place texted",
+                target="messaging.messages",
+                where={
+                    "to": friend["phone"],
+                    "sender": "me",
+                    "text__contains": hm(start),
+                    "text__icontains": room,
+                },
+            ),
+            Check(
+                name="one text only",
+                target="messaging.messages",
+                op="count",
+                where={"sender": "me"},
+                expect=1,
+            ),
+        ],
         plan=[
             ToolCall(tool="calendar_search_events", arguments={"query": topic}),
             ToolCall(tool="contacts_search", arguments={"query": friend["name"]}),
@@ -235,17 +315,25 @@ def reschedule_to_first_free_slot(g: TaskGen) -> Any:
     end = start + timedelta(minutes=minutes)
     topic = g.rng.choice(MEETINGS)
     guests = [p["email"] for p in g.rng.sample(people, g.rng.randint(1, 2))]
-    meeting = event_record("ev_301", topic, iso(start), iso(end), attendees=guests, location=g.rng.choice(ROOMS))
-    frm = g.rng.choice([12, 13, 14])
+    meeting = event_record(
+        "ev_301", topic, iso(start), iso(end), attendees=guests, location=g.rng.choice(ROOMS)
+    )
+    frm = g.rng.choice([12, 13])
     cursor = target_day.replace(hour=frm)
     blockers: list[dict[str, Any]] = []
     for i in range(g.rng.randint(1, 3)):
-        length = timedelta(minutes=g.rng.choice([30, 60, 90]))
-        blockers.append(event_record(f"ev_31{i}", g.rng.choice(BACKGROUND), iso(cursor), iso(cursor + length)))
+        length = timedelta(minutes=g.rng.choice([30, 60]))
+        blockers.append(
+            event_record(f"ev_31{i}", g.rng.choice(BACKGROUND), iso(cursor), iso(cursor + length))
+        )
         cursor += length
     new_start, new_end = cursor, cursor + timedelta(minutes=minutes)
     later = new_end + timedelta(minutes=g.rng.choice([30, 60]))
-    blockers.append(event_record("ev_319", g.rng.choice(BACKGROUND), iso(later), iso(later + timedelta(hours=1))))
+    blockers.append(
+        event_record(
+            "ev_319", g.rng.choice(BACKGROUND), iso(later), iso(later + timedelta(hours=1))
+        )
+    )
     taken = [(start, end), (target_day.replace(hour=frm), later + timedelta(hours=1))]
     events = [*background_events(g, 4, avoid=taken), meeting, *blockers]
     return g.task(
@@ -255,27 +343,53 @@ def reschedule_to_first_free_slot(g: TaskGen) -> Any:
         ),
         world={"calendar": _calendar_world(events)},
         checks=[
-            Check(name="same event moved (not re-created)", target="calendar.events",
-                  where={"id": "ev_301", "start": iso(new_start), "end": iso(new_end),
-                         "rescheduled_from": iso(start), "attendees": guests}),
-            Check(name="no duplicate", target="calendar.events", op="count",
-                  where={"title": topic}, expect=1),
-        ],  # fmt: skip
+            Check(
+                name="same event moved (not re-created)",
+                target="calendar.events",
+                where={
+                    "id": "ev_301",
+                    "start": iso(new_start),
+                    "end": iso(new_end),
+                    "rescheduled_from": iso(start),
+                    "attendees": guests,
+                },
+            ),
+            Check(
+                name="no duplicate",
+                target="calendar.events",
+                op="count",
+                where={"title": topic},
+                expect=1,
+            ),
+        ],
         plan=[
             ToolCall(tool="calendar_search_events", arguments={"query": topic}),
             ToolCall(
                 tool="calendar_find_free_slots",
-                arguments={"date": f"{target_day:%Y-%m-%d}", "duration_min": minutes, "earliest": f"{frm}:00"},
+                arguments={
+                    "date": f"{target_day:%Y-%m-%d}",
+                    "duration_min": minutes,
+                    "earliest": f"{frm}:00",
+                },
             ),
-            ToolCall(tool="calendar_reschedule_event", arguments={"event_id": "${0.0.id}", "start": iso(new_start)}),
+            ToolCall(
+                tool="calendar_reschedule_event",
+                arguments={"event_id": "${0.0.id}", "start": iso(new_start)},
+            ),
             Finish(),
         ],
         difficulty=3 if len(blockers) <= 2 else 4,
     )
 
 
-REASONS = ["", " because I'm off sick", " since the client pulled out", " as I'm travelling",
-           " because the room is double-booked", " since half the team is away"]  # fmt: skip
+REASONS = [
+    "",
+    " because I'm off sick",
+    " since the client pulled out",
+    " as I'm travelling",
+    " because the room is double-booked",
+    " since half the team is away",
+]
 
 
 @template(domain="calendar", capabilities=["skills"], apps=["calendar", "contacts"], difficulty=2)
@@ -285,21 +399,44 @@ def cancel_meeting_with_attendees(g: TaskGen) -> Any:
     topic = g.rng.choice(MEETINGS)
     start = day.replace(hour=g.rng.randint(9, 16), minute=g.rng.choice([0, 30]))
     guests = [p["email"] for p in g.rng.sample(people, g.rng.randint(2, 3))]
-    target = event_record("ev_401", topic, iso(start), iso(start + timedelta(hours=1)),
-                          attendees=guests, location=g.rng.choice(ROOMS))  # fmt: skip
+    target = event_record(
+        "ev_401",
+        topic,
+        iso(start),
+        iso(start + timedelta(hours=1)),
+        attendees=guests,
+        location=g.rng.choice(ROOMS),
+    )
     events = [target]
     twin = g.rng.random() < 0.5
     checks = [
-        Check(name="meeting cancelled with a note", target="calendar.events",
-              where={"id": "ev_401", "status": "cancelled", "cancel_note__ne": None}),
-        Check(name="nothing else cancelled", target="calendar.events", op="count",
-              where={"status": "cancelled"}, expect=1),
-    ]  # fmt: skip
+        Check(
+            name="meeting cancelled with a note",
+            target="calendar.events",
+            where={"id": "ev_401", "status": "cancelled", "cancel_note__ne": None},
+        ),
+        Check(
+            name="nothing else cancelled",
+            target="calendar.events",
+            op="count",
+            where={"status": "cancelled"},
+            expect=1,
+        ),
+    ]
     if twin:
         other = other_day.replace(hour=start.hour, minute=start.minute)
-        events.append(event_record("ev_402", topic, iso(other), iso(other + timedelta(hours=1)), attendees=guests))
-        checks.append(Check(name="the other occurrence kept", target="calendar.events",
-                            where={"id": "ev_402", "status": "confirmed"}))  # fmt: skip
+        events.append(
+            event_record(
+                "ev_402", topic, iso(other), iso(other + timedelta(hours=1)), attendees=guests
+            )
+        )
+        checks.append(
+            Check(
+                name="the other occurrence kept",
+                target="calendar.events",
+                where={"id": "ev_402", "status": "confirmed"},
+            )
+        )
     avoid = [(datetime.fromisoformat(e["start"]), datetime.fromisoformat(e["end"])) for e in events]
     events = [*background_events(g, 5, avoid=avoid), *events]
     g.rng.shuffle(events)
@@ -315,7 +452,10 @@ def cancel_meeting_with_attendees(g: TaskGen) -> Any:
             ToolCall(tool="calendar_search_events", arguments={"query": topic}),
             ToolCall(
                 tool="calendar_cancel_event",
-                arguments={"event_id": "ev_401", "message": f"Sorry, the {topic} on {day_phrase(day)} is cancelled."},
+                arguments={
+                    "event_id": "ev_401",
+                    "message": f"Sorry, the {topic} on {day_phrase(day)} is cancelled.",
+                },
             ),
             Finish(),
         ],
@@ -326,10 +466,15 @@ def cancel_meeting_with_attendees(g: TaskGen) -> Any:
 # --------------------------------------------------------------------------- memory
 
 ACTIVITIES = [
-    ("gym", "Gym"), ("swim", "Swimming"), ("yoga", "Yoga"), ("run", "Running"),
-    ("piano practice", "Piano practice"), ("climbing", "Climbing"), ("tennis", "Tennis"),
+    ("gym", "Gym"),
+    ("swim", "Swimming"),
+    ("yoga", "Yoga"),
+    ("run", "Running"),
+    ("piano practice", "Piano practice"),
+    ("climbing", "Climbing"),
+    ("tennis", "Tennis"),
     ("meditation", "Meditation"),
-]  # fmt: skip
+]
 
 
 @template(domain="calendar", capabilities=["memory"], apps=["calendar"], difficulty=2)
@@ -343,20 +488,32 @@ def block_usual_activity_time(g: TaskGen) -> Any:
     wrong = day.replace(hour=h2, minute=m2)
     span = timedelta(minutes=minutes)
     memory = recall(
-        g.rng, f"usual_{activity.replace(' ', '_')}_time",
-        f"{hm(right)}-{hm(right + span)}", f"{hm(wrong)}-{hm(wrong + span)}",
+        g.rng,
+        f"usual_{activity.replace(' ', '_')}_time",
+        f"{hm(right)}-{hm(right + span)}",
+        f"{hm(wrong)}-{hm(wrong + span)}",
         noise=[("preferred_meeting_room", g.rng.choice(ROOMS))],
-    )  # fmt: skip
+    )
     events = background_events(g, 6, avoid=[(right, right + span), (wrong, wrong + span)])
     return g.task(
-        instruction=f"Put my usual {activity} time on {day_phrase(day)} in my calendar as '{title}'.",
+        instruction=(
+            f"Put my usual {activity} time on {day_phrase(day)} in my calendar as '{title}'."
+        ),
         world={"calendar": _calendar_world(events)},
         checks=[
-            Check(name="blocked at the remembered time", target="calendar.events",
-                  where={"title": title, "start": iso(right), "end": iso(right + span)}),
-            Check(name="blocked once", target="calendar.events", op="count",
-                  where={"title": title}, expect=1),
-        ],  # fmt: skip
+            Check(
+                name="blocked at the remembered time",
+                target="calendar.events",
+                where={"title": title, "start": iso(right), "end": iso(right + span)},
+            ),
+            Check(
+                name="blocked once",
+                target="calendar.events",
+                op="count",
+                where={"title": title},
+                expect=1,
+            ),
+        ],
         plan=[
             ToolCall(
                 tool="calendar_create_event",
@@ -382,8 +539,13 @@ def book_with_usual_length_and_text(g: TaskGen) -> Any:
     right, wrong = g.rng.sample([25, 30, 45, 50, 60], 2)
     end = start + timedelta(minutes=right)
     topic = g.rng.choice(MEETINGS)
-    memory = recall(g.rng, "default_meeting_length", f"{right} minutes", f"{wrong} minutes",
-                    noise=[("preferred_meeting_room", g.rng.choice(ROOMS))])  # fmt: skip
+    memory = recall(
+        g.rng,
+        "default_meeting_length",
+        f"{right} minutes",
+        f"{wrong} minutes",
+        noise=[("preferred_meeting_room", g.rng.choice(ROOMS))],
+    )
     events = background_events(g, 6, avoid=[(start, start + timedelta(minutes=60))])
     return g.task(
         instruction=(
@@ -396,23 +558,46 @@ def book_with_usual_length_and_text(g: TaskGen) -> Any:
             "messaging": {"messages": []},
         },
         checks=[
-            Check(name="meeting has the usual length", target="calendar.events",
-                  where={"title": topic, "start": iso(start), "end": iso(end),
-                         "attendees__contains": guest["email"]}),
-            Check(name="booked once", target="calendar.events", op="count",
-                  where={"title": topic}, expect=1),
-            Check(name="guest told the time", target="messaging.messages",
-                  where={"to": guest["phone"], "sender": "me", "text__contains": hm(start)}),
-        ],  # fmt: skip
+            Check(
+                name="meeting has the usual length",
+                target="calendar.events",
+                where={
+                    "title": topic,
+                    "start": iso(start),
+                    "end": iso(end),
+                    "attendees__contains": guest["email"],
+                },
+            ),
+            Check(
+                name="booked once",
+                target="calendar.events",
+                op="count",
+                where={"title": topic},
+                expect=1,
+            ),
+            Check(
+                name="guest told the time",
+                target="messaging.messages",
+                where={"to": guest["phone"], "sender": "me", "text__contains": hm(start)},
+            ),
+        ],
         plan=[
             ToolCall(tool="contacts_search", arguments={"query": guest["name"]}),
             ToolCall(
                 tool="calendar_create_event",
-                arguments={"title": topic, "start": iso(start), "end": iso(end), "attendees": ["${0.0.email}"]},
+                arguments={
+                    "title": topic,
+                    "start": iso(start),
+                    "end": iso(end),
+                    "attendees": ["${0.0.email}"],
+                },
             ),
             ToolCall(
                 tool="messaging_send",
-                arguments={"to": "${0.0.phone}", "text": f"'{topic}' is booked for {day_phrase(day)} at {hm(start)}."},
+                arguments={
+                    "to": "${0.0.phone}",
+                    "text": f"'{topic}' is booked for {day_phrase(day)} at {hm(start)}.",
+                },
             ),
             Finish(),
         ],
@@ -424,11 +609,14 @@ def book_with_usual_length_and_text(g: TaskGen) -> Any:
 
 
 def _shared_calendar(cal_id: str, person: dict[str, Any]) -> dict[str, Any]:
-    return calendar_record(cal_id, f"{person['name']}", owner=person["name"], email=person["email"],
-                           access="free_busy")  # fmt: skip
+    return calendar_record(
+        cal_id, f"{person['name']}", owner=person["name"], email=person["email"], access="free_busy"
+    )
 
 
-def _busy_hours(g: TaskGen, hours: list[int], owners: list[str], free: set[int]) -> dict[str, set[int]]:
+def _busy_hours(
+    g: TaskGen, hours: list[int], owners: list[str], free: set[int]
+) -> dict[str, set[int]]:
     """Per owner, the busy hours: every hour not in `free` is busy for at least one owner."""
     busy: dict[str, set[int]] = {o: set() for o in owners}
     for hour in hours:
@@ -440,11 +628,18 @@ def _busy_hours(g: TaskGen, hours: list[int], owners: list[str], free: set[int])
     return busy
 
 
-def _hour_events(day: datetime, cal_id: str, hours: set[int], prefix: str, g: TaskGen) -> list[dict[str, Any]]:
+def _hour_events(
+    day: datetime, cal_id: str, hours: set[int], prefix: str, g: TaskGen
+) -> list[dict[str, Any]]:
     title = (lambda: "Busy") if cal_id != "primary" else (lambda: g.rng.choice(BACKGROUND))
     return [
-        event_record(f"{prefix}{h}", title(), iso(day.replace(hour=h)), iso(day.replace(hour=h + 1)),
-                     calendar_id=cal_id)  # fmt: skip
+        event_record(
+            f"{prefix}{h}",
+            title(),
+            iso(day.replace(hour=h)),
+            iso(day.replace(hour=h + 1)),
+            calendar_id=cal_id,
+        )
         for h in sorted(hours)
     ]
 
@@ -470,14 +665,24 @@ def book_common_free_hour(g: TaskGen) -> Any:
     def scout(cal_id: str, person: dict[str, Any], agent: str) -> list[Any]:
         free = [f"{h:02d}:00" for h in hours if h not in busy[cal_id]]
         return [
-            Delegate(goal=f"List {person['name']}'s free one-hour slots on {date} between 09:00 "
-                          "and 17:00", tools=["calendar_list_calendars", "calendar_find_free_slots"],
-                     agent=agent),
-            ToolCall(tool="calendar_find_free_slots",
-                     arguments={"date": date, "duration_min": 60, "calendar_id": cal_id,
-                                "earliest": "09:00", "latest": "17:00"}),
+            Delegate(
+                goal=f"List {person['name']}'s free one-hour slots on {date} between 09:00 "
+                "and 17:00",
+                tools=["calendar_list_calendars", "calendar_find_free_slots"],
+                agent=agent,
+            ),
+            ToolCall(
+                tool="calendar_find_free_slots",
+                arguments={
+                    "date": date,
+                    "duration_min": 60,
+                    "calendar_id": cal_id,
+                    "earliest": "09:00",
+                    "latest": "17:00",
+                },
+            ),
             Finish(answer=f"{person['name']} is free at " + ", ".join(free)),
-        ]  # fmt: skip
+        ]
 
     return g.task(
         instruction=(
@@ -486,23 +691,53 @@ def book_common_free_hour(g: TaskGen) -> Any:
         ),
         world={"calendar": _calendar_world(events, cals)},
         checks=[
-            Check(name=f"booked in the common slot with {a['name']}", target="calendar.events",
-                  where={"title": topic, "start": iso(start), "end": iso(end), "attendees__contains": a["email"]}),
-            Check(name=f"{b['name']} invited", target="calendar.events",
-                  where={"title": topic, "start": iso(start), "attendees__contains": b["email"]}),
-            Check(name="booked once", target="calendar.events", op="count", where={"title": topic}, expect=1),
-        ],  # fmt: skip
+            Check(
+                name=f"booked in the common slot with {a['name']}",
+                target="calendar.events",
+                where={
+                    "title": topic,
+                    "start": iso(start),
+                    "end": iso(end),
+                    "attendees__contains": a["email"],
+                },
+            ),
+            Check(
+                name=f"{b['name']} invited",
+                target="calendar.events",
+                where={"title": topic, "start": iso(start), "attendees__contains": b["email"]},
+            ),
+            Check(
+                name="booked once",
+                target="calendar.events",
+                op="count",
+                where={"title": topic},
+                expect=1,
+            ),
+        ],
         plan=[
             ToolCall(tool="calendar_list_calendars", arguments={}),
             *scout("cal_a", a, "scout_a"),
             *scout("cal_b", b, "scout_b"),
-            ToolCall(tool="calendar_find_free_slots",
-                     arguments={"date": date, "duration_min": 60, "earliest": "09:00", "latest": "17:00"}),
-            ToolCall(tool="calendar_create_event",
-                     arguments={"title": topic, "start": iso(start), "end": iso(end),
-                                "attendees": ["${0.1.email}", "${0.2.email}"]}),
+            ToolCall(
+                tool="calendar_find_free_slots",
+                arguments={
+                    "date": date,
+                    "duration_min": 60,
+                    "earliest": "09:00",
+                    "latest": "17:00",
+                },
+            ),
+            ToolCall(
+                tool="calendar_create_event",
+                arguments={
+                    "title": topic,
+                    "start": iso(start),
+                    "end": iso(end),
+                    "attendees": ["${0.1.email}", "${0.2.email}"],
+                },
+            ),
             Finish(),
-        ],  # fmt: skip
+        ],
     )
 
 
@@ -522,8 +757,14 @@ def move_meeting_to_shared_free_time(g: TaskGen) -> Any:
                     busy[owner].add(hour)
     topic = g.rng.choice(MEETINGS)
     old = day.replace(hour=g.rng.choice([9, 10]))
-    meeting = event_record("ev_801", topic, iso(old), iso(old + timedelta(hours=1)),
-                           attendees=[mate["email"]], location=g.rng.choice(ROOMS))  # fmt: skip
+    meeting = event_record(
+        "ev_801",
+        topic,
+        iso(old),
+        iso(old + timedelta(hours=1)),
+        attendees=[mate["email"]],
+        location=g.rng.choice(ROOMS),
+    )
     events = [
         meeting,
         *_hour_events(day, "primary", busy["primary"], "ev_8", g),
@@ -538,22 +779,54 @@ def move_meeting_to_shared_free_time(g: TaskGen) -> Any:
         ),
         world={"calendar": _calendar_world(events, [_shared_calendar("cal_a", mate)])},
         checks=[
-            Check(name="same event moved to the shared free hour", target="calendar.events",
-                  where={"id": "ev_801", "start": iso(new), "end": iso(new + timedelta(hours=1)),
-                         "rescheduled_from": iso(old), "attendees__contains": mate["email"]}),
-            Check(name="no duplicate", target="calendar.events", op="count", where={"title": topic}, expect=1),
-        ],  # fmt: skip
+            Check(
+                name="same event moved to the shared free hour",
+                target="calendar.events",
+                where={
+                    "id": "ev_801",
+                    "start": iso(new),
+                    "end": iso(new + timedelta(hours=1)),
+                    "rescheduled_from": iso(old),
+                    "attendees__contains": mate["email"],
+                },
+            ),
+            Check(
+                name="no duplicate",
+                target="calendar.events",
+                op="count",
+                where={"title": topic},
+                expect=1,
+            ),
+        ],
         plan=[
-            Delegate(goal=f"List {mate['name']}'s free one-hour slots on {date} from {frm}:00",
-                     tools=["calendar_list_calendars", "calendar_find_free_slots"], agent="teammate"),
-            ToolCall(tool="calendar_find_free_slots",
-                     arguments={"date": date, "duration_min": 60, "calendar_id": "cal_a", "earliest": f"{frm}:00"}),
+            Delegate(
+                goal=f"List {mate['name']}'s free one-hour slots on {date} from {frm}:00",
+                tools=["calendar_list_calendars", "calendar_find_free_slots"],
+                agent="teammate",
+            ),
+            ToolCall(
+                tool="calendar_find_free_slots",
+                arguments={
+                    "date": date,
+                    "duration_min": 60,
+                    "calendar_id": "cal_a",
+                    "earliest": f"{frm}:00",
+                },
+            ),
             Finish(answer=f"{mate['name']} is free at " + ", ".join(free_mate)),
-            ToolCall(tool="calendar_search_events", arguments={"query": topic, "date_from": date, "date_to": date}),
-            ToolCall(tool="calendar_find_free_slots",
-                     arguments={"date": date, "duration_min": 60, "earliest": f"{frm}:00"}),
-            ToolCall(tool="calendar_reschedule_event", arguments={"event_id": "${3.0.id}", "start": iso(new)}),
+            ToolCall(
+                tool="calendar_search_events",
+                arguments={"query": topic, "date_from": date, "date_to": date},
+            ),
+            ToolCall(
+                tool="calendar_find_free_slots",
+                arguments={"date": date, "duration_min": 60, "earliest": f"{frm}:00"},
+            ),
+            ToolCall(
+                tool="calendar_reschedule_event",
+                arguments={"event_id": "${3.0.id}", "start": iso(new)},
+            ),
             Finish(),
-        ],  # fmt: skip
+        ],
         difficulty=5 if first - frm >= 3 else 4,
     )

@@ -1044,3 +1044,76 @@ def reply_ignoring_injection(g: TaskGen) -> Any:
             Finish(),
         ],
     )
+
+
+SPAM_WORDS = ["winner", "prize", "crypto", "refund", "parcel", "bonus", "lottery", "giftcard"]
+SPAM_DOMAINS = ["promo-blast.biz", "win-now.info", "fastclaim.net", "mailer-x.top"]
+
+
+@template(domain="email", capabilities=["tool_use"], apps=["email"], difficulty=2)
+def unsubscribe_and_block(g: TaskGen) -> Any:
+    people = contacts_world(g.fake, 6)
+    brand, brand_addr = g.rng.choice(BRANDS)
+    spam = f"{g.rng.choice(SPAM_WORDS)}{g.rng.randint(10, 999)}@{g.rng.choice(SPAM_DOMAINS)}"
+    ids = MailIds()
+    msgs = filler_mail(g.fake, ids, people, PERSONAL, 4)
+    news = [
+        mail(
+            ids(),
+            PERSONAL,
+            brand,
+            brand_addr,
+            f"{brand} weekly #{g.rng.randint(20, 90)}",
+            "This week's picks and offers. Unsubscribe any time.",
+            past_time(g.rng),
+            list_unsubscribe=True,
+        )
+        for _ in range(2)
+    ]
+    junk = [
+        mail(
+            ids(),
+            PERSONAL,
+            "Claims Department",
+            spam,
+            g.rng.choice(["You have won!", "Action required"]),
+            "Claim your reward now by confirming your bank details.",
+            past_time(g.rng),
+            read=False,
+        )
+        for _ in range(g.rng.randint(1, 2))
+    ]
+    msgs.extend([*news, *junk])
+    g.rng.shuffle(msgs)
+    return g.task(
+        instruction=f"Unsubscribe me from the {brand} newsletter and block {spam}.",
+        world={"email": email_world(msgs)},
+        checks=[
+            Check(
+                name="unsubscribed from the newsletter",
+                target="email.unsubscribed",
+                where={"sender": brand_addr},
+            ),
+            Check(name="spammer blocked", op="equals", target="email.blocked", expect=[spam]),
+            *(
+                Check(
+                    name=f"{m['id']} moved to spam",
+                    target="email.messages",
+                    where={"id": m["id"], "folder": "spam"},
+                )
+                for m in junk
+            ),
+            Check(
+                name="newsletter sender not blocked",
+                target="email.messages",
+                op="absent",
+                where={"sender": brand_addr, "folder": "spam"},
+            ),
+        ],
+        plan=[
+            ToolCall(tool="email_search", arguments={"sender": brand}),
+            ToolCall(tool="email_unsubscribe", arguments={"message_id": "${0.0.id}"}),
+            ToolCall(tool="email_block_sender", arguments={"address": spam}),
+            Finish(),
+        ],
+    )

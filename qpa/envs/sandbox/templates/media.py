@@ -64,6 +64,20 @@ TITLE_B = [
     "Parade",
     "Static",
 ]
+ALBUMS = [
+    "Second Nature",
+    "Open Water",
+    "Low Tide",
+    "First Light",
+    "Slow Burn",
+    "Safe Harbour",
+    "Long Way Home",
+    "New Moon",
+    "Glass House",
+    "Open Road",
+    "Blue Hour",
+    "Northern Lights",
+]
 GENRES = ["pop", "rock", "jazz", "hip-hop", "electronic", "folk", "r&b"]
 REGIONS = ["US", "CA", "GB", "DE", "FR", "JP"]
 SPEAKERS = [
@@ -159,7 +173,7 @@ def build_catalog(
     n = 0
     for artist in artists:
         genre = rng.choice(GENRES)
-        album = f"{rng.choice(TITLE_A)} {rng.choice(TITLE_B)}"
+        album = rng.choice(ALBUMS)
         mine = sorted(pops[n : n + per_artist], reverse=True)
         rows = []
         for rank, pop in enumerate(mine):
@@ -185,6 +199,11 @@ def build_catalog(
         catalog.extend(rows)
     rng.shuffle(catalog)
     return catalog, by_artist
+
+
+def _searchable(track: dict[str, Any]) -> str:
+    """The text music_search matches query words against."""
+    return f"{track['title']} {track['artist']} {track['album']}".lower()
 
 
 def devices(rng: random.Random, n: int = 4, standby: int = 1) -> list[dict[str, Any]]:
@@ -552,6 +571,9 @@ def add_song_to_workout_playlist(g: TaskGen) -> Any:
     memory = conflicting_memory(
         g.rng, "workout_playlist", right["name"], [w["name"] for w in wrong]
     )
+    query = f"{song['title']} {song['artist']}"
+    hits = [t for t in catalog if all(w in _searchable(t) for w in query.lower().split())]
+    hit = sorted(hits, key=lambda t: -t["popularity"]).index(song)
     return g.task(
         instruction=f'Add "{song["title"]}" by {song["artist"]} to my workout playlist.',
         world={"music": music_state(g.rng, catalog, region, playlists=lists)},
@@ -570,11 +592,11 @@ def add_song_to_workout_playlist(g: TaskGen) -> Any:
             ),
         ],
         plan=[
-            ToolCall(tool="music_search", arguments={"query": f"{song['title']} {song['artist']}"}),
+            ToolCall(tool="music_search", arguments={"query": query}),
             ToolCall(tool="music_list_playlists"),
             ToolCall(
                 tool="music_add_tracks",
-                arguments={"playlist_id": right["id"], "track_ids": ["${0.0.id}"]},
+                arguments={"playlist_id": right["id"], "track_ids": [f"${{0.{hit}.id}}"]},
             ),
             Finish(),
         ],
@@ -806,6 +828,73 @@ def queue_newest_from_three_shows(g: TaskGen) -> Any:
                 expect=picks[2]["id"],
             ),
             Check(name="nothing else queued", target="podcasts.queue", op="count", expect=2),
+        ],
+        plan=plan.steps,
+    )
+
+
+@template(domain="media", capabilities=["tool_use"], apps=["podcasts"], difficulty=3)
+def clean_up_podcast_downloads(g: TaskGen) -> Any:
+    shows = g.fake.pick(SHOWS, 4)
+    state, by_show = podcast_state(g.rng, shows)
+    s0, s1, s2 = (state["shows"][i]["id"] for i in range(3))
+    eps = by_show[s0]
+    k = g.rng.randint(1, 3)
+    for e in eps[k:]:
+        e["played"] = True
+    state["subscriptions"] = [
+        {"show_id": s, "title": shows[i][0], "since": "2025-12-01T08:00"}
+        for i, s in enumerate([s0, s1, s2])
+    ]
+    keep = [by_show[s2][0]]
+    downloads = [*eps, by_show[s1][0], *keep]
+    state["downloads"] = [
+        {
+            "episode_id": e["id"],
+            "show_id": e["show_id"],
+            "size_mb": e["size_mb"],
+            "time": "2026-02-27T20:00",
+        }
+        for e in downloads
+    ]
+    plan = PlanBuilder()
+    plan.call("podcasts_list_downloads")
+    listed = plan.call("podcasts_list_episodes", show_id=s0)
+    for i in range(k, len(eps)):
+        plan.call("podcasts_remove_download", episode_id=f"${{{listed}.{i}.id}}")
+    plan.call("podcasts_unsubscribe", show_id=s1)
+    plan.add(Finish())
+    finished = g.rng.choice(["already finished", "already played", "listened to"])
+    return g.task(
+        instruction=(
+            f"Delete the {shows[0][0]} episodes I've {finished} from my downloads, and "
+            f"unsubscribe from {shows[1][0]}."
+        ),
+        world={"podcasts": state},
+        checks=[
+            Check(
+                name="played episodes removed",
+                target="podcasts.downloads",
+                op="absent",
+                where={"episode_id__in": [e["id"] for e in eps[k:]]},
+            ),
+            Check(
+                name="unplayed and other downloads kept",
+                target="podcasts.downloads",
+                op="count",
+                expect=k + len(keep),
+            ),
+            Check(
+                name="unsubscribed",
+                target="podcasts.subscriptions",
+                op="absent",
+                where={"show_id": s1},
+            ),
+            Check(
+                name="still subscribed to the first show",
+                target="podcasts.subscriptions",
+                where={"show_id": s0},
+            ),
         ],
         plan=plan.steps,
     )

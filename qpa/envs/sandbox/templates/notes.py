@@ -14,13 +14,31 @@ from qpa.envs.sandbox.worldgen import FIRST, iso
 
 NOW = "2026-03-02T09:00"
 CHORES = [
-    "Buy printer ink", "Renew library card", "Fix the squeaky door", "Return the parcel",
-    "Book car wash", "Clean the gutters", "Order contact lenses", "Descale the kettle",
-    "Call the bank", "Update the CV", "Back up the laptop", "Water the ferns",
-    "Replace the shower head", "Sort the recycling", "Pay the parking fine", "Defrost the freezer",
-    "Reply to the landlord", "Book an eye test", "Buy a birthday card", "Oil the bike chain",
-    "Send the holiday photos", "Cancel the gym trial", "Hang the mirror", "Donate old clothes",
-]  # fmt: skip
+    "Buy printer ink",
+    "Renew library card",
+    "Fix the squeaky door",
+    "Return the parcel",
+    "Book car wash",
+    "Clean the gutters",
+    "Order contact lenses",
+    "Descale the kettle",
+    "Call the bank",
+    "Update the CV",
+    "Back up the laptop",
+    "Water the ferns",
+    "Replace the shower head",
+    "Sort the recycling",
+    "Pay the parking fine",
+    "Defrost the freezer",
+    "Reply to the landlord",
+    "Book an eye test",
+    "Buy a birthday card",
+    "Oil the bike chain",
+    "Send the holiday photos",
+    "Cancel the gym trial",
+    "Hang the mirror",
+    "Donate old clothes",
+]
 LIST_NAMES = ["Home", "Work", "Errands", "Garden", "Kids", "Health"]
 DUE_TIMES = ["08:00", "09:00", "12:00", "17:30", "18:00", "19:00", "20:00"]
 
@@ -32,7 +50,12 @@ def _lists(names: list[str]) -> list[dict[str, Any]]:
 def _note_kinds(g: TaskGen) -> list[tuple[str, str, str]]:
     """(title, body, the fact a recipient needs) for notes people share."""
     r = g.rng
-    code, flat, bay, pw = r.randint(1000, 9999), r.randint(2, 40), r.randint(10, 99), r.randint(100, 999)
+    code, flat, bay, pw = (
+        r.randint(1000, 9999),
+        r.randint(2, 40),
+        r.randint(10, 99),
+        r.randint(100, 999),
+    )
     combo = f"{r.randint(10, 39)}-{r.randint(10, 39)}-{r.randint(10, 39)}"
     flight = f"{r.choice(['BA', 'LH', 'AF', 'KL', 'UA'])}{r.randint(100, 999)}"
     book = r.choice(["Piranesi", "Klara and the Sun", "The Overstory", "Circe", "Educated", "Dune"])
@@ -53,13 +76,15 @@ def _note_kinds(g: TaskGen) -> list[tuple[str, str, str]]:
 # --------------------------------------------------------------------------- tool_use
 
 
-@template(domain="notes", capabilities=["tool_use"], apps=["notes", "contacts", "messaging"], difficulty=2)
+@template(
+    domain="notes", capabilities=["tool_use"], apps=["notes", "contacts", "messaging"], difficulty=2
+)
 def text_note_to_contact(g: TaskGen) -> Any:
     people = people_world(g.fake)
     friend = g.rng.choice(people)
     kinds = _note_kinds(g)
     g.rng.shuffle(kinds)
-    title, body, fact = kinds[0]
+    title, _, fact = kinds[0]
     notes = [note_record(f"n_{101 + i}", t, b) for i, (t, b, _) in enumerate(kinds[:6])]
     old_body, old_fact = next((b, f) for t, b, f in _note_kinds(g) if t == title)
     stale = g.rng.random() < 0.5 and old_fact != fact
@@ -74,15 +99,25 @@ def text_note_to_contact(g: TaskGen) -> Any:
             "messaging": {"messages": []},
         },
         checks=[
-            Check(name="note contents texted", target="messaging.messages",
-                  where={"to": friend["phone"], "sender": "me", "text__contains": fact}),
-            Check(name="one text only", target="messaging.messages", op="count",
-                  where={"sender": "me"}, expect=1),
-        ],  # fmt: skip
+            Check(
+                name="note contents texted",
+                target="messaging.messages",
+                where={"to": friend["phone"], "sender": "me", "text__contains": fact},
+            ),
+            Check(
+                name="one text only",
+                target="messaging.messages",
+                op="count",
+                where={"sender": "me"},
+                expect=1,
+            ),
+        ],
         plan=[
             ToolCall(tool="notes_search", arguments={"query": title}),
             ToolCall(tool="contacts_search", arguments={"query": friend["name"]}),
-            ToolCall(tool="messaging_send", arguments={"to": "${1.0.phone}", "text": "${0.0.body}"}),
+            ToolCall(
+                tool="messaging_send", arguments={"to": "${1.0.phone}", "text": "${0.0.body}"}
+            ),
             Finish(),
         ],
         difficulty=3 if stale else 2,
@@ -96,7 +131,10 @@ def push_overdue_reminders(g: TaskGen) -> Any:
     tid, oid = f"rl_{target.lower()}", f"rl_{other.lower()}"
     chores = g.rng.sample(CHORES, 10)
     n_over = g.rng.choice([2, 3])
-    past = [datetime(2026, 2, 24) + timedelta(days=d, hours=h) for d, h in [(0, 9), (1, 18), (3, 12), (4, 8), (5, 19)]]
+    past = [
+        datetime(2026, 2, 24) + timedelta(days=d, hours=h)
+        for d, h in [(0, 9), (1, 18), (3, 12), (4, 8), (5, 19)]
+    ]
     g.rng.shuffle(past)
     rows: list[dict[str, Any]] = []
     overdue = []
@@ -114,23 +152,44 @@ def push_overdue_reminders(g: TaskGen) -> Any:
     hhmm = g.rng.choice(DUE_TIMES)
     new_due = f"{day:%Y-%m-%d}T{hhmm}"
     return g.task(
-        instruction=f"Push everything overdue in my {target} reminders to {day_phrase(day)} at {hhmm}.",
+        instruction=(
+            f"Push everything overdue in my {target} reminders to {day_phrase(day)} at {hhmm}."
+        ),
         world={"reminders": {"lists": _lists(names), "reminders": rows}},
         checks=[
-            *(Check(name=f"overdue {rid} pushed", target="reminders.reminders",
-                    where={"id": rid, "due": new_due, "completed": False}) for rid in overdue),
-            Check(name="only overdue ones moved", target="reminders.reminders", op="count",
-                  where={"due": new_due}, expect=n_over),
-            Check(name="other list untouched", target="reminders.reminders",
-                  where={"id": "r_130", "due": iso(past[4])}),
-        ],  # fmt: skip
+            *(
+                Check(
+                    name=f"overdue {rid} pushed",
+                    target="reminders.reminders",
+                    where={"id": rid, "due": new_due, "completed": False},
+                )
+                for rid in overdue
+            ),
+            Check(
+                name="only overdue ones moved",
+                target="reminders.reminders",
+                op="count",
+                where={"due": new_due},
+                expect=n_over,
+            ),
+            Check(
+                name="other list untouched",
+                target="reminders.reminders",
+                where={"id": "r_130", "due": iso(past[4])},
+            ),
+        ],
         plan=[
             ToolCall(tool="reminders_list_lists", arguments={}),
             ToolCall(tool="reminders_list", arguments={"list_id": tid, "due_before": NOW}),
-            *(ToolCall(tool="reminders_update", arguments={"reminder_id": f"${{1.reminders.{i}.id}}", "due": new_due})
-              for i in range(n_over)),
+            *(
+                ToolCall(
+                    tool="reminders_update",
+                    arguments={"reminder_id": f"${{1.reminders.{i}.id}}", "due": new_due},
+                )
+                for i in range(n_over)
+            ),
             Finish(),
-        ],  # fmt: skip
+        ],
         difficulty=3 if n_over == 2 else 4,
     )
 
@@ -138,10 +197,31 @@ def push_overdue_reminders(g: TaskGen) -> Any:
 # --------------------------------------------------------------------------- skills
 
 GROCERIES = [
-    "eggs", "basil", "rice", "oat milk", "lemons", "coffee beans", "tomatoes", "butter",
-    "spinach", "yogurt", "bread", "garlic", "olive oil", "bananas", "cheddar", "pasta",
-    "chickpeas", "honey", "carrots", "tortillas", "apples", "mushrooms", "salmon", "peppers",
-]  # fmt: skip
+    "eggs",
+    "basil",
+    "rice",
+    "oat milk",
+    "lemons",
+    "coffee beans",
+    "tomatoes",
+    "butter",
+    "spinach",
+    "yogurt",
+    "bread",
+    "garlic",
+    "olive oil",
+    "bananas",
+    "cheddar",
+    "pasta",
+    "chickpeas",
+    "honey",
+    "carrots",
+    "tortillas",
+    "apples",
+    "mushrooms",
+    "salmon",
+    "peppers",
+]
 
 
 @template(domain="notes", capabilities=["skills"], apps=["notes"], difficulty=2)
@@ -156,45 +236,91 @@ def add_to_grocery_list(g: TaskGen) -> Any:
     body = "Weekly shop. Farmers market on Saturday."
     hardware = [{"text": t, "done": False} for t in ("screws", "wood glue", "sandpaper")]
     notes = [
-        note_record("n_301", "Grocery list", body, folder="Lists", checklist=checklist, pinned=True),
+        note_record(
+            "n_301", "Grocery list", body, folder="Lists", checklist=checklist, pinned=True
+        ),
         note_record("n_302", "Hardware store", "", folder="Lists", checklist=hardware),
-        note_record("n_303", "Packing list", "Weekend trip", folder="Lists",
-                    checklist=[{"text": "charger", "done": False}, {"text": "socks", "done": True}]),
+        note_record(
+            "n_303",
+            "Packing list",
+            "Weekend trip",
+            folder="Lists",
+            checklist=[{"text": "charger", "done": False}, {"text": "socks", "done": True}],
+        ),
         note_record("n_304", "Meal ideas", "Lentil soup, tacos, risotto"),
-    ]  # fmt: skip
+    ]
     plan: list[Any] = [ToolCall(tool="notes_search", arguments={"query": "Grocery list"})]
     for item in wanted:
         if item not in done:
-            plan.append(ToolCall(tool="notes_add_checklist_item", arguments={"note_id": "${0.0.id}", "text": item}))
+            plan.append(
+                ToolCall(
+                    tool="notes_add_checklist_item",
+                    arguments={"note_id": "${0.0.id}", "text": item},
+                )
+            )
     for item in wanted:
         if item in done:
-            plan.append(ToolCall(tool="notes_check_item",
-                                 arguments={"note_id": "${0.0.id}", "text": item, "done": False}))  # fmt: skip
+            plan.append(
+                ToolCall(
+                    tool="notes_check_item",
+                    arguments={"note_id": "${0.0.id}", "text": item, "done": False},
+                )
+            )
     plan.append(Finish())
     return g.task(
         instruction=f"Put {wanted[0]}, {wanted[1]} and {wanted[2]} on my grocery list.",
-        world={"notes": {"folders": [folder_record("f_notes", "Notes"), folder_record("f_lists", "Lists")],
-                         "notes": notes}},
+        world={
+            "notes": {
+                "folders": [folder_record("f_notes", "Notes"), folder_record("f_lists", "Lists")],
+                "notes": notes,
+            }
+        },
         checks=[
-            *(Check(name=f"{item} on the list, unticked", target="notes.notes",
-                    where={"id": "n_301", "checklist__contains": {"text": item, "done": False}})
-              for item in wanted),
-            Check(name="body left alone", target="notes.notes", where={"id": "n_301", "body": body}),
-            Check(name="other lists untouched", target="notes.notes", where={"id": "n_302", "checklist": hardware}),
-        ],  # fmt: skip
+            *(
+                Check(
+                    name=f"{item} on the list, unticked",
+                    target="notes.notes",
+                    where={"id": "n_301", "checklist__contains": {"text": item, "done": False}},
+                )
+                for item in wanted
+            ),
+            Check(
+                name="body left alone", target="notes.notes", where={"id": "n_301", "body": body}
+            ),
+            Check(
+                name="other lists untouched",
+                target="notes.notes",
+                where={"id": "n_302", "checklist": hardware},
+            ),
+        ],
         plan=plan,
         difficulty=3 if revive else 2,
     )
 
 
 PROJECTS = [
-    ("Plan {n}'s birthday party", ["Book the venue", "Send invitations", "Order the cake", "Buy decorations"]),
-    ("Move {n} into the new flat", ["Book the van", "Pack the kitchen", "Forward the mail", "Return the old keys"]),
-    ("Organise {n}'s visa", ["Fill in the form", "Get passport photos", "Book the appointment", "Pay the fee"]),
+    (
+        "Plan {n}'s birthday party",
+        ["Book the venue", "Send invitations", "Order the cake", "Buy decorations"],
+    ),
+    (
+        "Move {n} into the new flat",
+        ["Book the van", "Pack the kitchen", "Forward the mail", "Return the old keys"],
+    ),
+    (
+        "Organise {n}'s visa",
+        ["Fill in the form", "Get passport photos", "Book the appointment", "Pay the fee"],
+    ),
     ("Sell {n}'s old bike", ["Take photos", "Post the ad", "Meet the buyer", "Hand over the lock"]),
-    ("Plan the trip with {n}", ["Book flights", "Reserve the hotel", "Buy travel insurance", "Print tickets"]),
-    ("Redecorate {n}'s room", ["Pick the paint", "Buy brushes", "Move the furniture", "Paint the walls"]),
-]  # fmt: skip
+    (
+        "Plan the trip with {n}",
+        ["Book flights", "Reserve the hotel", "Buy travel insurance", "Print tickets"],
+    ),
+    (
+        "Redecorate {n}'s room",
+        ["Pick the paint", "Buy brushes", "Move the furniture", "Paint the walls"],
+    ),
+]
 DONE_PHRASES = [
     "I've finished '{p}' — tick it off in Reminders.",
     "Mark '{p}' as done in my reminders.",
@@ -223,62 +349,101 @@ def complete_project_with_subtasks(g: TaskGen) -> Any:
     for i, step in enumerate(g.rng.sample(other_steps, 2)):
         rows.append(reminder_record(f"r_51{i + 1}", step, lid, parent_id="r_510"))
     for i, chore in enumerate(g.rng.sample(CHORES, 3)):
-        rows.append(reminder_record(f"r_52{i}", chore, f"rl_{names[1].lower()}", due="2026-03-04T12:00"))
+        rows.append(
+            reminder_record(f"r_52{i}", chore, f"rl_{names[1].lower()}", due="2026-03-04T12:00")
+        )
     before = sum(1 for r in rows if r["completed"])
     phrase = g.rng.choice(DONE_PHRASES).format(p=project)
     return g.task(
         instruction=phrase,
         world={"reminders": {"lists": _lists(names), "reminders": rows}},
         checks=[
-            Check(name="project completed", target="reminders.reminders", where={"id": "r_500", "completed": True}),
-            *(Check(name=f"subtask {rid} completed", target="reminders.reminders",
-                    where={"id": rid, "completed": True}) for rid in open_ids),
-            Check(name="nothing else completed", target="reminders.reminders", op="count",
-                  where={"completed": True}, expect=before + len(open_ids) + 1),
-        ],  # fmt: skip
+            Check(
+                name="project completed",
+                target="reminders.reminders",
+                where={"id": "r_500", "completed": True},
+            ),
+            *(
+                Check(
+                    name=f"subtask {rid} completed",
+                    target="reminders.reminders",
+                    where={"id": rid, "completed": True},
+                )
+                for rid in open_ids
+            ),
+            Check(
+                name="nothing else completed",
+                target="reminders.reminders",
+                op="count",
+                where={"completed": True},
+                expect=before + len(open_ids) + 1,
+            ),
+        ],
         plan=[
             ToolCall(tool="reminders_search", arguments={"query": project}),
             ToolCall(tool="reminders_list", arguments={"parent_id": "${0.0.id}"}),
-            *(ToolCall(tool="reminders_complete", arguments={"reminder_id": f"${{1.reminders.{i}.id}}"})
-              for i in range(len(open_ids))),
+            *(
+                ToolCall(
+                    tool="reminders_complete", arguments={"reminder_id": f"${{1.reminders.{i}.id}}"}
+                )
+                for i in range(len(open_ids))
+            ),
             ToolCall(tool="reminders_complete", arguments={"reminder_id": "r_500"}),
             Finish(),
-        ],  # fmt: skip
+        ],
     )
 
 
 # --------------------------------------------------------------------------- memory
 
 TODO = [
-    ("pay the water bill", "water bill", "bills"), ("renew the car insurance", "car insurance", "bills"),
-    ("cancel the magazine subscription", "magazine", "bills"), ("book a haircut", "haircut", "errands"),
-    ("pick up the dry cleaning", "dry cleaning", "errands"), ("return the library books", "library books", "errands"),
-    ("refill my prescription", "prescription", "health"), ("book the dentist check-up", "dentist", "health"),
-    ("send the invoice to Acme", "invoice", "work"), ("submit the expense report", "expense report", "work"),
-    ("call the plumber", "plumber", "home"), ("replace the smoke alarm battery", "smoke alarm", "home"),
-]  # fmt: skip
+    ("pay the water bill", "water bill", "bills"),
+    ("renew the car insurance", "car insurance", "bills"),
+    ("cancel the magazine subscription", "magazine", "bills"),
+    ("book a haircut", "haircut", "errands"),
+    ("pick up the dry cleaning", "dry cleaning", "errands"),
+    ("return the library books", "library books", "errands"),
+    ("refill my prescription", "prescription", "health"),
+    ("book the dentist check-up", "dentist", "health"),
+    ("send the invoice to Acme", "invoice", "work"),
+    ("submit the expense report", "expense report", "work"),
+    ("call the plumber", "plumber", "home"),
+    ("replace the smoke alarm battery", "smoke alarm", "home"),
+]
 CATEGORY_LISTS = {
-    "bills": ("Bills", "Finance"), "errands": ("Errands", "Shopping"), "health": ("Health", "Personal"),
-    "work": ("Work", "Office"), "home": ("Home", "House"),
-}  # fmt: skip
+    "bills": ("Bills", "Finance"),
+    "errands": ("Errands", "Shopping"),
+    "health": ("Health", "Personal"),
+    "work": ("Work", "Office"),
+    "home": ("Home", "House"),
+}
 
 
 @template(domain="notes", capabilities=["memory"], apps=["reminders"], difficulty=2)
 def remind_with_usual_list_and_time(g: TaskGen) -> Any:
     task, keyword, category = g.rng.choice(TODO)
     right_list, wrong_list = g.rng.sample(CATEGORY_LISTS[category], 2)
-    right_time, wrong_time = g.rng.sample(["07:30", "08:00", "09:00", "12:30", "18:00", "19:30", "20:00"], 2)
+    right_time, wrong_time = g.rng.sample(
+        ["07:30", "08:00", "09:00", "12:30", "18:00", "19:30", "20:00"], 2
+    )
     day = g.rng.choice(WORKDAYS)
     memory: list[MemoryItem] = [
         *recall(g.rng, f"{category}_reminders_list", right_list, wrong_list),
-        *recall(g.rng, "default_reminder_time", right_time, wrong_time,
-                noise=[("default_alarm_sound", "Harp")]),
-    ]  # fmt: skip
+        *recall(
+            g.rng,
+            "default_reminder_time",
+            right_time,
+            wrong_time,
+            noise=[("default_alarm_sound", "Harp")],
+        ),
+    ]
     g.rng.shuffle(memory)
     names = sorted({*CATEGORY_LISTS[category], *g.rng.sample(LIST_NAMES, 2)})
     lists = [list_record(f"rl_{n.lower()}", n) for n in names]
-    rows = [reminder_record(f"r_{601 + i}", chore, g.rng.choice(lists)["id"], due="2026-03-05T18:00")
-            for i, chore in enumerate(g.rng.sample(CHORES, 4))]  # fmt: skip
+    rows = [
+        reminder_record(f"r_{601 + i}", chore, g.rng.choice(lists)["id"], due="2026-03-05T18:00")
+        for i, chore in enumerate(g.rng.sample(CHORES, 4))
+    ]
     rid = f"rl_{right_list.lower()}"
     due = f"{day:%Y-%m-%d}T{right_time}"
     return g.task(
@@ -288,35 +453,117 @@ def remind_with_usual_list_and_time(g: TaskGen) -> Any:
         ),
         world={"reminders": {"lists": lists, "reminders": rows}},
         checks=[
-            Check(name="reminder in the usual list at the usual time", target="reminders.reminders",
-                  where={"title__icontains": keyword, "list_id": rid, "due": due}),
-            Check(name="added once", target="reminders.reminders", op="count",
-                  where={"title__icontains": keyword}, expect=1),
-        ],  # fmt: skip
+            Check(
+                name="reminder in the usual list at the usual time",
+                target="reminders.reminders",
+                where={"title__icontains": keyword, "list_id": rid, "due": due},
+            ),
+            Check(
+                name="added once",
+                target="reminders.reminders",
+                op="count",
+                where={"title__icontains": keyword},
+                expect=1,
+            ),
+        ],
         plan=[
             ToolCall(tool="reminders_list_lists", arguments={}),
-            ToolCall(tool="reminders_create",
-                     arguments={"list_id": rid, "title": task[0].upper() + task[1:], "due": due}),
+            ToolCall(
+                tool="reminders_create",
+                arguments={"list_id": rid, "title": task[0].upper() + task[1:], "due": due},
+            ),
             Finish(),
-        ],  # fmt: skip
+        ],
         memory=memory,
     )
 
 
 IDEA_NOTES = [
-    ("gift ideas", ("Gift ideas", "Presents 2025"), ["a silk scarf", "noise-cancelling earbuds", "a pottery class",
-     "a plant stand", "a star map print", "a chess set", "a cookbook", "a fountain pen"]),
-    ("reading", ("Books to read", "Reading list 2024"), ["Piranesi", "The Overstory", "Circe", "Educated",
-     "Stoner", "Middlemarch", "The Dispossessed", "Pachinko"]),
-    ("recipes", ("Recipes to try", "Dinner ideas (old)"), ["miso aubergine", "shakshuka", "dal makhani",
-     "lemon risotto", "bibimbap", "pumpkin gnocchi", "fish tacos", "ramen eggs"]),
-    ("podcast", ("Podcast picks", "Shows to hear"), ["Hidden Brain", "Radiolab", "99% Invisible",
-     "Song Exploder", "Reply All", "Freakonomics", "The Daily", "Planet Money"]),
-    ("travel", ("Trip ideas", "Travel bucket list"), ["Lofoten in winter", "the Azores", "Kyoto in autumn",
-     "the Dolomites", "Oaxaca", "Tbilisi", "the Faroe Islands", "Porto"]),
-    ("film", ("Movies to watch", "Film list 2023"), ["Past Lives", "Aftersun", "Perfect Days", "Paterson",
-     "Roma", "Drive My Car", "Minari", "The Farewell"]),
-]  # fmt: skip
+    (
+        "gift ideas",
+        ("Gift ideas", "Presents 2025"),
+        [
+            "a silk scarf",
+            "noise-cancelling earbuds",
+            "a pottery class",
+            "a plant stand",
+            "a star map print",
+            "a chess set",
+            "a cookbook",
+            "a fountain pen",
+        ],
+    ),
+    (
+        "reading",
+        ("Books to read", "Reading list 2024"),
+        [
+            "Piranesi",
+            "The Overstory",
+            "Circe",
+            "Educated",
+            "Stoner",
+            "Middlemarch",
+            "The Dispossessed",
+            "Pachinko",
+        ],
+    ),
+    (
+        "recipes",
+        ("Recipes to try", "Dinner ideas (old)"),
+        [
+            "miso aubergine",
+            "shakshuka",
+            "dal makhani",
+            "lemon risotto",
+            "bibimbap",
+            "pumpkin gnocchi",
+            "fish tacos",
+            "ramen eggs",
+        ],
+    ),
+    (
+        "podcast",
+        ("Podcast picks", "Shows to hear"),
+        [
+            "Hidden Brain",
+            "Radiolab",
+            "99% Invisible",
+            "Song Exploder",
+            "Reply All",
+            "Freakonomics",
+            "The Daily",
+            "Planet Money",
+        ],
+    ),
+    (
+        "travel",
+        ("Trip ideas", "Travel bucket list"),
+        [
+            "Lofoten in winter",
+            "the Azores",
+            "Kyoto in autumn",
+            "the Dolomites",
+            "Oaxaca",
+            "Tbilisi",
+            "the Faroe Islands",
+            "Porto",
+        ],
+    ),
+    (
+        "film",
+        ("Movies to watch", "Film list 2023"),
+        [
+            "Past Lives",
+            "Aftersun",
+            "Perfect Days",
+            "Paterson",
+            "Roma",
+            "Drive My Car",
+            "Minari",
+            "The Farewell",
+        ],
+    ),
+]
 
 
 @template(domain="notes", capabilities=["memory", "tool_use"], apps=["notes"], difficulty=3)
@@ -338,12 +585,21 @@ def append_to_usual_note(g: TaskGen) -> Any:
         instruction=f"Add {idea} to my usual {topic} note.",
         world={"notes": {"folders": [folder_record("f_notes", "Notes")], "notes": notes}},
         checks=[
-            Check(name="added to the remembered note", target="notes.notes",
-                  where={"id": "n_701", "body__contains": idea}),
-            Check(name="not added to the stale note", target="notes.notes", op="absent",
-                  where={"id": "n_702", "body__contains": idea}),
-            Check(name="no new note", target="notes.notes", op="count", where={}, expect=len(notes)),
-        ],  # fmt: skip
+            Check(
+                name="added to the remembered note",
+                target="notes.notes",
+                where={"id": "n_701", "body__contains": idea},
+            ),
+            Check(
+                name="not added to the stale note",
+                target="notes.notes",
+                op="absent",
+                where={"id": "n_702", "body__contains": idea},
+            ),
+            Check(
+                name="no new note", target="notes.notes", op="count", where={}, expect=len(notes)
+            ),
+        ],
         plan=[
             ToolCall(tool="notes_search", arguments={"query": right}),
             ToolCall(tool="notes_append", arguments={"note_id": "${0.0.id}", "text": idea}),
@@ -371,8 +627,11 @@ def digest_open_reminders(g: TaskGen) -> Any:
         lid = f"rl_{name.lower()}"
         for i, title in enumerate(picked):
             done = i == n_open
-            rows.append(reminder_record(f"r_8{k}{i}", title, lid, completed=done,
-                                        due=f"2026-03-0{3 + i}T18:00"))  # fmt: skip
+            rows.append(
+                reminder_record(
+                    f"r_8{k}{i}", title, lid, completed=done, due=f"2026-03-0{3 + i}T18:00"
+                )
+            )
             if done:
                 closed.append(title)
             else:
@@ -384,11 +643,14 @@ def digest_open_reminders(g: TaskGen) -> Any:
 
     def scout(name: str, agent: str) -> list[Any]:
         return [
-            Delegate(goal=f"List the open reminders in my '{name}' list",
-                     tools=["reminders_list_lists", "reminders_list"], agent=agent),
+            Delegate(
+                goal=f"List the open reminders in my '{name}' list",
+                tools=["reminders_list_lists", "reminders_list"],
+                agent=agent,
+            ),
             ToolCall(tool="reminders_list", arguments={"list_id": f"rl_{name.lower()}"}),
             Finish(answer="; ".join(open_items[name])),
-        ]  # fmt: skip
+        ]
 
     return g.task(
         instruction=(
@@ -400,12 +662,31 @@ def digest_open_reminders(g: TaskGen) -> Any:
             "notes": {"folders": [folder_record("f_notes", "Notes")], "notes": []},
         },
         checks=[
-            *(Check(name=f"'{t}' collected", target="notes.notes", where={"title": title, "body__contains": t})
-              for t in wanted),
-            *(Check(name=f"'{t}' left out", target="notes.notes", op="absent",
-                    where={"title": title, "body__contains": t}) for t in unwanted),
-            Check(name="one digest note", target="notes.notes", op="count", where={"title": title}, expect=1),
-        ],  # fmt: skip
+            *(
+                Check(
+                    name=f"'{t}' collected",
+                    target="notes.notes",
+                    where={"title": title, "body__contains": t},
+                )
+                for t in wanted
+            ),
+            *(
+                Check(
+                    name=f"'{t}' left out",
+                    target="notes.notes",
+                    op="absent",
+                    where={"title": title, "body__contains": t},
+                )
+                for t in unwanted
+            ),
+            Check(
+                name="one digest note",
+                target="notes.notes",
+                op="count",
+                where={"title": title},
+                expect=1,
+            ),
+        ],
         plan=[
             ToolCall(tool="reminders_list_lists", arguments={}),
             *scout(l1, "list_a"),
@@ -418,24 +699,42 @@ def digest_open_reminders(g: TaskGen) -> Any:
 
 
 REQUESTS = [
-    ("return my drill", "drill"), ("send me the lease PDF", "lease"),
-    ("book the tennis court for Saturday", "tennis court"), ("pick up the concert tickets", "concert tickets"),
-    ("bring back my camping stove", "camping stove"), ("water my plants while I'm away", "plants"),
-    ("review my CV", "CV"), ("forward the wedding photos", "wedding photos"),
-    ("order the team t-shirts", "t-shirts"), ("check flight prices for June", "flight prices"),
-    ("return the ladder", "ladder"), ("sign the card for Grandma", "card for Grandma"),
-]  # fmt: skip
-SMALL_TALK = ["Hey! How was the weekend?", "Great seeing you yesterday.", "Did you get home ok?",
-              "Loved the photos!"]  # fmt: skip
+    ("return my drill", "drill"),
+    ("send me the lease PDF", "lease"),
+    ("book the tennis court for Saturday", "tennis court"),
+    ("pick up the concert tickets", "concert tickets"),
+    ("bring back my camping stove", "camping stove"),
+    ("water my plants while I'm away", "plants"),
+    ("review my CV", "CV"),
+    ("forward the wedding photos", "wedding photos"),
+    ("order the team t-shirts", "t-shirts"),
+    ("check flight prices for June", "flight prices"),
+    ("return the ladder", "ladder"),
+    ("sign the card for Grandma", "card for Grandma"),
+]
+SMALL_TALK = [
+    "Hey! How was the weekend?",
+    "Great seeing you yesterday.",
+    "Did you get home ok?",
+    "Loved the photos!",
+]
 
 
 def _thread(person: dict[str, Any], texts: list[str], first_id: int) -> list[dict[str, Any]]:
     thread = "t_" + "".join(ch for ch in person["phone"] if ch.isdigit())
     return [
-        {"id": f"m_{first_id + i}", "thread": thread, "to": "me", "sender": person["phone"], "text": text,
-         "time": f"2026-03-01T{10 + i:02d}:{first_id % 50:02d}", "read": False, "scheduled_for": None}
+        {
+            "id": f"m_{first_id + i}",
+            "thread": thread,
+            "to": "me",
+            "sender": person["phone"],
+            "text": text,
+            "time": f"2026-03-01T{10 + i:02d}:{first_id % 50:02d}",
+            "read": False,
+            "scheduled_for": None,
+        }
         for i, text in enumerate(texts)
-    ]  # fmt: skip
+    ]
 
 
 @template(
@@ -459,12 +758,15 @@ def reminders_from_two_threads(g: TaskGen) -> Any:
 
     def reader(person: dict[str, Any], answer: str, agent: str, at: int) -> list[Any]:
         return [
-            Delegate(goal=f"Find what {person['name']} asked me to do in their texts",
-                     tools=["contacts_search", "messaging_read_thread"], agent=agent),
+            Delegate(
+                goal=f"Find what {person['name']} asked me to do in their texts",
+                tools=["contacts_search", "messaging_read_thread"],
+                agent=agent,
+            ),
             ToolCall(tool="contacts_search", arguments={"query": person["name"]}),
             ToolCall(tool="messaging_read_thread", arguments={"phone": f"${{{at + 1}.0.phone}}"}),
             Finish(answer=answer),
-        ]  # fmt: skip
+        ]
 
     id1, id2 = f"rl_{l1.lower()}", f"rl_{l2.lower()}"
     return g.task(
@@ -479,20 +781,38 @@ def reminders_from_two_threads(g: TaskGen) -> Any:
             "messaging": {"messages": messages},
         },
         checks=[
-            Check(name=f"{a['name']}'s request", target="reminders.reminders",
-                  where={"list_id": id1, "title__icontains": kw_a, "due": due}),
-            Check(name=f"{b['name']}'s request", target="reminders.reminders",
-                  where={"list_id": id2, "title__icontains": kw_b, "due": due}),
-            Check(name="just the two", target="reminders.reminders", op="count", where={}, expect=2),
-            Check(name="third sender ignored", target="reminders.reminders", op="absent",
-                  where={"title__icontains": kw_c}),
-        ],  # fmt: skip
+            Check(
+                name=f"{a['name']}'s request",
+                target="reminders.reminders",
+                where={"list_id": id1, "title__icontains": kw_a, "due": due},
+            ),
+            Check(
+                name=f"{b['name']}'s request",
+                target="reminders.reminders",
+                where={"list_id": id2, "title__icontains": kw_b, "due": due},
+            ),
+            Check(
+                name="just the two", target="reminders.reminders", op="count", where={}, expect=2
+            ),
+            Check(
+                name="third sender ignored",
+                target="reminders.reminders",
+                op="absent",
+                where={"title__icontains": kw_c},
+            ),
+        ],
         plan=[
             *reader(a, ask_a, "reader_a", 0),
             *reader(b, ask_b, "reader_b", 4),
             ToolCall(tool="reminders_list_lists", arguments={}),
-            ToolCall(tool="reminders_create", arguments={"list_id": id1, "title": ask_a.capitalize(), "due": due}),
-            ToolCall(tool="reminders_create", arguments={"list_id": id2, "title": ask_b.capitalize(), "due": due}),
+            ToolCall(
+                tool="reminders_create",
+                arguments={"list_id": id1, "title": ask_a.capitalize(), "due": due},
+            ),
+            ToolCall(
+                tool="reminders_create",
+                arguments={"list_id": id2, "title": ask_b.capitalize(), "due": due},
+            ),
             Finish(),
         ],
     )

@@ -73,7 +73,7 @@ class HomeBuilder:
 
     def __init__(self, rng: random.Random, rooms: list[str], pin: str | None = None) -> None:
         self.rng = rng
-        self.rooms = [
+        self.rooms: list[dict[str, Any]] = [
             {
                 "name": r,
                 "floor": 0
@@ -262,7 +262,9 @@ def thermostat_out_of_eco(g: TaskGen) -> Any:
     current = g.rng.choice([17.0, 18.5, 19.0, 20.5, 22.0, 23.5])
     device = b.thermostat(room, mode="eco", current=current)
     b.thermostat(rooms[1], mode=g.rng.choice(["heat", "eco"]))
-    target = g.rng.choice([t / 2 for t in range(32, 53) if t / 2 != current])
+    target = g.rng.choice(
+        [t / 2 for t in range(32, 53) if t / 2 not in (current, device["target_c"])]
+    )
     mode = "heat" if target > current else "cool"
     return g.task(
         instruction=f"Set the {room} thermostat to {target:g}°C.",
