@@ -51,6 +51,7 @@ STOP_STRINGS: tuple[str, ...] = (TOOL_CALL_CLOSE, FINISH_CLOSE)
 """Where a text-protocol answer is complete: backends may stop generating there."""
 
 _MAX_ERRORS = 5
+_FEEDBACK_KIND = {"malformed_output": "malformed_action"}
 
 
 class ParseFailure(BaseModel):
@@ -65,11 +66,16 @@ class ParseFailure(BaseModel):
     call_id: str | None = None
 
     def feedback(self) -> Feedback:
-        """The error feedback for the turn (the contract's closest error kind)."""
+        """The error feedback for the turn, in the contract's error kinds.
+
+        `malformed_output` is reported as `malformed_action` (the Harness could not parse the
+        output into an action); the other kinds exist in the contract under the same name.
+        """
         kinds = get_args(ErrorKind)
-        kind = self.kind if self.kind in kinds else "invalid_arguments"
-        prefix = "" if self.kind in kinds else f"{self.kind}: "
-        return Feedback.fail(cast(ErrorKind, kind), prefix + self.message)
+        kind = _FEEDBACK_KIND.get(self.kind, self.kind)
+        if kind not in kinds:  # an older contract: the closest kind, the real one in the text
+            return Feedback.fail("invalid_arguments", f"{self.kind}: {self.message}")
+        return Feedback.fail(cast(ErrorKind, kind), self.message)
 
     def annotation(self) -> dict[str, Any]:
         """What to record in `Step.annotations["parse_failure"]` (planner-side detection)."""

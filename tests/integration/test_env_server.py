@@ -470,7 +470,9 @@ def test_remote_env_maps_server_errors(url: str, http: httpx.Client, messaging_t
         refused = remote.step(ToolCall.model_construct(type="tool_call", tool=5, arguments={}))  # type: ignore[arg-type]
         assert refused.status == "error" and refused.error == "invalid_arguments"
         assert "action.tool" in refused.message
-        assert remote.step(Finish()).status == "ok"  # the refused action was not counted
+        too_big = remote.step(MessageUser(text="x" * (MAX_BODY + 1)))
+        assert too_big.error == "invalid_arguments" and "body_too_large" in too_big.message
+        assert remote.step(Finish()).status == "ok"  # the refused actions were not counted
         http.delete(f"/sessions/{remote.session_id}")
         lost = remote.step(Finish())
         assert lost.status == "error" and lost.error == "environment_failure" and lost.done

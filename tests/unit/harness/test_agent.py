@@ -150,13 +150,21 @@ def test_memory_retrieved_and_used_is_in_the_trajectory() -> None:
 
 
 def test_payment_without_confirmation_is_refused_by_the_harness() -> None:
+    from qpa.contract import ToolCall
     from qpa.envs.sandbox.registry import all_tools
 
-    payment = next((b for b in all_tools().values() if b.spec.side_effect == "payment"), None)
-    assert payment is not None, "the suite ships payment-like tools"
-    task = next(t for t in SUITE if payment.name in t.tools)
+    payments = {n for n, b in all_tools().items() if b.spec.side_effect == "payment"}
+    assert payments, "the suite ships payment-like tools"
+    task, pay = next(
+        (t, a)
+        for t in SUITE
+        for a in t.reference_plan or []
+        if isinstance(a, ToolCall) and a.tool in payments and "${" not in json.dumps(a.arguments)
+    )
     unconfirmed = task.model_copy(update={"confirmations": []})
-    trajectory = run(unconfirmed, Sequenced(unconfirmed, [call(payment.name, {})]), max_turns=2)
+    trajectory = run(
+        unconfirmed, Sequenced(unconfirmed, [call(pay.tool, pay.arguments)]), max_turns=2
+    )
     step = trajectory.steps[0]
     assert step.feedback.error == "permission_denied" and "confirm" in step.feedback.message
     assert "guard" in step.annotations

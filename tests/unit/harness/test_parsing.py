@@ -277,6 +277,7 @@ def test_parse_failure_becomes_error_feedback() -> None:
     feedback = result.feedback()
     assert feedback.status == "error"
     assert feedback.error in get_args(ErrorKind)
+    assert feedback.error == "malformed_action"
     assert "no tool call found" in feedback.message
     assert result.annotation()["kind"] == "malformed_output"
     unknown = failure(parse_completion(native("nope", "{}"), TOOLS), "unknown_tool").feedback()

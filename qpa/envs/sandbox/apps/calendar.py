@@ -113,11 +113,14 @@ def event_record(
 
 def _parse(value: str, field: str) -> datetime:
     try:
-        return datetime.fromisoformat(value)
+        moment = datetime.fromisoformat(value)
     except ValueError:
         raise fail(
             f"argument '{field}': {value!r} is not a real date/time", "invalid_arguments"
         ) from None
+    if not 2000 <= moment.year <= 2100:
+        raise fail(f"argument '{field}': {value!r} is outside 2000-2100", "invalid_arguments")
+    return moment
 
 
 def _fmt(moment: datetime) -> str:

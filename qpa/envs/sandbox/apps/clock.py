@@ -148,11 +148,14 @@ def _hhmm(value: str, field: str = "time") -> str:
 
 def _day(value: str, field: str) -> datetime:
     try:
-        return datetime.fromisoformat(value)
+        moment = datetime.fromisoformat(value)
     except ValueError:
         raise fail(
             f"argument '{field}': {value!r} is not a real date", "invalid_arguments"
         ) from None
+    if not 2000 <= moment.year <= 2100:
+        raise fail(f"argument '{field}': {value!r} is outside 2000-2100", "invalid_arguments")
+    return moment
 
 
 class ClockApp(App):

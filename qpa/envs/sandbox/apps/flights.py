@@ -81,7 +81,8 @@ def seat_taken(flight: dict[str, Any], seat: str) -> bool:
     """Occupied seats: those booked in this world plus a fixed pseudo-random third of the rest."""
     if seat in flight.get("taken_seats", []):
         return True
-    return zlib.crc32(f"{flight['id']}|{seat}".encode()) % 3 == 0
+    key = f"{flight['id']}|{flight['flight_no']}|{flight['date']}|{seat}"
+    return zlib.crc32(key.encode()) % 3 == 0
 
 
 def cabin_seats(cabin: str) -> list[str]:
@@ -242,7 +243,8 @@ class FlightsApp(App):
     skills = {
         "change_flight": (
             "To change a flight: flights_get_booking, flights_search the SAME origin, "
-            "destination and airline on the new date, then flights_change_booking(booking_id, new_flight_id, "
+            "destination and airline on the new date, then "
+            "flights_change_booking(booking_id, new_flight_id, "
             "accept_fare_difference=true) when the new fare is higher or a change fee applies "
             "(see flights_get_fare_rules); the difference is charged. A different route is not "
             "a change: cancel and book again."

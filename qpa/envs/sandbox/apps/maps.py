@@ -370,7 +370,7 @@ class MapsApp(App):
         if moment < self.world.now - timedelta(minutes=1):
             raise fail(f"depart_at {depart_at} is in the past (now {self.world.iso_now()})")
         distance = distance_km(start, end)
-        if mode == "walking" and distance > 20:
+        if mode == "walking" and distance > 15:
             raise fail(f"no walking route: {distance} km is too far to walk")
         minutes = travel_minutes(distance, mode, moment, options, key=f"{start}|{end}")
         via = route_via(start, end)

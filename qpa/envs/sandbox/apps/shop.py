@@ -233,20 +233,20 @@ class ShopApp(App):
     def _product(self, product_id: str) -> dict[str, Any]:
         return self.find("products", product_id, what="product")
 
-    def _size(self, product: dict[str, Any], size: str | None) -> str:
+    def _size(self, product: dict[str, Any], size: str | None, field: str = "size") -> str:
         if not product["sizes"]:
             if size not in (None, NO_SIZE):
                 raise fail(f"'{product['title']}' comes in one size only", "invalid_arguments")
             return NO_SIZE
         if size is None:
             raise fail(
-                f"argument 'size' is required for '{product['title']}': one of "
+                f"argument '{field}' is required for '{product['title']}': one of "
                 f"{', '.join(product['sizes'])}",
                 "invalid_arguments",
             )
         if size not in product["sizes"]:
             raise fail(
-                f"argument 'size': '{size}' is not offered for '{product['title']}' (sizes: "
+                f"argument '{field}': '{size}' is not offered for '{product['title']}' (sizes: "
                 f"{', '.join(product['sizes'])})",
                 "invalid_arguments",
             )
@@ -687,7 +687,7 @@ class ShopApp(App):
         if record["status"] != "requested":
             raise fail(f"return '{return_id}' is {record['status']}")
         product = self._product(record["product_id"])
-        size = self._size(product, new_size)
+        size = self._size(product, new_size, "new_size")
         if size == record["size"]:
             raise fail(f"the item already is size {size}", "invalid_arguments")
         if product["stock"].get(size, 0) < record["quantity"]:

@@ -204,7 +204,7 @@ def book_meeting_with_contact(g: TaskGen) -> Any:
                     "start": iso(start),
                     "end": iso(end),
                     "attendees__contains": guest["email"],
-                    "location__icontains": room,
+                    "location__icontains": room.removeprefix("the "),
                 },
             ),
             Check(
@@ -283,7 +283,7 @@ def text_meeting_details(g: TaskGen) -> Any:
                     "to": friend["phone"],
                     "sender": "me",
                     "text__contains": hm(start),
-                    "text__icontains": room,
+                    "text__icontains": room.removeprefix("the "),
                 },
             ),
             Check(
@@ -610,7 +610,7 @@ def book_with_usual_length_and_text(g: TaskGen) -> Any:
 
 def _shared_calendar(cal_id: str, person: dict[str, Any]) -> dict[str, Any]:
     return calendar_record(
-        cal_id, f"{person['name']}", owner=person["name"], email=person["email"], access="free_busy"
+        cal_id, person["name"], owner=person["name"], email=person["email"], access="free_busy"
     )
 
 
@@ -631,11 +631,11 @@ def _busy_hours(
 def _hour_events(
     day: datetime, cal_id: str, hours: set[int], prefix: str, g: TaskGen
 ) -> list[dict[str, Any]]:
-    title = (lambda: "Busy") if cal_id != "primary" else (lambda: g.rng.choice(BACKGROUND))
+    """One-hour events at the given hours (colleagues' calendars only show 'Busy')."""
     return [
         event_record(
             f"{prefix}{h}",
-            title(),
+            "Busy" if cal_id != "primary" else g.rng.choice(BACKGROUND),
             iso(day.replace(hour=h)),
             iso(day.replace(hour=h + 1)),
             calendar_id=cal_id,

@@ -14,7 +14,7 @@ from typing import Any
 from qpa.contract import Action, Check, Delegate, Finish, MemoryItem, ToolCall
 from qpa.envs.sandbox.suite import TaskGen, template
 from qpa.envs.sandbox.templates.messaging import contacts_world
-from qpa.envs.sandbox.worldgen import Faker
+from qpa.envs.sandbox.worldgen import LAST, Faker
 
 # --------------------------------------------------------------------------- shared helpers
 
@@ -397,10 +397,9 @@ def email_contact_by_name(g: TaskGen) -> Any:
     people = contacts_world(g.fake, 8)
     target = g.rng.choice(people)
     first = target["name"].split()[0]
-    namesake = g.fake.name()
-    while namesake.split()[0] == first or namesake == target["name"]:
-        namesake = g.fake.name()
-    namesake = f"{first} {namesake.split()[1]}"
+    # a second contact with the same first name: searching by first name alone is ambiguous
+    surname = g.rng.choice([n for n in LAST if n != target["name"].split()[1]])
+    namesake = f"{first} {surname}"
     people.append(
         {
             **people[0],

@@ -56,8 +56,12 @@ def remembered(
         strong = rng.randint(0, 2)
         weak = rng.randint(strong + 1, 3)
         items = [
-            MemoryItem(key=key, value=right, evidence=EVIDENCE_ORDER[strong], source=source, time=older),
-            MemoryItem(key=key, value=wrong, evidence=EVIDENCE_ORDER[weak], source=source, time=newer),
+            MemoryItem(
+                key=key, value=right, evidence=EVIDENCE_ORDER[strong], source=source, time=older
+            ),
+            MemoryItem(
+                key=key, value=wrong, evidence=EVIDENCE_ORDER[weak], source=source, time=newer
+            ),
         ]
     else:
         evidence = rng.choice(EVIDENCE_ORDER)
@@ -101,7 +105,14 @@ CLOCK = {"start": FOOD_NOW.isoformat()}
 # cuisine -> (restaurant names, dishes: (name, category, base price, dietary tags))
 CUISINES: dict[str, tuple[list[str], list[tuple[str, str, float, list[str]]]]] = {
     "italian": (
-        ["Luigi's Trattoria", "Nonna Rosa", "Pasta Fresca", "Via Roma Kitchen", "Trattoria Sole", "Il Forno"],
+        [
+            "Luigi's Trattoria",
+            "Nonna Rosa",
+            "Pasta Fresca",
+            "Via Roma Kitchen",
+            "Trattoria Sole",
+            "Il Forno",
+        ],
         [
             ("Margherita Pizza", "pizza", 12.5, ["vegetarian"]),
             ("Pepperoni Pizza", "pizza", 14.0, []),
@@ -113,7 +124,14 @@ CUISINES: dict[str, tuple[list[str], list[tuple[str, str, float, list[str]]]]] =
         ],
     ),
     "japanese": (
-        ["Sakura Sushi", "Tokyo Bento", "Umami House", "Koi Ramen Bar", "Hana Izakaya", "Sushi Zen"],
+        [
+            "Sakura Sushi",
+            "Tokyo Bento",
+            "Umami House",
+            "Koi Ramen Bar",
+            "Hana Izakaya",
+            "Sushi Zen",
+        ],
         [
             ("California Roll", "sushi", 9.0, []),
             ("Salmon Nigiri", "sushi", 11.0, ["gluten_free"]),
@@ -125,7 +143,14 @@ CUISINES: dict[str, tuple[list[str], list[tuple[str, str, float, list[str]]]]] =
         ],
     ),
     "thai": (
-        ["Bangkok Street", "Thai Orchid", "Lemongrass Kitchen", "Siam Garden", "Chili & Lime", "Baan Thai"],
+        [
+            "Bangkok Street",
+            "Thai Orchid",
+            "Lemongrass Kitchen",
+            "Siam Garden",
+            "Chili & Lime",
+            "Baan Thai",
+        ],
         [
             ("Pad Thai", "noodles", 13.0, []),
             ("Green Curry", "curry", 14.0, ["gluten_free"]),
@@ -136,7 +161,14 @@ CUISINES: dict[str, tuple[list[str], list[tuple[str, str, float, list[str]]]]] =
         ],
     ),
     "indian": (
-        ["Spice Route", "Tandoor Nights", "Masala House", "Curry Leaf", "Delhi Darbar", "Saffron Table"],
+        [
+            "Spice Route",
+            "Tandoor Nights",
+            "Masala House",
+            "Curry Leaf",
+            "Delhi Darbar",
+            "Saffron Table",
+        ],
         [
             ("Butter Chicken", "curry", 15.0, ["gluten_free", "halal"]),
             ("Chicken Tikka Masala", "curry", 15.5, ["gluten_free", "halal"]),
@@ -159,7 +191,14 @@ CUISINES: dict[str, tuple[list[str], list[tuple[str, str, float, list[str]]]]] =
         ],
     ),
     "chinese": (
-        ["Golden Dragon", "Jade Garden", "Lucky Wok", "Dumpling Palace", "Red Lantern", "Bamboo House"],
+        [
+            "Golden Dragon",
+            "Jade Garden",
+            "Lucky Wok",
+            "Dumpling Palace",
+            "Red Lantern",
+            "Bamboo House",
+        ],
         [
             ("Kung Pao Chicken", "main", 14.0, []),
             ("Mapo Tofu", "main", 12.5, ["vegetarian"]),
@@ -170,7 +209,14 @@ CUISINES: dict[str, tuple[list[str], list[tuple[str, str, float, list[str]]]]] =
         ],
     ),
     "american": (
-        ["Liberty Burger", "Smokehouse 66", "Main Street Diner", "Patty Shack", "Grill Republic", "Route 9 Eats"],
+        [
+            "Liberty Burger",
+            "Smokehouse 66",
+            "Main Street Diner",
+            "Patty Shack",
+            "Grill Republic",
+            "Route 9 Eats",
+        ],
         [
             ("Classic Cheeseburger", "burgers", 13.0, []),
             ("Veggie Burger", "burgers", 12.5, ["vegetarian"]),
@@ -298,7 +344,13 @@ class FoodWorld:
         card = rng.choice(self.cards)
         address = rng.choice(self.addresses)
         rows = [
-            {"item_id": m["id"], "name": m["name"], "quantity": q, "unit_price": m["price"], "notes": ""}
+            {
+                "item_id": m["id"],
+                "name": m["name"],
+                "quantity": q,
+                "unit_price": m["price"],
+                "notes": "",
+            }
             for m, q in lines
         ]
         subtotal = round(sum(r["quantity"] * r["unit_price"] for r in rows) + 1e-9, 2)
@@ -337,9 +389,16 @@ class FoodWorld:
         for _ in range(n):
             restaurant = self.g.rng.choice(self.restaurants)
             dish = self.g.rng.choice(self.dishes(restaurant))
-            placed = FOOD_NOW - timedelta(days=self.g.rng.randint(5, 40), hours=self.g.rng.randint(0, 5))
-            self.order(restaurant, [(dish, self.g.rng.randint(1, 2))], status="delivered",
-                       placed=placed, delivered=placed + timedelta(minutes=40))
+            placed = FOOD_NOW - timedelta(
+                days=self.g.rng.randint(5, 40), hours=self.g.rng.randint(0, 5)
+            )
+            self.order(
+                restaurant,
+                [(dish, self.g.rng.randint(1, 2))],
+                status="delivered",
+                placed=placed,
+                delivered=placed + timedelta(minutes=40),
+            )
 
     def address(self) -> dict[str, Any]:
         return self.g.rng.choice(self.addresses)
@@ -372,14 +431,25 @@ def _addr_phrase(address: dict[str, Any]) -> str:
 
 
 def _placed_check(n: int = 1) -> Check:
-    return Check(name="exactly one new order placed", target="food.orders", op="count",
-                 where={"status__in": ["placed", "scheduled"]}, expect=n)
+    return Check(
+        name="exactly one new order placed",
+        target="food.orders",
+        op="count",
+        where={"status__in": ["placed", "scheduled"]},
+        expect=n,
+    )
 
 
-def _checkout(plan: PlanBuilder, cart_step: int, address: dict[str, Any], card: dict[str, Any],
-              **extra: Any) -> int:
-    return plan.call("food_checkout", cart_id=ref(cart_step, "id"), address_id=address["id"],
-                     payment_method_id=card["id"], **extra)
+def _checkout(
+    plan: PlanBuilder, cart_step: int, address: dict[str, Any], card: dict[str, Any], **extra: Any
+) -> int:
+    return plan.call(
+        "food_checkout",
+        cart_id=ref(cart_step, "id"),
+        address_id=address["id"],
+        payment_method_id=card["id"],
+        **extra,
+    )
 
 
 # --------------------------------------------------------------------------- templates
@@ -399,30 +469,48 @@ def food_order_dish_delivery(g: TaskGen) -> Task:
     qty = rng.randint(1, 4)
     target["min_order"] = min(target["min_order"], dish["price"] * qty)
     address, card = fw.address(), rng.choice(fw.cards)
-    phrasing = rng.choice([
-        "Order {q} {d} from {r} for delivery to {a}, and pay with my {c}.",
-        "Can you get {q} {d} from {r} delivered to {a}? Pay with my {c}.",
-        "I'd like {q} {d} from {r} sent to {a} — charge my {c}.",
-    ])
-    instruction = phrasing.format(q=qty, d=dish["name"], r=target["name"], a=_addr_phrase(address),
-                                  c=card["label"])
+    phrasing = rng.choice(
+        [
+            "Order {q} {d} from {r} for delivery to {a}, and pay with my {c}.",
+            "Can you get {q} {d} from {r} delivered to {a}? Pay with my {c}.",
+            "I'd like {q} {d} from {r} sent to {a} — charge my {c}.",
+        ]
+    )
+    instruction = phrasing.format(
+        q=qty, d=dish["name"], r=target["name"], a=_addr_phrase(address), c=card["label"]
+    )
     plan = PlanBuilder()
     s_rest = plan.call("food_search_restaurants", query=target["name"])
     s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
     s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call("food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty)
+    plan.call(
+        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
+    )
     plan.call("food_list_addresses")
     plan.call("food_list_payment_methods")
     _checkout(plan, s_cart, address, card)
-    line = {"item_id": dish["id"], "name": dish["name"], "quantity": qty, "unit_price": dish["price"],
-            "notes": ""}
+    line = {
+        "item_id": dish["id"],
+        "name": dish["name"],
+        "quantity": qty,
+        "unit_price": dish["price"],
+        "notes": "",
+    }
     return g.task(
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="order placed at the right restaurant, address and card", target="food.orders",
-                  where={"restaurant_id": target["id"], "lines": [line], "address_id": address["id"],
-                         "payment_method_id": card["id"], "status": "placed"}),
+            Check(
+                name="order placed at the right restaurant, address and card",
+                target="food.orders",
+                where={
+                    "restaurant_id": target["id"],
+                    "lines": [line],
+                    "address_id": address["id"],
+                    "payment_method_id": card["id"],
+                    "status": "placed",
+                },
+            ),
             _placed_check(),
         ],
         plan=plan.finish(),
@@ -444,10 +532,16 @@ def food_best_open_restaurant(g: TaskGen) -> Task:
     def good() -> float:
         return round(rng.uniform(min_rating, 4.9), 1)
 
-    closed_hours = rng.choice([{"opens": "07:00", "closes": "15:00"}, {"accepting_orders": False}])
+    closed_hours: dict[str, Any] = rng.choice(
+        [{"opens": "07:00", "closes": "15:00"}, {"accepting_orders": False}]
+    )
     fw.restaurant(cuisine, [dish_name], rating=good(), delivery_fee=cheap[0], **closed_hours)
-    fw.restaurant(cuisine, [dish_name], rating=round(min_rating - rng.choice([0.1, 0.3, 0.5]), 1),
-                  delivery_fee=cheap[1])
+    fw.restaurant(
+        cuisine,
+        [dish_name],
+        rating=round(min_rating - rng.choice([0.1, 0.3, 0.5]), 1),
+        delivery_fee=cheap[1],
+    )
     target = fw.restaurant(cuisine, [dish_name], rating=good(), delivery_fee=fees[2], min_order=0.0)
     fw.restaurant(cuisine, [dish_name], rating=good(), delivery_fee=fees[3])
     for other in other_cuisines(rng, cuisine, k=2):
@@ -463,20 +557,34 @@ def food_best_open_restaurant(g: TaskGen) -> Task:
         f"to {_addr_phrase(address)}. Pay with my {card['label']}."
     )
     plan = PlanBuilder()
-    s_rest = plan.call("food_search_restaurants", cuisine=cuisine, min_rating=min_rating, open_now=True,
-                       sort="delivery_fee")
+    s_rest = plan.call(
+        "food_search_restaurants",
+        cuisine=cuisine,
+        min_rating=min_rating,
+        open_now=True,
+        sort="delivery_fee",
+    )
     s_menu = plan.call("food_search_menu", query=dish_name, restaurant_id=ref(s_rest, "0.id"))
     s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call("food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty)
+    plan.call(
+        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
+    )
     _checkout(plan, s_cart, address, card)
     return g.task(
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="ordered from the cheapest-delivery open, well-rated place", target="food.orders",
-                  where={"restaurant_id": target["id"], "item_ids": [dish["id"]],
-                         "address_id": address["id"], "payment_method_id": card["id"],
-                         "status": "placed"}),
+            Check(
+                name="ordered from the cheapest-delivery open, well-rated place",
+                target="food.orders",
+                where={
+                    "restaurant_id": target["id"],
+                    "item_ids": [dish["id"]],
+                    "address_id": address["id"],
+                    "payment_method_id": card["id"],
+                    "status": "placed",
+                },
+            ),
             _placed_check(),
         ],
         plan=plan.finish(),
@@ -495,8 +603,13 @@ def food_usual_order(g: TaskGen) -> Task:
     dish, decoy = rng.choice(fw.dishes(right)), rng.choice(fw.dishes(wrong))
     for restaurant, item in ((right, dish), (wrong, decoy)):
         placed = FOOD_NOW - timedelta(days=rng.randint(3, 30), hours=1)
-        fw.order(restaurant, [(item, 1)], status="delivered", placed=placed,
-                 delivered=placed + timedelta(minutes=35))
+        fw.order(
+            restaurant,
+            [(item, 1)],
+            status="delivered",
+            placed=placed,
+            delivered=placed + timedelta(minutes=35),
+        )
     card, wrong_card = rng.sample(fw.cards, 2)
     qty = rng.randint(1, 3)
     right["min_order"] = 0.0
@@ -504,31 +617,47 @@ def food_usual_order(g: TaskGen) -> Task:
     note = rng.choice(NOTES_FOR_DRIVER)
     address = fw.address()
     memory = [
-        *remembered(rng, "usual_food_order", f"{dish['name']} from {right['name']}",
-                    f"{decoy['name']} from {wrong['name']}", source="food orders"),
+        *remembered(
+            rng,
+            "usual_food_order",
+            f"{dish['name']} from {right['name']}",
+            f"{decoy['name']} from {wrong['name']}",
+            source="food orders",
+        ),
         *remembered(rng, "preferred_card", card["label"], wrong_card["label"], source="payments"),
         MemoryItem(key="home_address", value="12 Harbor Street", evidence="confirmed"),
     ]
     count = {1: "just one", 2: "two of them", 3: "three of them"}[qty]
     instruction = (
         f"Order my usual — {count} — delivered to {_addr_phrase(address)} with a ${tip:.2f} tip, "
-        f"and pay with the card I prefer. Tell the driver: \"{note}\""
+        f'and pay with the card I prefer. Tell the driver: "{note}"'
     )
     plan = PlanBuilder()
     s_rest = plan.call("food_search_restaurants", query=right["name"])
     s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
     s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call("food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty)
+    plan.call(
+        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
+    )
     plan.call("food_list_payment_methods")
     _checkout(plan, s_cart, address, card, tip=tip, instructions=note)
     return g.task(
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="usual dish from the usual restaurant, preferred card", target="food.orders",
-                  where={"restaurant_id": right["id"], "item_ids": [dish["id"]], "status": "placed",
-                         "payment_method_id": card["id"], "address_id": address["id"],
-                         "instructions": note, **near("tip", tip)}),
+            Check(
+                name="usual dish from the usual restaurant, preferred card",
+                target="food.orders",
+                where={
+                    "restaurant_id": right["id"],
+                    "item_ids": [dish["id"]],
+                    "status": "placed",
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                    "instructions": note,
+                    **near("tip", tip),
+                },
+            ),
             _placed_check(),
         ],
         plan=plan.finish(),
@@ -537,7 +666,12 @@ def food_usual_order(g: TaskGen) -> Task:
     )
 
 
-DIET_WORDS = {"vegan": "vegan", "gluten_free": "gluten-free", "halal": "halal", "vegetarian": "vegetarian"}
+DIET_WORDS = {
+    "vegan": "vegan",
+    "gluten_free": "gluten-free",
+    "halal": "halal",
+    "vegetarian": "vegetarian",
+}
 
 
 @template(domain="food", capabilities=["memory"], apps=["food"], difficulty=3)
@@ -547,9 +681,9 @@ def food_diet_memory(g: TaskGen) -> Task:
     for cuisine, (_, pool) in CUISINES.items():
         for right in ("vegan", "gluten_free", "halal"):
             for wrong in ("vegan", "gluten_free", "halal", "vegetarian"):
-                fits = [d for d in pool if right in d[3] and wrong not in d[3]]
-                trap = [d for d in pool if wrong in d[3] and right not in d[3]]
-                if right != wrong and fits and trap:
+                has_fit = any(right in d[3] and wrong not in d[3] for d in pool)
+                has_trap = any(wrong in d[3] and right not in d[3] for d in pool)
+                if right != wrong and has_fit and has_trap:
                     options.append((cuisine, right, wrong))
     cuisine, right, wrong = rng.choice(options)
     pool = CUISINES[cuisine][1]
@@ -569,11 +703,17 @@ def food_diet_memory(g: TaskGen) -> Task:
         spare = extra[0]
         fw._item += 1
         blocked_price = rng.random() < 0.5
-        fw.menu.append({
-            "id": f"mi_{fw._item}", "restaurant_id": target["id"], "name": spare[0],
-            "category": spare[1], "price": budget + 3.49 if blocked_price else fit_item["price"],
-            "available": blocked_price, "dietary": list(spare[3]),
-        })
+        fw.menu.append(
+            {
+                "id": f"mi_{fw._item}",
+                "restaurant_id": target["id"],
+                "name": spare[0],
+                "category": spare[1],
+                "price": budget + 3.49 if blocked_price else fit_item["price"],
+                "available": blocked_price,
+                "dietary": list(spare[3]),
+            }
+        )
     rng.shuffle(fw.restaurants)
     address, card = fw.address(), rng.choice(fw.cards)
     meal = rng.choice(["dinner", "something to eat", "a quick dinner", "a meal"])
@@ -587,19 +727,33 @@ def food_diet_memory(g: TaskGen) -> Task:
     ]
     plan = PlanBuilder()
     s_rest = plan.call("food_search_restaurants", query=target["name"])
-    s_menu = plan.call("food_get_menu", restaurant_id=ref(s_rest, "0.id"), dietary=right,
-                       max_price=budget, available_only=True)
+    s_menu = plan.call(
+        "food_get_menu",
+        restaurant_id=ref(s_rest, "0.id"),
+        dietary=right,
+        max_price=budget,
+        available_only=True,
+    )
     s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call("food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=1)
+    plan.call(
+        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=1
+    )
     _checkout(plan, s_cart, address, card)
     return g.task(
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name=f"ordered the one {right} dish within budget", target="food.orders",
-                  where={"restaurant_id": target["id"], "item_ids": [fit_item["id"]],
-                         "payment_method_id": card["id"], "address_id": address["id"],
-                         "status": "placed"}),
+            Check(
+                name=f"ordered the one {right} dish within budget",
+                target="food.orders",
+                where={
+                    "restaurant_id": target["id"],
+                    "item_ids": [fit_item["id"]],
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                    "status": "placed",
+                },
+            ),
             _placed_check(),
         ],
         plan=plan.finish(),
@@ -623,11 +777,26 @@ def food_promo_and_tip(g: TaskGen) -> Task:
     percent = rng.choice([10, 15, 20, 25, 30])
     code = f"{rng.choice(PROMO_WORDS)}{percent}"
     subtotal = round(dish["price"] * qty + 1e-9, 2)
-    fw.promos.append({"code": code, "percent_off": percent, "min_subtotal": float(int(subtotal * 0.6)),
-                      "restaurant_id": None, "expires": "2026-04-30", "used": False})
-    fw.promos.append({"code": f"{rng.choice(PROMO_WORDS)}{percent + 5}X", "percent_off": percent + 5,
-                      "min_subtotal": 0.0, "restaurant_id": None, "expires": "2026-02-01",
-                      "used": False})
+    fw.promos.append(
+        {
+            "code": code,
+            "percent_off": percent,
+            "min_subtotal": float(int(subtotal * 0.6)),
+            "restaurant_id": None,
+            "expires": "2026-04-30",
+            "used": False,
+        }
+    )
+    fw.promos.append(
+        {
+            "code": f"{rng.choice(PROMO_WORDS)}{percent + 5}X",
+            "percent_off": percent + 5,
+            "min_subtotal": 0.0,
+            "restaurant_id": None,
+            "expires": "2026-02-01",
+            "used": False,
+        }
+    )
     tip_pct = rng.choice([10, 12, 15, 18, 20, 22, 25])
     discount = round(subtotal * percent / 100 + 1e-9, 2)
     tip = round((subtotal - discount) * tip_pct / 100 + 1e-9, 2)
@@ -640,17 +809,28 @@ def food_promo_and_tip(g: TaskGen) -> Task:
     s_rest = plan.call("food_search_restaurants", query=target["name"])
     s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
     s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call("food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty)
+    plan.call(
+        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
+    )
     plan.call("food_apply_promo", cart_id=ref(s_cart, "id"), code=code)
     _checkout(plan, s_cart, address, card, tip=tip)
     return g.task(
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="promo applied, tip on the discounted food subtotal", target="food.orders",
-                  where={"restaurant_id": target["id"], "item_ids": [dish["id"]], "promo": code,
-                         "payment_method_id": card["id"], "address_id": address["id"],
-                         **near("discount", discount), **near("tip", tip)}),
+            Check(
+                name="promo applied, tip on the discounted food subtotal",
+                target="food.orders",
+                where={
+                    "restaurant_id": target["id"],
+                    "item_ids": [dish["id"]],
+                    "promo": code,
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                    **near("discount", discount),
+                    **near("tip", tip),
+                },
+            ),
             _placed_check(),
         ],
         plan=plan.finish(),
@@ -670,15 +850,26 @@ def food_missing_item_refund(g: TaskGen) -> Task:
     rest = rng.sample([m for m in menu if m is not missing], 2)
     qty = rng.choice([1, 1, 2])
     old_placed = FOOD_NOW - timedelta(days=rng.randint(6, 20), hours=2)
-    fw.order(target, [(missing, qty), (rest[0], 1)], status="delivered", placed=old_placed,
-             delivered=old_placed + timedelta(minutes=45))
+    fw.order(
+        target,
+        [(missing, qty), (rest[0], 1)],
+        status="delivered",
+        placed=old_placed,
+        delivered=old_placed + timedelta(minutes=45),
+    )
     placed = FOOD_NOW - timedelta(hours=rng.randint(2, 40), minutes=rng.choice([0, 15, 30]))
     lines = [(rest[0], rng.randint(1, 2)), (missing, qty), (rest[1], 1)]
-    order = fw.order(target, lines, status="delivered", placed=placed,
-                     delivered=placed + timedelta(minutes=40))
+    order = fw.order(
+        target, lines, status="delivered", placed=placed, delivered=placed + timedelta(minutes=40)
+    )
     later = placed + timedelta(hours=rng.randint(0, 1), minutes=50)
-    fw.order(other, [(rng.choice(fw.dishes(other)), 1)], status="delivered", placed=later,
-             delivered=later + timedelta(minutes=30))
+    fw.order(
+        other,
+        [(rng.choice(fw.dishes(other)), 1)],
+        status="delivered",
+        placed=later,
+        delivered=later + timedelta(minutes=30),
+    )
     amount = round(qty * missing["price"] + 1e-9, 2)
     destination = rng.choice(["original_payment", "food_credits"])
     where = "back to my card" if destination == "original_payment" else "as food credits in the app"
@@ -691,17 +882,29 @@ def food_missing_item_refund(g: TaskGen) -> Task:
     s_rest = plan.call("food_search_restaurants", query=target["name"])
     s_orders = plan.call("food_list_orders", restaurant_id=ref(s_rest, "0.id"), status="delivered")
     plan.call("food_get_order", order_id=ref(s_orders, "0.id"))
-    s_case = plan.call("food_report_issue", order_id=ref(s_orders, "0.id"), issue="missing_item",
-                       item_ids=[missing["id"]])
+    s_case = plan.call(
+        "food_report_issue",
+        order_id=ref(s_orders, "0.id"),
+        issue="missing_item",
+        item_ids=[missing["id"]],
+    )
     plan.call("food_request_refund", case_id=ref(s_case, "id"), destination=destination)
     return g.task(
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="missing item refunded to the right place", target="food.cases",
-                  where={"order_id": order["id"], "issue": "missing_item", "item_ids": [missing["id"]],
-                         "status": "refunded", "destination": destination,
-                         **near("refund_amount", amount)}),
+            Check(
+                name="missing item refunded to the right place",
+                target="food.cases",
+                where={
+                    "order_id": order["id"],
+                    "issue": "missing_item",
+                    "item_ids": [missing["id"]],
+                    "status": "refunded",
+                    "destination": destination,
+                    **near("refund_amount", amount),
+                },
+            ),
             Check(name="only one support case", target="food.cases", op="count", expect=1),
         ],
         answer=f"{amount:.2f}",
@@ -710,7 +913,9 @@ def food_missing_item_refund(g: TaskGen) -> Task:
     )
 
 
-def _scout(plan: PlanBuilder, k: int, restaurant: dict[str, Any], dish: dict[str, Any]) -> tuple[int, int]:
+def _scout(
+    plan: PlanBuilder, k: int, restaurant: dict[str, Any], dish: dict[str, Any]
+) -> tuple[int, int]:
     """A sub-agent that looks up one dish's price at one restaurant."""
     plan.delegate(
         goal=f"Find the price of {dish['name']} at {restaurant['name']} and report it.",
@@ -720,8 +925,10 @@ def _scout(plan: PlanBuilder, k: int, restaurant: dict[str, Any], dish: dict[str
     s_rest = plan.call("food_search_restaurants", query=restaurant["name"])
     s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
     plan.actions.append(
-        Finish(answer=f"{restaurant['name']} ({restaurant['id']}): {dish['name']} ({dish['id']}) "
-                      f"costs ${dish['price']:.2f}")
+        Finish(
+            answer=f"{restaurant['name']} ({restaurant['id']}): {dish['name']} ({dish['id']}) "
+            f"costs ${dish['price']:.2f}"
+        )
     )
     return s_rest, s_menu
 
@@ -751,17 +958,26 @@ def food_compare_prices(g: TaskGen) -> Task:
     scouts = [_scout(plan, k, r, items[k]) for k, r in enumerate(trio)]
     s_rest, s_menu = scouts[cheapest]
     s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call("food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty)
+    plan.call(
+        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
+    )
     _checkout(plan, s_cart, address, card)
     winner = trio[cheapest]
     return g.task(
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="ordered at the cheapest of the three", target="food.orders",
-                  where={"restaurant_id": winner["id"], "item_ids": [items[cheapest]["id"]],
-                         "payment_method_id": card["id"], "address_id": address["id"],
-                         "status": "placed"}),
+            Check(
+                name="ordered at the cheapest of the three",
+                target="food.orders",
+                where={
+                    "restaurant_id": winner["id"],
+                    "item_ids": [items[cheapest]["id"]],
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                    "status": "placed",
+                },
+            ),
             _placed_check(),
         ],
         answer=winner["name"],
@@ -783,8 +999,12 @@ def food_usual_dish_cheapest(g: TaskGen) -> Task:
     for rank, i in enumerate([order[1], order[0], order[2]]):
         wrong_prices[i] = [8.99, 11.99, 15.49][rank]
     trio = [
-        fw.restaurant(cuisine, [right_dish, wrong_dish], min_order=0.0,
-                      prices={right_dish: right_prices[i], wrong_dish: wrong_prices[i]})
+        fw.restaurant(
+            cuisine,
+            [right_dish, wrong_dish],
+            min_order=0.0,
+            prices={right_dish: right_prices[i], wrong_dish: wrong_prices[i]},
+        )
         for i in range(3)
     ]
     fw.restaurant(rng.choice(other_cuisines(rng, cuisine, k=1)))
@@ -805,7 +1025,9 @@ def food_usual_dish_cheapest(g: TaskGen) -> Task:
     scouts = [_scout(plan, k, r, fw.dish(r, right_dish)) for k, r in enumerate(trio)]
     s_rest, s_menu = scouts[cheapest]
     s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call("food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty)
+    plan.call(
+        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
+    )
     _checkout(plan, s_cart, address, card)
     winner = trio[cheapest]
     item = fw.dish(winner, right_dish)
@@ -813,10 +1035,17 @@ def food_usual_dish_cheapest(g: TaskGen) -> Task:
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="usual dish from the cheapest place", target="food.orders",
-                  where={"restaurant_id": winner["id"], "item_ids": [item["id"]],
-                         "payment_method_id": card["id"], "address_id": address["id"],
-                         "status": "placed"}),
+            Check(
+                name="usual dish from the cheapest place",
+                target="food.orders",
+                where={
+                    "restaurant_id": winner["id"],
+                    "item_ids": [item["id"]],
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                    "status": "placed",
+                },
+            ),
             _placed_check(),
         ],
         plan=plan.finish(answer=f"Ordered {right_dish} from {winner['name']}."),
@@ -841,20 +1070,31 @@ def food_cancel_pending_order(g: TaskGen) -> Task:
     target, courier_side = fw.restaurant(c1), fw.restaurant(c2)
     fw.restaurant(c3)
     old = FOOD_NOW - timedelta(days=rng.randint(2, 15))
-    fw.order(target, [(rng.choice(fw.dishes(target)), 1)], status="delivered", placed=old,
-             delivered=old + timedelta(minutes=40))
-    fw.order(courier_side, [(rng.choice(fw.dishes(courier_side)), 2)], status="out_for_delivery",
-             placed=FOOD_NOW - timedelta(minutes=rng.choice([25, 35, 45])))
+    fw.order(
+        target,
+        [(rng.choice(fw.dishes(target)), 1)],
+        status="delivered",
+        placed=old,
+        delivered=old + timedelta(minutes=40),
+    )
+    fw.order(
+        courier_side,
+        [(rng.choice(fw.dishes(courier_side)), 2)],
+        status="out_for_delivery",
+        placed=FOOD_NOW - timedelta(minutes=rng.choice([25, 35, 45])),
+    )
     menu = fw.dishes(target)
     lines = [(m, rng.randint(1, 2)) for m in rng.sample(menu, rng.randint(1, 2))]
-    order = fw.order(target, lines, status=rng.choice(["placed", "preparing"]),
-                     placed=FOOD_NOW - timedelta(minutes=rng.choice([10, 15, 20])))
+    order = fw.order(
+        target,
+        lines,
+        status=rng.choice(["placed", "preparing"]),
+        placed=FOOD_NOW - timedelta(minutes=rng.choice([10, 15, 20])),
+    )
     fw.history(1)
     reason = rng.choice(list(CANCEL_REASONS))
     phrase = rng.choice(CANCEL_REASONS[reason])
-    instruction = (
-        f"Cancel my current {target['name']} order — {phrase}. How much will I get back?"
-    )
+    instruction = f"Cancel my current {target['name']} order — {phrase}. How much will I get back?"
     plan = PlanBuilder()
     s_rest = plan.call("food_search_restaurants", query=target["name"])
     s_orders = plan.call("food_list_orders", restaurant_id=ref(s_rest, "0.id"))
@@ -863,10 +1103,18 @@ def food_cancel_pending_order(g: TaskGen) -> Task:
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="the pending order is cancelled with the reason", target="food.orders",
-                  where={"id": order["id"], "status": "cancelled", "cancel_reason": reason}),
-            Check(name="nothing else cancelled", target="food.orders", op="count",
-                  where={"status": "cancelled"}, expect=1),
+            Check(
+                name="the pending order is cancelled with the reason",
+                target="food.orders",
+                where={"id": order["id"], "status": "cancelled", "cancel_reason": reason},
+            ),
+            Check(
+                name="nothing else cancelled",
+                target="food.orders",
+                op="count",
+                where={"status": "cancelled"},
+                expect=1,
+            ),
         ],
         answer=f"{order['total']:.2f}",
         answer_match="number",
@@ -894,17 +1142,30 @@ def food_rate_and_reorder(g: TaskGen) -> Task:
     menu = fw.dishes(target)
     picked = rng.sample(menu, 3)
     old = FOOD_NOW - timedelta(days=rng.randint(10, 30))
-    fw.order(target, [(picked[0], 1)], status="delivered", placed=old, delivered=old + timedelta(minutes=40))
+    fw.order(
+        target,
+        [(picked[0], 1)],
+        status="delivered",
+        placed=old,
+        delivered=old + timedelta(minutes=40),
+    )
     placed = FOOD_NOW - timedelta(days=rng.randint(1, 5), hours=rng.randint(0, 4))
     lines = [(m, rng.randint(1, 2)) for m in picked]
-    last = fw.order(target, lines, status="delivered", placed=placed,
-                    delivered=placed + timedelta(minutes=35))
+    last = fw.order(
+        target, lines, status="delivered", placed=placed, delivered=placed + timedelta(minutes=35)
+    )
     gone = rng.random() < 0.5
     if gone:
         picked[2]["available"] = False
     still = [m["id"] for m in picked if m["available"]]
     again = [
-        {"item_id": m["id"], "name": m["name"], "quantity": q, "unit_price": m["price"], "notes": ""}
+        {
+            "item_id": m["id"],
+            "name": m["name"],
+            "quantity": q,
+            "unit_price": m["price"],
+            "notes": "",
+        }
         for m, q in lines
         if m["available"]
     ]
@@ -912,8 +1173,8 @@ def food_rate_and_reorder(g: TaskGen) -> Task:
     comment = rng.choice(RATING_COMMENTS)
     address, card = fw.address(), rng.choice(fw.cards)
     instruction = (
-        f"Give my last {target['name']} order {stars} star{'s' if stars > 1 else ''} with the comment "
-        f"\"{comment}\", then order the same thing again to {_addr_phrase(address)} with my "
+        f"Give my last {target['name']} order {stars} star{'s' if stars > 1 else ''} with the "
+        f'comment "{comment}", then order the same thing again to {_addr_phrase(address)} with my '
         f"{card['label']}."
     )
     plan = PlanBuilder()
@@ -921,18 +1182,33 @@ def food_rate_and_reorder(g: TaskGen) -> Task:
     s_orders = plan.call("food_list_orders", restaurant_id=ref(s_rest, "0.id"), status="delivered")
     plan.call("food_rate_order", order_id=ref(s_orders, "0.id"), rating=stars, comment=comment)
     s_re = plan.call("food_reorder", order_id=ref(s_orders, "0.id"))
-    plan.call("food_checkout", cart_id=ref(s_re, "cart.id"), address_id=address["id"],
-              payment_method_id=card["id"])
+    plan.call(
+        "food_checkout",
+        cart_id=ref(s_re, "cart.id"),
+        address_id=address["id"],
+        payment_method_id=card["id"],
+    )
     return g.task(
         instruction=instruction,
         world=fw.world(),
         checks=[
-            Check(name="last order rated", target="food.orders",
-                  where={"id": last["id"], "rating": stars, "review": comment}),
-            Check(name="same dishes ordered again", target="food.orders",
-                  where={"restaurant_id": target["id"], "item_ids": still, "lines": again,
-                         "status": "placed",
-                         "payment_method_id": card["id"], "address_id": address["id"]}),
+            Check(
+                name="last order rated",
+                target="food.orders",
+                where={"id": last["id"], "rating": stars, "review": comment},
+            ),
+            Check(
+                name="same dishes ordered again",
+                target="food.orders",
+                where={
+                    "restaurant_id": target["id"],
+                    "item_ids": still,
+                    "lines": again,
+                    "status": "placed",
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                },
+            ),
             _placed_check(),
         ],
         plan=plan.finish(),

@@ -72,7 +72,12 @@ REVIEW_TEXTS = [
     "Disappointing this time, service was slow.",
     "Exactly what I needed, thanks!",
 ]
-MODE_WORDS = {"driving": "driving", "transit": "transit", "walking": "walking", "cycling": "cycling"}
+MODE_WORDS = {
+    "driving": "driving",
+    "transit": "transit",
+    "walking": "walking",
+    "cycling": "cycling",
+}
 
 
 # --------------------------------------------------------------------------- shared builders
@@ -256,17 +261,29 @@ def maps_save_best_open_place(g: TaskGen) -> Any:
         ),
         world={"maps": maps_state(builder.rows, saved=pre)},
         checks=[
-            Check(name="best open place saved to the list", target="maps.saved",
-                  where={"place_id": best["id"], "list_name": list_name}),
-            Check(name="nothing else saved", target="maps.saved", op="count", where={},
-                  expect=len(pre) + 1),
-        ],  # fmt: skip
+            Check(
+                name="best open place saved to the list",
+                target="maps.saved",
+                where={"place_id": best["id"], "list_name": list_name},
+            ),
+            Check(
+                name="nothing else saved",
+                target="maps.saved",
+                op="count",
+                where={},
+                expect=len(pre) + 1,
+            ),
+        ],
         plan=[
             ToolCall(
                 tool="maps_search_places",
-                arguments={"category": category, "neighborhood": hood, "open_now": True,
-                           "sort_by": "rating"},
-            ),  # fmt: skip
+                arguments={
+                    "category": category,
+                    "neighborhood": hood,
+                    "open_now": True,
+                    "sort_by": "rating",
+                },
+            ),
             ToolCall(
                 tool="maps_save_place",
                 arguments={"place_id": "${0.0.id}", "list_name": list_name},
@@ -299,13 +316,18 @@ def maps_share_eta_with_friend(g: TaskGen) -> Any:
             "contacts": {"contacts": friends},
         },
         checks=[
-            Check(name="navigating to the friend", target="maps.navigation",
-                  where={"destination": friend["address"], "mode": mode, "status": "active"}),
-            Check(name="ETA shared with the friend", target="maps.eta_shares",
-                  where={"phone": friend["phone"], "destination": friend["address"]}),
-            Check(name="ETA shared once", target="maps.eta_shares", op="count", where={},
-                  expect=1),
-        ],  # fmt: skip
+            Check(
+                name="navigating to the friend",
+                target="maps.navigation",
+                where={"destination": friend["address"], "mode": mode, "status": "active"},
+            ),
+            Check(
+                name="ETA shared with the friend",
+                target="maps.eta_shares",
+                where={"phone": friend["phone"], "destination": friend["address"]},
+            ),
+            Check(name="ETA shared once", target="maps.eta_shares", op="count", where={}, expect=1),
+        ],
         plan=[
             ToolCall(tool="contacts_search", arguments={"query": friend["name"]}),
             ToolCall(
@@ -342,17 +364,28 @@ def maps_navigate_usual_route_options(g: TaskGen) -> Any:
         instruction=f"Navigate me by car from {origin} to {dest['name']}, {phrase}.",
         world={"maps": maps_state(builder.rows, labels=labels(home, work))},
         checks=[
-            Check(name="navigation avoids what the user prefers", target="maps.navigation",
-                  where={"destination": dest["address"], "avoid": [right], "mode": "driving",
-                         "status": "active"}),
-        ],  # fmt: skip
+            Check(
+                name="navigation avoids what the user prefers",
+                target="maps.navigation",
+                where={
+                    "destination": dest["address"],
+                    "avoid": [right],
+                    "mode": "driving",
+                    "status": "active",
+                },
+            ),
+        ],
         memory=memory,
         plan=[
             ToolCall(
                 tool="maps_get_directions",
-                arguments={"origin": origin, "destination": dest["name"], "mode": "driving",
-                           "avoid": [right]},
-            ),  # fmt: skip
+                arguments={
+                    "origin": origin,
+                    "destination": dest["name"],
+                    "mode": "driving",
+                    "avoid": [right],
+                },
+            ),
             ToolCall(tool="maps_start_navigation", arguments={"route_id": "${0.id}"}),
             Finish(),
         ],
@@ -384,10 +417,12 @@ def maps_stop_at_usual_chain(g: TaskGen) -> Any:
         ),
         world={"maps": maps_state(builder.rows, labels=labels(home, work))},
         checks=[
-            Check(name="navigating with a stop at the usual place on the route",
-                  target="maps.navigation",
-                  where={"destination": dest, "status": "active", "stops": [target["id"]]}),
-        ],  # fmt: skip
+            Check(
+                name="navigating with a stop at the usual place on the route",
+                target="maps.navigation",
+                where={"destination": dest, "status": "active", "stops": [target["id"]]},
+            ),
+        ],
         memory=memory,
         plan=[
             ToolCall(
@@ -448,11 +483,13 @@ def maps_review_visited_place(g: TaskGen) -> Any:
         ),
         world={"maps": maps_state(builder.rows, timeline=visits, reviews=reviews)},
         checks=[
-            Check(name="review on the visited place", target="maps.reviews",
-                  where={"place_id": target["id"], "stars": stars, "text": text}),
-            Check(name="one new review", target="maps.reviews", op="count", where={},
-                  expect=2),
-        ],  # fmt: skip
+            Check(
+                name="review on the visited place",
+                target="maps.reviews",
+                where={"place_id": target["id"], "stars": stars, "text": text},
+            ),
+            Check(name="one new review", target="maps.reviews", op="count", where={}, expect=2),
+        ],
         plan=[
             ToolCall(tool="maps_get_timeline", arguments={"date": date}),
             ToolCall(
@@ -514,11 +551,13 @@ def maps_quickest_of_three(g: TaskGen) -> Any:
         ),
         world={"maps": maps_state(builder.rows, labels=labels(home, work))},
         checks=[
-            Check(name="navigating to the quickest place", target="maps.navigation",
-                  where={"destination": best["address"], "mode": mode, "status": "active"}),
-            Check(name="one navigation", target="maps.navigation", op="count", where={},
-                  expect=1),
-        ],  # fmt: skip
+            Check(
+                name="navigating to the quickest place",
+                target="maps.navigation",
+                where={"destination": best["address"], "mode": mode, "status": "active"},
+            ),
+            Check(name="one navigation", target="maps.navigation", op="count", where={}, expect=1),
+        ],
         answer=best["name"],
         plan=plan,
     )
@@ -560,9 +599,12 @@ def maps_stop_least_detour(g: TaskGen) -> Any:
         ),
         world={"maps": maps_state(builder.rows, labels=labels(home, work))},
         checks=[
-            Check(name="stop with the smallest detour", target="maps.navigation",
-                  where={"destination": dest, "status": "active", "stops": [best["id"]]}),
-        ],  # fmt: skip
+            Check(
+                name="stop with the smallest detour",
+                target="maps.navigation",
+                where={"destination": dest, "status": "active", "stops": [best["id"]]},
+            ),
+        ],
         plan=[
             ToolCall(
                 tool="maps_get_directions",
@@ -612,9 +654,13 @@ def maps_fastest_mode(g: TaskGen) -> Any:
             ),
             ToolCall(
                 tool="maps_get_directions",
-                arguments={"origin": origin, "destination": dest, "mode": m,
-                           "depart_at": depart_at},
-            ),  # fmt: skip
+                arguments={
+                    "origin": origin,
+                    "destination": dest,
+                    "mode": m,
+                    "depart_at": depart_at,
+                },
+            ),
             Finish(answer=f"{m}: {durations[i]} min"),
         ]
     plan += [
@@ -629,11 +675,13 @@ def maps_fastest_mode(g: TaskGen) -> Any:
         ),
         world={"maps": maps_state(builder.rows, labels=labels(home, work))},
         checks=[
-            Check(name="navigation uses the fastest mode", target="maps.navigation",
-                  where={"destination": dest, "mode": best, "status": "active"}),
-            Check(name="one navigation", target="maps.navigation", op="count", where={},
-                  expect=1),
-        ],  # fmt: skip
+            Check(
+                name="navigation uses the fastest mode",
+                target="maps.navigation",
+                where={"destination": dest, "mode": best, "status": "active"},
+            ),
+            Check(name="one navigation", target="maps.navigation", op="count", where={}, expect=1),
+        ],
         answer=best,
         plan=plan,
     )
@@ -662,11 +710,17 @@ def maps_update_label_from_memory(g: TaskGen) -> Any:
         ),
         world={"maps": maps_state(builder.rows, labels=labels(home, work))},
         checks=[
-            Check(name=f"{label} label updated", target="maps.labels",
-                  where={"label": label, "address": current}),
-            Check(name="navigating to the current address", target="maps.navigation",
-                  where={"destination": current, "mode": mode, "status": "active"}),
-        ],  # fmt: skip
+            Check(
+                name=f"{label} label updated",
+                target="maps.labels",
+                where={"label": label, "address": current},
+            ),
+            Check(
+                name="navigating to the current address",
+                target="maps.navigation",
+                where={"destination": current, "mode": mode, "status": "active"},
+            ),
+        ],
         memory=memory,
         plan=[
             ToolCall(tool="maps_set_label", arguments={"label": label, "address": current}),

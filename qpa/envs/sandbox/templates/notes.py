@@ -588,13 +588,13 @@ def append_to_usual_note(g: TaskGen) -> Any:
             Check(
                 name="added to the remembered note",
                 target="notes.notes",
-                where={"id": "n_701", "body__contains": idea},
+                where={"id": "n_701", "body__icontains": idea},
             ),
             Check(
                 name="not added to the stale note",
                 target="notes.notes",
                 op="absent",
-                where={"id": "n_702", "body__contains": idea},
+                where={"id": "n_702", "body__icontains": idea},
             ),
             Check(
                 name="no new note", target="notes.notes", op="count", where={}, expect=len(notes)
@@ -666,7 +666,7 @@ def digest_open_reminders(g: TaskGen) -> Any:
                 Check(
                     name=f"'{t}' collected",
                     target="notes.notes",
-                    where={"title": title, "body__contains": t},
+                    where={"title": title, "body__icontains": t},
                 )
                 for t in wanted
             ),
@@ -675,7 +675,7 @@ def digest_open_reminders(g: TaskGen) -> Any:
                     name=f"'{t}' left out",
                     target="notes.notes",
                     op="absent",
-                    where={"title": title, "body__contains": t},
+                    where={"title": title, "body__icontains": t},
                 )
                 for t in unwanted
             ),

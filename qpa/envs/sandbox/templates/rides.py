@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qpa.contract import Check, Delegate, Finish, MemoryItem, ToolCall
+from qpa.contract import Check, Delegate, Finish, ToolCall
 from qpa.envs.sandbox.apps.maps import distance_km, travel_minutes
 from qpa.envs.sandbox.apps.rides import ride_price
 from qpa.envs.sandbox.engine import DEFAULT_START
@@ -43,11 +43,20 @@ CARS = {
     "xl": ["Honda Odyssey", "Toyota Sienna", "Kia Carnival", "Chevrolet Suburban"],
     "black": ["Mercedes E-Class", "BMW 5 Series", "Audi A6", "Lincoln Continental"],
 }
+
+
+def a_ride(ride_class: str) -> str:
+    """'an Economy ride', 'a Comfort ride'."""
+    word = CLASS_WORDS[ride_class]
+    return f"{'an' if word[0] in 'AEIOUX' else 'a'} {word} ride"
+
+
 LANDMARKS = [
     "Union Square", "Riverside Mall", "Grand Library", "Tech Park", "Old Town Museum",
     "Sports Arena", "Botanical Garden", "Central Station", "City Hall", "Harbor Pier",
     "Convention Center", "University Library", "Opera House", "Farmers Market",
 ]  # fmt: skip
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 PLATE_LETTERS = "ABCDEFGHJKLMNPRSTUVWXYZ"
 COMMENTS = ["", "Great driver!", "Smooth ride, thanks.", "Clean car and friendly.", "On time."]
 
@@ -110,9 +119,14 @@ def rides_world(
         "payment_methods": cards or default_cards(g),
         "rides": rides or [],
         "promos": [
-            {"id": "promo_1", "code": "SPRING5", "discount": 5.0, "expires": "2026-04-30",
-             "status": "available"}
-        ],  # fmt: skip
+            {
+                "id": "promo_1",
+                "code": "SPRING5",
+                "discount": 5.0,
+                "expires": "2026-04-30",
+                "status": "available",
+            }
+        ],
     }
 
 
@@ -209,19 +223,21 @@ def ride_cheapest_for_group(g: TaskGen) -> Any:
     busy = set(g.rng.sample(fitting, min(len(fitting) - 1, g.rng.randint(0, 2))))
     world = rides_world(g, unavailable=busy)
     d = distance_km(pickup, dropoff)
-    best = min(
-        (ride_price(product(world, pid), d), pid) for pid in fitting if pid not in busy
-    )[1]
-    who = "just me" if n == 1 else f"the {n} of us"
+    best = min((ride_price(product(world, pid), d), pid) for pid in fitting if pid not in busy)[1]
+    who = "just me" if n == 1 else f"the {NUMBER_WORDS[n]} of us"
     return g.task(
         instruction=f"Book the cheapest ride that fits {who} from {pickup} to {dropoff}.",
         world={"rides": world},
         checks=[
-            Check(name="cheapest available class that fits", target="rides.rides",
-                  where=accepted({"pickup": pickup, "dropoff": dropoff, "ride_class": best,
-                                  "passengers": n})),
+            Check(
+                name="cheapest available class that fits",
+                target="rides.rides",
+                where=accepted(
+                    {"pickup": pickup, "dropoff": dropoff, "ride_class": best, "passengers": n}
+                ),
+            ),
             ONE_RIDE,
-        ],  # fmt: skip
+        ],
         plan=[
             ToolCall(
                 tool="rides_get_estimates",
@@ -270,24 +286,33 @@ def ride_airport_to_hotel(g: TaskGen) -> Any:
     pickup = airport[2]
     return g.task(
         instruction=(
-            f"I just landed at {pickup} on {arriving['flight_no']}. Get me a "
-            f"{CLASS_WORDS[ride_class]} ride to my hotel."
+            f"I just landed at {pickup} on {arriving['flight_no']}. Get me "
+            f"{a_ride(ride_class)} to my hotel."
         ),
         world={
             "rides": world,
-            "flights": {"flights": flights.rows,
-                        "bookings": [booking_for(arriving, "bk_21", g)]},
-            "hotels": {"hotels": hotels.hotels, "rooms": hotels.rooms,
-                       "reservations": reservations},
-        },  # fmt: skip
+            "flights": {"flights": flights.rows, "bookings": [booking_for(arriving, "bk_21", g)]},
+            "hotels": {
+                "hotels": hotels.hotels,
+                "rooms": hotels.rooms,
+                "reservations": reservations,
+            },
+        },
         checks=[
-            Check(name="ride from the airport to the hotel", target="rides.rides",
-                  where=accepted({"pickup": pickup, "dropoff": hotel["address"],
-                                  "ride_class": ride_class})),
-            Check(name="pickup note names the arrival terminal", target="rides.rides",
-                  where=accepted({"pickup_note__icontains": f"terminal {terminal}"})),
+            Check(
+                name="ride from the airport to the hotel",
+                target="rides.rides",
+                where=accepted(
+                    {"pickup": pickup, "dropoff": hotel["address"], "ride_class": ride_class}
+                ),
+            ),
+            Check(
+                name="pickup note names the arrival terminal",
+                target="rides.rides",
+                where=accepted({"pickup_note__icontains": f"terminal {terminal}"}),
+            ),
             ONE_RIDE,
-        ],  # fmt: skip
+        ],
         plan=[
             ToolCall(
                 tool="flights_get_status",
@@ -299,14 +324,19 @@ def ride_airport_to_hotel(g: TaskGen) -> Any:
             ),
             ToolCall(
                 tool="rides_get_estimates",
-                arguments={"pickup": pickup, "dropoff": "${1.0.hotel_address}",
-                           "ride_class": ride_class},
-            ),  # fmt: skip
+                arguments={
+                    "pickup": pickup,
+                    "dropoff": "${1.0.hotel_address}",
+                    "ride_class": ride_class,
+                },
+            ),
             ToolCall(
                 tool="rides_request",
-                arguments={"estimate_id": "${2.0.id}",
-                           "pickup_note": "Terminal ${0.arrival_terminal} arrivals"},
-            ),  # fmt: skip
+                arguments={
+                    "estimate_id": "${2.0.id}",
+                    "pickup_note": "Terminal ${0.arrival_terminal} arrivals",
+                },
+            ),
             Finish(),
         ],
         confirmations=["rides_request"],
@@ -320,7 +350,9 @@ def ride_home_usual_class(g: TaskGen) -> Any:
     pickup = g.rng.choice([builder.address(), g.rng.choice(LANDMARKS)])
     right, wrong = g.rng.sample(["economy", "green", "comfort", "xl", "black"], 2)
     world = rides_world(g, places=places)
-    phrase = g.rng.choice(["my usual ride class", "the class I usually take", "my usual kind of car"])
+    phrase = g.rng.choice(
+        ["my usual ride class", "the class I usually take", "my usual kind of car"]
+    )
     memory = [
         *conflicting_memory(g, "ride_class", CLASS_WORDS[right], CLASS_WORDS[wrong]),
         side_memory(g),
@@ -329,10 +361,13 @@ def ride_home_usual_class(g: TaskGen) -> Any:
         instruction=f"I'm at {pickup}. Book me a ride home, {phrase}.",
         world={"rides": world},
         checks=[
-            Check(name="ride home in the remembered class", target="rides.rides",
-                  where=accepted({"dropoff": home, "ride_class": right})),
+            Check(
+                name="ride home in the remembered class",
+                target="rides.rides",
+                where=accepted({"dropoff": home, "ride_class": right}),
+            ),
             ONE_RIDE,
-        ],  # fmt: skip
+        ],
         memory=memory,
         plan=[
             ToolCall(tool="rides_list_places", arguments={}),
@@ -363,16 +398,20 @@ def ride_to_work_on_work_card(g: TaskGen) -> Any:
     memory = [*conflicting_memory(g, "work_ride_card", card(right), card(wrong)), side_memory(g)]
     return g.task(
         instruction=(
-            f"I'm at {pickup}. Book a {CLASS_WORDS[ride_class]} ride to work and put it on the "
+            f"I'm at {pickup}. Book {a_ride(ride_class)} to work and put it on the "
             "card I use for work rides."
         ),
         world={"rides": world},
         checks=[
-            Check(name="ride to work on the work card", target="rides.rides",
-                  where=accepted({"dropoff": work, "ride_class": ride_class,
-                                  "payment_method_id": right["id"]})),
+            Check(
+                name="ride to work on the work card",
+                target="rides.rides",
+                where=accepted(
+                    {"dropoff": work, "ride_class": ride_class, "payment_method_id": right["id"]}
+                ),
+            ),
             ONE_RIDE,
-        ],  # fmt: skip
+        ],
         memory=memory,
         plan=[
             ToolCall(tool="rides_list_payment_methods", arguments={}),
@@ -402,7 +441,7 @@ def ride_with_surge_limit(g: TaskGen) -> Any:
     ok = multiplier <= cap
     order = [p[0] for p in PRODUCTS]
     instruction = (
-        f"Book a {CLASS_WORDS[wanted]} from {pickup} to {dropoff}. I'll pay surge up to "
+        f"Book {a_ride(wanted)} from {pickup} to {dropoff}. I'll pay surge up to "
         f"{cap}x; if it's more than that, get me {CLASS_WORDS[fallback]} instead."
     )
     if ok:
@@ -481,7 +520,7 @@ def ride_to_friend_and_tell_car(g: TaskGen) -> Any:
     )  # fmt: skip
     if share:
         instruction = (
-            f"Get me a {CLASS_WORDS[ride_class]} from {pickup} to {friend['name']}'s place and "
+            f"Get me {a_ride(ride_class)} from {pickup} to {friend['name']}'s place and "
             f"share the live trip with {first}."
         )
         steps.append(
@@ -497,15 +536,17 @@ def ride_to_friend_and_tell_car(g: TaskGen) -> Any:
         ]  # fmt: skip
     else:
         instruction = (
-            f"Get me a {CLASS_WORDS[ride_class]} from {pickup} to {friend['name']}'s place and "
+            f"Get me {a_ride(ride_class)} from {pickup} to {friend['name']}'s place and "
             f"text {first} the car model and plate so they can spot it."
         )
         steps.append(
             ToolCall(
                 tool="messaging_send",
-                arguments={"to": "${0.0.phone}",
-                           "text": "On my way in a ${2.driver.car}, plate ${2.driver.plate}."},
-            )  # fmt: skip
+                arguments={
+                    "to": "${0.0.phone}",
+                    "text": "On my way in a ${2.driver.car}, plate ${2.driver.plate}.",
+                },
+            )
         )
         checks = [
             ride_check,
@@ -529,27 +570,24 @@ def ride_to_friend_and_tell_car(g: TaskGen) -> Any:
 @template(domain="rides", capabilities=["subagent"], apps=["rides", "maps"], difficulty=4)
 def ride_or_transit(g: TaskGen) -> Any:
     ride_class = g.rng.choice(["economy", "green", "comfort"])
-    for _ in range(100):
-        builder = Places(g)
-        home, work = builder.address(), builder.address()
+    world = rides_world(g)
+    builder = Places(g)
+    home, work = builder.address(), builder.address()
+    eta = product(world, ride_class)["pickup_eta_min"]
+    choice = g.rng.choice(["transit", "ride"])
+    for attempt in range(200):
         origin = builder.address()
         dest = destination(g, builder)
-        world = rides_world(g)
         d = distance_km(origin, dest)
         transit = travel_minutes(d, "transit", DEFAULT_START, key=f"{origin}|{dest}")
-        ride = product(world, ride_class)["pickup_eta_min"] + travel_minutes(
-            d, "driving", DEFAULT_START
-        )
-        outcomes = ["transit"] + (["ride"] if ride < transit else [])
-        choice = g.rng.choice(outcomes)
-        if choice == "transit":
-            limit = transit + g.rng.randint(0, 8)
-            break
-        if transit - ride >= 2:
+        ride = eta + travel_minutes(d, "driving", DEFAULT_START)
+        if choice == "ride" and transit - ride >= 2:
             limit = g.rng.randint(ride, transit - 1)
             break
-    else:  # pragma: no cover - the pools always give a case quickly
-        raise RuntimeError("no ride/transit case")
+        if choice == "transit" or attempt == 199:
+            choice = "transit"
+            limit = transit + g.rng.randint(0, 8)
+            break
     price = ride_price(product(world, ride_class), d)
     plan: list[Any] = [
         Delegate(
@@ -594,7 +632,7 @@ def ride_or_transit(g: TaskGen) -> Any:
     return g.task(
         instruction=(
             f"I need to get from {origin} to {dest} within {limit} minutes. Have one helper "
-            f"price a {CLASS_WORDS[ride_class]} ride and another check public transit. If "
+            f"price {a_ride(ride_class)} and another check public transit. If "
             "transit gets me there in time, start transit navigation; otherwise book the ride."
         ),
         world={"rides": world, "maps": {"places": builder.rows, "labels": labels(home, work)}},
@@ -654,14 +692,25 @@ def ride_meet_at_cheaper_spot(g: TaskGen) -> Any:
         ),
         world={"rides": world, "contacts": {"contacts": friends}, "messaging": {"messages": []}},
         checks=[
-            Check(name="ride to the cheaper spot", target="rides.rides",
-                  where=accepted({"dropoff": best, "ride_class": ride_class})),
-            Check(name="friend told the place", target="messaging.messages",
-                  where={"to": friend["phone"], "text__icontains": best}),
-            Check(name="one text sent", target="messaging.messages", op="count",
-                  where={"sender": "me"}, expect=1),
+            Check(
+                name="ride to the cheaper spot",
+                target="rides.rides",
+                where=accepted({"dropoff": best, "ride_class": ride_class}),
+            ),
+            Check(
+                name="friend told the place",
+                target="messaging.messages",
+                where={"to": friend["phone"], "text__icontains": best},
+            ),
+            Check(
+                name="one text sent",
+                target="messaging.messages",
+                op="count",
+                where={"sender": "me"},
+                expect=1,
+            ),
             ONE_RIDE,
-        ],  # fmt: skip
+        ],
         plan=plan,
         confirmations=["rides_request"],
     )
@@ -685,8 +734,6 @@ def ride_rate_and_tip_usual(g: TaskGen) -> Any:
     fare = history[-1]["fare"]
     pct, wrong = g.rng.sample([10, 12, 15, 18, 20, 25], 2)
     tip = round(fare * pct / 100, 2)
-    if tip == round(fare * wrong / 100, 2) or tip <= 0:
-        tip = round(fare * pct / 100, 2)
     stars = g.rng.randint(3, 5)
     comment = g.rng.choice(COMMENTS)
     memory = [*conflicting_memory(g, "tip_percent", f"{pct}%", f"{wrong}%"), side_memory(g)]
@@ -701,11 +748,24 @@ def ride_rate_and_tip_usual(g: TaskGen) -> Any:
         ),
         world={"rides": world},
         checks=[
-            Check(name="last trip rated and tipped the usual percentage", target="rides.rides",
-                  where={"id": "ride_103", "rating": stars, "tip": tip}),
-            Check(name="no other trip changed", target="rides.rides", op="count",
-                  where={"tip__gte": 0.01}, expect=3),
-        ],  # fmt: skip
+            Check(
+                name="last trip rated and tipped the usual percentage",
+                target="rides.rides",
+                where={
+                    "id": "ride_103",
+                    "rating": stars,
+                    "tip__gte": round(tip - 0.01, 2),
+                    "tip__lte": round(tip + 0.01, 2),
+                },
+            ),
+            Check(
+                name="no other trip changed",
+                target="rides.rides",
+                op="count",
+                where={"tip__gte": 0.01},
+                expect=3,
+            ),
+        ],
         memory=memory,
         plan=[
             ToolCall(tool="rides_list_rides", arguments={"status": "completed", "limit": 1}),

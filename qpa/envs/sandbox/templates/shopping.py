@@ -23,32 +23,148 @@ CLOTH_SIZES = ["XS", "S", "M", "L", "XL"]
 
 # item type -> (category, brands, sizes, price range)
 TYPES: dict[str, tuple[str, list[str], list[str], tuple[int, int]]] = {
-    "Running Shoes": ("shoes", ["Stride", "Apex", "Velo", "Kinetic", "Nordpeak", "Swift"], SHOE_SIZES, (55, 160)),
-    "Sneakers": ("shoes", ["Urbano", "Stride", "Canvas Co", "Apex", "Metro", "Luma"], SHOE_SIZES, (40, 130)),
-    "Hiking Boots": ("shoes", ["Nordpeak", "Ridge", "Timberline", "Kinetic", "Summit", "Trailhead"], SHOE_SIZES, (80, 220)),
-    "Rain Jacket": ("apparel", ["Nordpeak", "Tidewell", "Forge", "Urbano", "Ridge", "Summit"], CLOTH_SIZES, (45, 180)),
-    "Hoodie": ("apparel", ["Urbano", "Forge", "Luma", "Metro", "Canvas Co", "Basecamp"], CLOTH_SIZES, (25, 80)),
-    "Fleece Vest": ("apparel", ["Basecamp", "Nordpeak", "Ridge", "Tidewell", "Summit", "Forge"], CLOTH_SIZES, (30, 90)),
-    "Wireless Earbuds": ("electronics", ["Sonix", "Auralab", "Beatline", "Pulse", "Nimbus", "Vox"], [], (25, 180)),
-    "Phone Case": ("electronics", ["Shellguard", "Armor", "Slimfit", "Nimbus", "Vox", "Orbit"], [], (8, 45)),
-    "USB-C Charger": ("electronics", ["Voltix", "Ampere", "Orbit", "Nimbus", "Chargeon", "Sonix"], [], (12, 60)),
-    "Bluetooth Speaker": ("electronics", ["Sonix", "Beatline", "Boomer", "Auralab", "Pulse", "Vox"], [], (20, 150)),
-    "Power Bank": ("electronics", ["Voltix", "Ampere", "Chargeon", "Orbit", "Juicebox", "Nimbus"], [], (15, 70)),
+    "Running Shoes": (
+        "shoes",
+        ["Stride", "Apex", "Velo", "Kinetic", "Nordpeak", "Swift"],
+        SHOE_SIZES,
+        (55, 160),
+    ),
+    "Sneakers": (
+        "shoes",
+        ["Urbano", "Stride", "Canvas Co", "Apex", "Metro", "Luma"],
+        SHOE_SIZES,
+        (40, 130),
+    ),
+    "Hiking Boots": (
+        "shoes",
+        ["Nordpeak", "Ridge", "Timberline", "Kinetic", "Summit", "Trailhead"],
+        SHOE_SIZES,
+        (80, 220),
+    ),
+    "Rain Jacket": (
+        "apparel",
+        ["Nordpeak", "Tidewell", "Forge", "Urbano", "Ridge", "Summit"],
+        CLOTH_SIZES,
+        (45, 180),
+    ),
+    "Hoodie": (
+        "apparel",
+        ["Urbano", "Forge", "Luma", "Metro", "Canvas Co", "Basecamp"],
+        CLOTH_SIZES,
+        (25, 80),
+    ),
+    "Fleece Vest": (
+        "apparel",
+        ["Basecamp", "Nordpeak", "Ridge", "Tidewell", "Summit", "Forge"],
+        CLOTH_SIZES,
+        (30, 90),
+    ),
+    "Wireless Earbuds": (
+        "electronics",
+        ["Sonix", "Auralab", "Beatline", "Pulse", "Nimbus", "Vox"],
+        [],
+        (25, 180),
+    ),
+    "Phone Case": (
+        "electronics",
+        ["Shellguard", "Armor", "Slimfit", "Nimbus", "Vox", "Orbit"],
+        [],
+        (8, 45),
+    ),
+    "USB-C Charger": (
+        "electronics",
+        ["Voltix", "Ampere", "Orbit", "Nimbus", "Chargeon", "Sonix"],
+        [],
+        (12, 60),
+    ),
+    "Bluetooth Speaker": (
+        "electronics",
+        ["Sonix", "Beatline", "Boomer", "Auralab", "Pulse", "Vox"],
+        [],
+        (20, 150),
+    ),
+    "Power Bank": (
+        "electronics",
+        ["Voltix", "Ampere", "Chargeon", "Orbit", "Juicebox", "Nimbus"],
+        [],
+        (15, 70),
+    ),
     "Desk Lamp": ("home", ["Lumo", "Brightly", "Nordlys", "Halo", "Studio", "Arc"], [], (15, 80)),
-    "French Press": ("home", ["Brewmaster", "Kaffa", "Bodum Co", "Morning", "Roastery", "Pour"], [], (15, 60)),
-    "Throw Blanket": ("home", ["Cozy", "Hearth", "Woolly", "Nordlys", "Loom", "Nest"], [], (20, 90)),
-    "Yoga Mat": ("sports", ["Zenflow", "Grip", "Lotus", "Balance", "Core", "Stretch"], [], (15, 80)),
+    "French Press": (
+        "home",
+        ["Brewmaster", "Kaffa", "Bodum Co", "Morning", "Roastery", "Pour"],
+        [],
+        (15, 60),
+    ),
+    "Throw Blanket": (
+        "home",
+        ["Cozy", "Hearth", "Woolly", "Nordlys", "Loom", "Nest"],
+        [],
+        (20, 90),
+    ),
+    "Yoga Mat": (
+        "sports",
+        ["Zenflow", "Grip", "Lotus", "Balance", "Core", "Stretch"],
+        [],
+        (15, 80),
+    ),
     "Water Bottle": ("sports", ["Hydro", "Aqua", "Summit", "Trek", "Flow", "Peak"], [], (10, 45)),
-    "Board Game": ("toys", ["Gamewright", "Meeple", "Tabletop", "Dicey", "Puzzlers", "Kingdom"], [], (12, 60)),
+    "Board Game": (
+        "toys",
+        ["Gamewright", "Meeple", "Tabletop", "Dicey", "Puzzlers", "Kingdom"],
+        [],
+        (12, 60),
+    ),
     "Science Kit": ("toys", ["Curio", "Labkid", "Eureka", "Tinker", "Spark", "Atom"], [], (15, 70)),
-    "Picture Book": ("books", ["Pageturn", "Inkwell", "Storybook", "Owl Press", "Maple", "Lantern"], [], (8, 30)),
-    "Jigsaw Puzzle": ("toys", ["Puzzlers", "Piecemeal", "Mosaic", "Tabletop", "Curio", "Jigsy"], [], (10, 40)),
-    "Lego Set": ("toys", ["Brickworks", "Blockcity", "Buildit", "Tinker", "Studs", "Maker"], [], (15, 120)),
+    "Picture Book": (
+        "books",
+        ["Pageturn", "Inkwell", "Storybook", "Owl Press", "Maple", "Lantern"],
+        [],
+        (8, 30),
+    ),
+    "Jigsaw Puzzle": (
+        "toys",
+        ["Puzzlers", "Piecemeal", "Mosaic", "Tabletop", "Curio", "Jigsy"],
+        [],
+        (10, 40),
+    ),
+    "Lego Set": (
+        "toys",
+        ["Brickworks", "Blockcity", "Buildit", "Tinker", "Studs", "Maker"],
+        [],
+        (15, 120),
+    ),
 }
-MODELS = ["Glide", "Pulse", "Aero", "Trail", "Flex", "Nova", "Core", "Zen", "Max", "Lite", "Edge",
-          "Orbit", "Vista", "Echo", "Terra", "Drift", "Quest", "Spark"]
+MODELS = [
+    "Glide",
+    "Pulse",
+    "Aero",
+    "Trail",
+    "Flex",
+    "Nova",
+    "Core",
+    "Zen",
+    "Max",
+    "Lite",
+    "Edge",
+    "Orbit",
+    "Vista",
+    "Echo",
+    "Terra",
+    "Drift",
+    "Quest",
+    "Spark",
+]
 SELLERS = ["Shop Direct", "Gadget Hub", "Outdoor Depot", "HomeGoods Plus", "Kids Corner"]
 SHIPPING_WORDS = {"standard": "standard", "express": "express", "next_day": "next-day"}
+
+
+PLURAL_KINDS = {"Running Shoes", "Sneakers", "Hiking Boots", "Wireless Earbuds"}
+
+
+def _a(kind: str) -> str:
+    """'a desk lamp', 'a pair of wireless earbuds'."""
+    return f"a pair of {kind.lower()}" if kind in PLURAL_KINDS else f"a {kind.lower()}"
 
 
 def _price(low: float, high: float, g: TaskGen) -> float:
@@ -95,7 +211,7 @@ class ShopWorld:
         product = {
             "id": f"p_{101 + len(self.products)}",
             "title": title,
-            "brand": title.split(" ")[0] if not brand else brand,
+            "brand": brand if brand else title.split(" ")[0],
             "category": category,
             "price": price if price is not None else _price(low, high, self.g),
             "rating": rating if rating is not None else round(rng.uniform(3.4, 4.8), 1),
@@ -124,8 +240,13 @@ class ShopWorld:
     ) -> dict[str, Any]:
         rng = self.g.rng
         rows = [
-            {"product_id": p["id"], "title": p["title"], "size": size, "quantity": q,
-             "unit_price": p["price"]}
+            {
+                "product_id": p["id"],
+                "title": p["title"],
+                "size": size,
+                "quantity": q,
+                "unit_price": p["price"],
+            }
             for p, size, q in lines
         ]
         subtotal = round(sum(r["quantity"] * r["unit_price"] for r in rows) + 1e-9, 2)
@@ -167,8 +288,14 @@ class ShopWorld:
                 "orders": self.orders,
                 "returns": [],
                 "coupons": [
-                    {"code": "WELCOME10", "percent_off": 10, "min_subtotal": 20.0, "category": None,
-                     "expires": "2026-12-31", "used": True},
+                    {
+                        "code": "WELCOME10",
+                        "percent_off": 10,
+                        "min_subtotal": 20.0,
+                        "category": None,
+                        "expires": "2026-12-31",
+                        "used": True,
+                    },
                 ],
                 "wishlist": self.wishlist,
                 "price_alerts": [],
@@ -180,13 +307,23 @@ class ShopWorld:
 
 
 def _new_orders(n: int = 1) -> Check:
-    return Check(name="exactly one new order", target="shop.orders", op="count",
-                 where={"status": "processing"}, expect=n)
+    return Check(
+        name="exactly one new order",
+        target="shop.orders",
+        op="count",
+        where={"status": "processing"},
+        expect=n,
+    )
 
 
 def _line(product: dict[str, Any], size: str, quantity: int) -> dict[str, Any]:
-    return {"product_id": product["id"], "title": product["title"], "size": size,
-            "quantity": quantity, "unit_price": product["price"]}
+    return {
+        "product_id": product["id"],
+        "title": product["title"],
+        "size": size,
+        "quantity": quantity,
+        "unit_price": product["price"],
+    }
 
 
 def _ago(days: int, hours: int = 0) -> datetime:
@@ -210,8 +347,12 @@ def shopping_buy_cheapest_match(g: TaskGen) -> Task:
     sw.product(kind, price=prices[0] + 0.99, rating=round(min_rating - 0.4, 1))
     out = {s: (0 if s == size else 3) for s in sizes} if sizes else 0
     sw.product(kind, price=prices[1] + 0.99, rating=ok, stock=out)
-    target = sw.product(kind, price=prices[2] + 0.99, rating=round(rng.uniform(min_rating, 4.9), 1),
-                        stock={s: 2 for s in sizes} if sizes else 5)
+    target = sw.product(
+        kind,
+        price=prices[2] + 0.99,
+        rating=round(rng.uniform(min_rating, 4.9), 1),
+        stock={s: 2 for s in sizes} if sizes else 5,
+    )
     for p in prices[3:]:
         sw.product(kind, price=p + 0.99, rating=round(rng.uniform(min_rating, 4.9), 1))
     sw.noise(4, kind)
@@ -233,16 +374,28 @@ def shopping_buy_cheapest_match(g: TaskGen) -> Task:
         add["size"] = size
     s_cart = plan.call("shop_add_to_cart", **add)
     plan.call("shop_list_payment_methods")
-    plan.call("shop_checkout", cart_id=ref(s_cart, "id"), payment_method_id=card["id"],
-              address_id=address["id"], shipping=shipping)
+    plan.call(
+        "shop_checkout",
+        cart_id=ref(s_cart, "id"),
+        payment_method_id=card["id"],
+        address_id=address["id"],
+        shipping=shipping,
+    )
     return g.task(
         instruction=instruction,
         world=sw.world(),
         checks=[
-            Check(name="cheapest qualifying product bought", target="shop.orders",
-                  where={"lines": [_line(target, size or "one_size", 1)], "shipping": shipping,
-                         "payment_method_id": card["id"], "address_id": address["id"],
-                         "status": "processing"}),
+            Check(
+                name="cheapest qualifying product bought",
+                target="shop.orders",
+                where={
+                    "lines": [_line(target, size or "one_size", 1)],
+                    "shipping": shipping,
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                    "status": "processing",
+                },
+            ),
             _new_orders(),
         ],
         plan=plan.finish(),
@@ -262,7 +415,9 @@ def shopping_cart_without_buying(g: TaskGen) -> Task:
     ratings = sorted(rng.sample([3.6, 3.8, 3.9, 4.1, 4.2, 4.4, 4.6, 4.7], 4), reverse=True)
     sw.product(kind, price=float(hi + rng.randint(2, 20)) + 0.99, rating=4.9)  # too expensive
     sw.product(kind, price=float(max(1, lo - rng.randint(2, 6))) + 0.99, rating=4.8)  # too cheap
-    target = sw.product(kind, price=float(rng.randint(lo, hi - 1)) + 0.99, rating=ratings[0], stock=8)
+    target = sw.product(
+        kind, price=float(rng.randint(lo, hi - 1)) + 0.99, rating=ratings[0], stock=8
+    )
     for r in ratings[1:]:
         sw.product(kind, price=float(rng.randint(lo, hi - 1)) + 0.99, rating=r)
     sw.noise(3, kind)
@@ -278,11 +433,17 @@ def shopping_cart_without_buying(g: TaskGen) -> Task:
         instruction=instruction,
         world=sw.world(),
         checks=[
-            Check(name="best-rated product in range is in the cart, nothing else",
-                  target="shop.carts",
-                  where={"status": "open", "product_ids": [target["id"]], "units": qty}),
-            Check(name="no order placed", target="shop.orders", op="absent",
-                  where={"status": "processing"}),
+            Check(
+                name="best-rated product in range is in the cart, nothing else",
+                target="shop.carts",
+                where={"status": "open", "product_ids": [target["id"]], "units": qty},
+            ),
+            Check(
+                name="no order placed",
+                target="shop.orders",
+                op="absent",
+                where={"status": "processing"},
+            ),
         ],
         plan=plan.finish(),
     )
@@ -312,15 +473,27 @@ def shopping_usual_size(g: TaskGen) -> Task:
     plan = PlanBuilder()
     s_search = plan.call("shop_search", query=target["title"])
     s_cart = plan.call("shop_add_to_cart", product_id=ref(s_search, "0.id"), quantity=1, size=right)
-    plan.call("shop_checkout", cart_id=ref(s_cart, "id"), payment_method_id=card["id"],
-              address_id=address["id"], shipping=shipping)
+    plan.call(
+        "shop_checkout",
+        cart_id=ref(s_cart, "id"),
+        payment_method_id=card["id"],
+        address_id=address["id"],
+        shipping=shipping,
+    )
     return g.task(
         instruction=instruction,
         world=sw.world(),
         checks=[
-            Check(name="ordered in the remembered size", target="shop.orders",
-                  where={"lines": [_line(target, right, 1)], "shipping": shipping,
-                         "payment_method_id": card["id"], "address_id": address["id"]}),
+            Check(
+                name="ordered in the remembered size",
+                target="shop.orders",
+                where={
+                    "lines": [_line(target, right, 1)],
+                    "shipping": shipping,
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                },
+            ),
             _new_orders(),
         ],
         plan=plan.finish(),
@@ -341,28 +514,45 @@ def shopping_checkout_habits(g: TaskGen) -> Task:
     speed, wrong_speed = rng.sample(["standard", "express", "next_day"], 2)
     memory = [
         *remembered(rng, "preferred_card", card["label"], wrong_card["label"], source="checkout"),
-        *remembered(rng, "shipping_speed", SHIPPING_WORDS[speed], SHIPPING_WORDS[wrong_speed],
-                    source="checkout"),
+        *remembered(
+            rng,
+            "shipping_speed",
+            SHIPPING_WORDS[speed],
+            SHIPPING_WORDS[wrong_speed],
+            source="checkout",
+        ),
     ]
     qty = rng.randint(1, 3)
     address = sw.address()
     instruction = (
-        f"Buy {qty} × {target['title']} and check out the way I usually do — my preferred card and "
-        f"my usual shipping speed — to my {address['label']} address."
+        f"Buy {qty} of the {target['title']} and check out the way I usually do — my preferred "
+        f"card and my usual shipping speed — to my {address['label']} address."
     )
     plan = PlanBuilder()
     s_search = plan.call("shop_search", query=target["title"])
     s_cart = plan.call("shop_add_to_cart", product_id=ref(s_search, "0.id"), quantity=qty)
     plan.call("shop_list_payment_methods")
-    plan.call("shop_checkout", cart_id=ref(s_cart, "id"), payment_method_id=card["id"],
-              address_id=address["id"], shipping=speed)
+    plan.call(
+        "shop_checkout",
+        cart_id=ref(s_cart, "id"),
+        payment_method_id=card["id"],
+        address_id=address["id"],
+        shipping=speed,
+    )
     return g.task(
         instruction=instruction,
         world=sw.world(),
         checks=[
-            Check(name="preferred card and usual shipping used", target="shop.orders",
-                  where={"lines": [_line(target, "one_size", qty)], "shipping": speed,
-                         "payment_method_id": card["id"], "address_id": address["id"]}),
+            Check(
+                name="preferred card and usual shipping used",
+                target="shop.orders",
+                where={
+                    "lines": [_line(target, "one_size", qty)],
+                    "shipping": speed,
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                },
+            ),
             _new_orders(),
         ],
         plan=plan.finish(),
@@ -388,12 +578,17 @@ def shopping_return_with_label(g: TaskGen) -> Task:
     other = sw.product(rng.choice([k for k in TYPES if k != kind and not TYPES[k][2]]))
     sw.noise(3, kind)
     old = _ago(rng.randint(40, 90))
-    sw.order([(target, "one_size", 1)], status="delivered", placed=old,
-             delivered=old + timedelta(days=4))
+    sw.order(
+        [(target, "one_size", 1)], status="delivered", placed=old, delivered=old + timedelta(days=4)
+    )
     days = rng.randint(4, 20)
     placed = _ago(days + 3)
-    order = sw.order([(target, "one_size", 1), (other, "one_size", 1)], status="delivered",
-                     placed=placed, delivered=_ago(days))
+    order = sw.order(
+        [(target, "one_size", 1), (other, "one_size", 1)],
+        status="delivered",
+        placed=placed,
+        delivered=_ago(days),
+    )
     reason = rng.choice(list(PROBLEMS))
     problem = rng.choice(PROBLEMS[reason])
     carrier = rng.choice(list(CARRIERS))
@@ -406,16 +601,28 @@ def shopping_return_with_label(g: TaskGen) -> Task:
     plan = PlanBuilder()
     s_orders = plan.call("shop_list_orders", status="delivered", query=short)
     plan.call("shop_get_order", order_id=ref(s_orders, "0.id"))
-    s_ret = plan.call("shop_request_return", order_id=ref(s_orders, "0.id"), product_id=target["id"],
-                      reason_code=reason)
+    s_ret = plan.call(
+        "shop_request_return",
+        order_id=ref(s_orders, "0.id"),
+        product_id=target["id"],
+        reason_code=reason,
+    )
     plan.call("shop_create_return_label", return_id=ref(s_ret, "id"), carrier=carrier)
     return g.task(
         instruction=instruction,
         world=sw.world(),
         checks=[
-            Check(name="return with the right reason and a label", target="shop.returns",
-                  where={"order_id": order["id"], "product_id": target["id"], "reason_code": reason,
-                         "status": "label_created", "carrier": carrier}),
+            Check(
+                name="return with the right reason and a label",
+                target="shop.returns",
+                where={
+                    "order_id": order["id"],
+                    "product_id": target["id"],
+                    "reason_code": reason,
+                    "status": "label_created",
+                    "carrier": carrier,
+                },
+            ),
             Check(name="a single return", target="shop.returns", op="count", expect=1),
         ],
         plan=plan.finish(),
@@ -439,8 +646,9 @@ def shopping_exchange_size(g: TaskGen) -> Task:
     sw.product(kind)
     sw.noise(3, kind)
     days = rng.randint(3, 25)
-    order = sw.order([(target, old_size, 1)], status="delivered", placed=_ago(days + 4),
-                     delivered=_ago(days))
+    order = sw.order(
+        [(target, old_size, 1)], status="delivered", placed=_ago(days + 4), delivered=_ago(days)
+    )
     unsized = sw.product(rng.choice([k for k, v in TYPES.items() if not v[2]]))
     sw.order([(unsized, "one_size", 1)], status="shipped", placed=_ago(2))
     if bigger:
@@ -453,19 +661,34 @@ def shopping_exchange_size(g: TaskGen) -> Task:
     )
     plan = PlanBuilder()
     s_orders = plan.call("shop_list_orders", status="delivered", query=target["title"])
-    s_ret = plan.call("shop_request_return", order_id=ref(s_orders, "0.id"), product_id=target["id"],
-                      reason_code="wrong_size")
+    s_ret = plan.call(
+        "shop_request_return",
+        order_id=ref(s_orders, "0.id"),
+        product_id=target["id"],
+        reason_code="wrong_size",
+    )
     plan.call("shop_request_exchange", return_id=ref(s_ret, "id"), new_size=new_size)
     return g.task(
         instruction=instruction,
         world=sw.world(),
         checks=[
-            Check(name="exchange requested for the new size", target="shop.returns",
-                  where={"order_id": order["id"], "product_id": target["id"],
-                         "reason_code": "wrong_size", "status": "exchange_requested",
-                         "exchange_size": new_size}),
-            Check(name="no separate return label", target="shop.returns", op="absent",
-                  where={"status": "label_created"}),
+            Check(
+                name="exchange requested for the new size",
+                target="shop.returns",
+                where={
+                    "order_id": order["id"],
+                    "product_id": target["id"],
+                    "reason_code": "wrong_size",
+                    "status": "exchange_requested",
+                    "exchange_size": new_size,
+                },
+            ),
+            Check(
+                name="no separate return label",
+                target="shop.returns",
+                op="absent",
+                where={"status": "label_created"},
+            ),
             Check(name="a single return", target="shop.returns", op="count", expect=1),
         ],
         plan=plan.finish(),
@@ -501,31 +724,49 @@ def shopping_bundle_research(g: TaskGen) -> Task:
     targets = [_ranked_options(sw, k, budget) for k in kinds]
     shipping = rng.choice(["standard", "express"])
     address, card = sw.address(), rng.choice(sw.cards)
-    names = [k.lower() for k in kinds]
+    names = [_a(k) for k in kinds]
     instruction = (
-        f"I need a {names[0]}, a {names[1]} and a {names[2]}. For each, find the best-rated one "
+        f"I need {names[0]}, {names[1]} and {names[2]}. For each, find the best-rated one "
         f"under ${budget} that's in stock, then buy all three together with my {card['label']}, "
         f"{SHIPPING_WORDS[shipping]} shipping to my {address['label']} address."
     )
     plan = PlanBuilder()
     searches = []
     for k, (kind, target) in enumerate(zip(kinds, targets, strict=True)):
-        plan.delegate(goal=f"Find the best-rated {kind.lower()} under ${budget} that is in stock; "
-                           f"answer with its title and product id.",
-                      tools=["shop_search", "shop_get_product", "shop_check_stock"], agent=f"finder_{k}")
-        searches.append(plan.call("shop_search", query=kind, max_price=budget, in_stock_only=True,
-                                  sort="rating"))
+        plan.delegate(
+            goal=f"Find the best-rated {kind.lower()} under ${budget} that is in stock; "
+            f"answer with its title and product id.",
+            tools=["shop_search", "shop_get_product", "shop_check_stock"],
+            agent=f"finder_{k}",
+        )
+        searches.append(
+            plan.call(
+                "shop_search", query=kind, max_price=budget, in_stock_only=True, sort="rating"
+            )
+        )
         plan.finish(answer=f"{target['title']} ({target['id']}), ${target['price']:.2f}")
     s_cart = -1
     for s in searches:
         s_cart = plan.call("shop_add_to_cart", product_id=ref(s, "0.id"), quantity=1)
-    plan.call("shop_checkout", cart_id=ref(s_cart, "id"), payment_method_id=card["id"],
-              address_id=address["id"], shipping=shipping)
+    plan.call(
+        "shop_checkout",
+        cart_id=ref(s_cart, "id"),
+        payment_method_id=card["id"],
+        address_id=address["id"],
+        shipping=shipping,
+    )
     contains = [
-        Check(name=f"bought the {kind.lower()}", target="shop.orders",
-              where={"product_ids__contains": t["id"], "status": "processing",
-                     "payment_method_id": card["id"], "address_id": address["id"],
-                     "shipping": shipping})
+        Check(
+            name=f"bought the {kind.lower()}",
+            target="shop.orders",
+            where={
+                "product_ids__contains": t["id"],
+                "status": "processing",
+                "payment_method_id": card["id"],
+                "address_id": address["id"],
+                "shipping": shipping,
+            },
+        )
         for kind, t in zip(kinds, targets, strict=True)
     ]
     total = round(sum(t["price"] for t in targets) + 1e-9, 2)
@@ -534,8 +775,13 @@ def shopping_bundle_research(g: TaskGen) -> Task:
         world=sw.world(),
         checks=[
             *contains,
-            Check(name="exactly those three items", target="shop.orders", op="count",
-                  where={"status": "processing", "subtotal": total}, expect=1),
+            Check(
+                name="exactly those three items",
+                target="shop.orders",
+                op="count",
+                where={"status": "processing", "subtotal": total},
+                expect=1,
+            ),
             _new_orders(),
         ],
         plan=plan.finish(),
@@ -544,10 +790,17 @@ def shopping_bundle_research(g: TaskGen) -> Task:
 
 
 KIDS = ["Mia", "Leo", "Sam", "Ava", "Noah", "Ella", "Finn", "Ivy", "Max", "Lily", "Theo", "Ruby"]
-GIFT_KINDS = ["Board Game", "Science Kit", "Picture Book", "Jigsaw Puzzle", "Lego Set", "Water Bottle"]
+GIFT_KINDS = [
+    "Board Game",
+    "Science Kit",
+    "Picture Book",
+    "Jigsaw Puzzle",
+    "Lego Set",
+    "Water Bottle",
+]
 
 
-@template(domain="shopping", capabilities=["subagent", "memory"], apps=["shop"], difficulty=4)
+@template(domain="shopping", capabilities=["subagent", "memory"], apps=["shop"], difficulty=5)
 def shopping_gift_wishlist(g: TaskGen) -> Task:
     rng = g.rng
     sw = ShopWorld(g)
@@ -557,14 +810,22 @@ def shopping_gift_wishlist(g: TaskGen) -> Task:
     targets = [_ranked_options(sw, k, budget, trap_budget=wrong_budget) for k in kinds]
     sw.noise(2, *kinds)
     keep = sw.product(rng.choice([k for k in TYPES if k not in kinds]))
-    sw.wishlist.append({"id": "wish_1", "product_id": keep["id"], "title": keep["title"],
-                        "price": keep["price"], "added_at": "2026-02-10T20:15"})
+    sw.wishlist.append(
+        {
+            "id": "wish_1",
+            "product_id": keep["id"],
+            "title": keep["title"],
+            "price": keep["price"],
+            "added_at": "2026-02-10T20:15",
+        }
+    )
     memory = [
         *remembered(rng, "gift_budget", f"${budget}", f"${wrong_budget}", source="gift purchases"),
         MemoryItem(key="gift_preference", value="educational toys", evidence="inferred"),
     ]
-    occasion = rng.choice(["birthday gifts", "gifts for the holidays", "end-of-school gifts",
-                           "little presents"])
+    occasion = rng.choice(
+        ["birthday gifts", "gifts for the holidays", "end-of-school gifts", "little presents"]
+    )
     parts = [f"a {k.lower()} for {kid}" for k, kid in zip(kinds, kids, strict=True)]
     instruction = (
         f"Find {occasion} within my usual gift budget: {parts[0]}, {parts[1]} and {parts[2]} — the "
@@ -573,11 +834,17 @@ def shopping_gift_wishlist(g: TaskGen) -> Task:
     plan = PlanBuilder()
     searches = []
     for k, (kind, kid, target) in enumerate(zip(kinds, kids, targets, strict=True)):
-        plan.delegate(goal=f"Find the best-rated in-stock {kind.lower()} under ${budget} for "
-                           f"{kid}; answer with its title and product id.",
-                      tools=["shop_search", "shop_get_product"], agent=f"gift_{k}")
-        searches.append(plan.call("shop_search", query=kind, max_price=budget, in_stock_only=True,
-                                  sort="rating"))
+        plan.delegate(
+            goal=f"Find the best-rated in-stock {kind.lower()} under ${budget} for "
+            f"{kid}; answer with its title and product id.",
+            tools=["shop_search", "shop_get_product"],
+            agent=f"gift_{k}",
+        )
+        searches.append(
+            plan.call(
+                "shop_search", query=kind, max_price=budget, in_stock_only=True, sort="rating"
+            )
+        )
         plan.finish(answer=f"{target['title']} ({target['id']})")
     for s in searches:
         plan.call("shop_add_to_wishlist", product_id=ref(s, "0.id"))
@@ -585,10 +852,21 @@ def shopping_gift_wishlist(g: TaskGen) -> Task:
         instruction=instruction,
         world=sw.world(),
         checks=[
-            *(Check(name=f"gift for {kid} saved", target="shop.wishlist", where={"product_id": t["id"]})
-              for kid, t in zip(kids, targets, strict=True)),
+            *(
+                Check(
+                    name=f"gift for {kid} saved",
+                    target="shop.wishlist",
+                    where={"product_id": t["id"]},
+                )
+                for kid, t in zip(kids, targets, strict=True)
+            ),
             Check(name="nothing else saved", target="shop.wishlist", op="count", expect=4),
-            Check(name="nothing bought", target="shop.orders", op="absent", where={"status": "processing"}),
+            Check(
+                name="nothing bought",
+                target="shop.orders",
+                op="absent",
+                where={"status": "processing"},
+            ),
         ],
         plan=plan.finish(),
         memory=memory,
@@ -632,10 +910,18 @@ def shopping_cancel_unshipped(g: TaskGen) -> Task:
         instruction=instruction,
         world=sw.world(),
         checks=[
-            Check(name="order cancelled with the reason", target="shop.orders",
-                  where={"id": order["id"], "status": "cancelled", "cancel_reason": reason}),
-            Check(name="only that order cancelled", target="shop.orders", op="count",
-                  where={"status": "cancelled"}, expect=1),
+            Check(
+                name="order cancelled with the reason",
+                target="shop.orders",
+                where={"id": order["id"], "status": "cancelled", "cancel_reason": reason},
+            ),
+            Check(
+                name="only that order cancelled",
+                target="shop.orders",
+                op="count",
+                where={"status": "cancelled"},
+                expect=1,
+            ),
         ],
         answer=f"{order['total']:.2f}",
         answer_match="number",
@@ -662,13 +948,15 @@ def shopping_review_and_track(g: TaskGen) -> Task:
     coming = sw.product(k2)
     sw.noise(4, k1, k2)
     days = rng.randint(2, 12)
-    sw.order([(bought, "one_size", 1)], status="delivered", placed=_ago(days + 4), delivered=_ago(days))
+    sw.order(
+        [(bought, "one_size", 1)], status="delivered", placed=_ago(days + 4), delivered=_ago(days)
+    )
     shipped = sw.order([(coming, "one_size", 1)], status="shipped", placed=_ago(rng.randint(1, 3)))
     shipped["eta"] = (SHOP_NOW + timedelta(days=rng.randint(1, 6))).date().isoformat()
     stars = rng.randint(1, 5)
     text = rng.choice(REVIEW_TEXTS)
     instruction = (
-        f"Leave a {stars}-star review on the {bought['title']} I bought: \"{text}\" Also, when is my "
+        f'Leave a {stars}-star review on the {bought["title"]} I bought: "{text}" Also, when is my '
         f"{coming['title']} supposed to arrive? Give me the date as YYYY-MM-DD."
     )
     plan = PlanBuilder()
@@ -680,8 +968,11 @@ def shopping_review_and_track(g: TaskGen) -> Task:
         instruction=instruction,
         world=sw.world(),
         checks=[
-            Check(name="review posted", target="shop.reviews",
-                  where={"product_id": bought["id"], "rating": stars, "text": text}),
+            Check(
+                name="review posted",
+                target="shop.reviews",
+                where={"product_id": bought["id"], "rating": stars, "text": text},
+            ),
             Check(name="one review", target="shop.reviews", op="count", expect=1),
         ],
         answer=shipped["eta"],
@@ -701,15 +992,31 @@ def shopping_coupon_checkout(g: TaskGen) -> Task:
     code = f"{rng.choice(['SPRING', 'HELLO', 'TREAT', 'BONUS', 'FLASH', 'LOYAL'])}{percent}"
     world = sw.world()
     coupons = world["shop"]["coupons"]
-    coupons.append({"code": code, "percent_off": percent, "min_subtotal": 10.0,
-                    "category": main["category"], "expires": "2026-06-30", "used": False})
-    coupons.append({"code": f"OLD{percent}", "percent_off": percent + 10, "min_subtotal": 0.0,
-                    "category": None, "expires": "2026-01-31", "used": False})
+    coupons.append(
+        {
+            "code": code,
+            "percent_off": percent,
+            "min_subtotal": 10.0,
+            "category": main["category"],
+            "expires": "2026-06-30",
+            "used": False,
+        }
+    )
+    coupons.append(
+        {
+            "code": f"OLD{percent}",
+            "percent_off": percent + 10,
+            "min_subtotal": 0.0,
+            "category": None,
+            "expires": "2026-01-31",
+            "used": False,
+        }
+    )
     q1, q2 = rng.randint(1, 2), rng.randint(1, 2)
     address, card = sw.address(), rng.choice(sw.cards)
     instruction = (
-        f"Buy {q1} × {main['title']} and {q2} × {side['title']}, use coupon {code}, and ship standard "
-        f"to my {address['label']} address with my {card['label']}."
+        f"Buy {q1} of the {main['title']} and {q2} of the {side['title']}, use coupon {code}, "
+        f"and ship standard to my {address['label']} address with my {card['label']}."
     )
     plan = PlanBuilder()
     s_a = plan.call("shop_search", query=main["title"])
@@ -717,21 +1024,38 @@ def shopping_coupon_checkout(g: TaskGen) -> Task:
     plan.call("shop_add_to_cart", product_id=ref(s_a, "0.id"), quantity=q1)
     s_cart = plan.call("shop_add_to_cart", product_id=ref(s_b, "0.id"), quantity=q2)
     plan.call("shop_apply_coupon", cart_id=ref(s_cart, "id"), code=code)
-    plan.call("shop_checkout", cart_id=ref(s_cart, "id"), payment_method_id=card["id"],
-              address_id=address["id"], shipping="standard")
-    eligible = main["price"] * q1 + (side["price"] * q2 if side["category"] == main["category"] else 0)
+    plan.call(
+        "shop_checkout",
+        cart_id=ref(s_cart, "id"),
+        payment_method_id=card["id"],
+        address_id=address["id"],
+        shipping="standard",
+    )
+    eligible = main["price"] * q1 + (
+        side["price"] * q2 if side["category"] == main["category"] else 0
+    )
     discount = round(eligible * percent / 100 + 1e-9, 2)
     return g.task(
         instruction=instruction,
         world=world,
         checks=[
-            Check(name="both items bought with the coupon", target="shop.orders",
-                  where={"product_ids__contains": main["id"], "coupon": code,
-                         **near("subtotal", main["price"] * q1 + side["price"] * q2),
-                         **near("discount", discount), "payment_method_id": card["id"],
-                         "address_id": address["id"]}),
-            Check(name="the second item too", target="shop.orders",
-                  where={"product_ids__contains": side["id"], "status": "processing"}),
+            Check(
+                name="both items bought with the coupon",
+                target="shop.orders",
+                where={
+                    "product_ids__contains": main["id"],
+                    "coupon": code,
+                    **near("subtotal", main["price"] * q1 + side["price"] * q2),
+                    **near("discount", discount),
+                    "payment_method_id": card["id"],
+                    "address_id": address["id"],
+                },
+            ),
+            Check(
+                name="the second item too",
+                target="shop.orders",
+                where={"product_ids__contains": side["id"], "status": "processing"},
+            ),
             _new_orders(),
         ],
         plan=plan.finish(),
