@@ -29,7 +29,6 @@ import gc
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -234,14 +233,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def env_server(cpu: int | None) -> Iterator[str]:
-    """`qpa env serve` in a subprocess on a free loopback port (pinned to `cpu` if given)."""
+def env_server(cpu: int | None) -> Iterator[tuple[str, int]]:
+    """`qpa env serve` in a subprocess on a free loopback port (pinned to `cpu` if given);
+    yields its URL and process id."""
     qpa = Path(sys.executable).with_name("qpa")
     port = free_port()
     process = subprocess.Popen(
         [str(qpa), "env", "serve", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         cwd=Path(__file__).resolve().parent,
     )
     if cpu is not None:
@@ -251,7 +251,7 @@ def env_server(cpu: int | None) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"qpa env serve exited: {process.stderr.read().decode()}")  # type: ignore[union-attr]
+                raise RuntimeError(f"qpa env serve exited with {process.returncode}")
             try:
                 httpx.get(f"{base}/health", timeout=1)
                 break
@@ -259,10 +259,49 @@ def env_server(cpu: int | None) -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("qpa env serve did not come up") from None
                 time.sleep(0.05)
-        yield base
+        yield base, process.pid
     finally:
         process.terminate()
         process.wait(10)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_request_us(pid: int, env: RemoteEnv, episodes: list[Episode]) -> tuple[float, float]:
+    """Server and client CPU microseconds per request (steps and resets) over one round.
+
+    CPU time, unlike wall time, hardly depends on what else the machine runs.
+    """
+    server0, client0, requests = process_cpu_s(pid), time.process_time(), 0
+    for task, actions in episodes:
+        env.reset(task)
+        for action in actions:
+            env.step(action)
+        requests += 1 + len(actions)
+    server = (process_cpu_s(pid) - server0) / requests * 1e6
+    return server, (time.process_time() - client0) / requests * 1e6
+
+
+def session_growth(make: Callable[[], Any], tasks: list[Task]) -> float:
+    """Bytes one environment holds after resets on every task, minus after one reset."""
+    env = make()
+    gc.collect()
+    tracemalloc.start()
+    env.reset(tasks[0])
+    gc.collect()
+    one = tracemalloc.get_traced_memory()[0]
+    for task in tasks:
+        env.reset(task)
+    env.reset(tasks[0])
+    gc.collect()
+    many = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return float(many - one)
 
 
 def remote_round(env: RemoteEnv, episodes: list[Episode]) -> Callable[[], int]:
@@ -278,7 +317,9 @@ def remote_round(env: RemoteEnv, episodes: list[Episode]) -> Callable[[], int]:
     return run
 
 
-def concurrent_steps_per_second(base: str, episodes: list[Episode], sessions: int, seconds: float) -> float:
+def concurrent_steps_per_second(
+    base: str, episodes: list[Episode], sessions: int, seconds: float
+) -> float:
     """Total steps/s of `sessions` threads, each its own RemoteEnv (own session, own socket)."""
     barrier = threading.Barrier(sessions + 1)
     counts = [0] * sessions
@@ -314,8 +355,22 @@ def concurrent_steps_per_second(base: str, episodes: list[Episode], sessions: in
 # --------------------------------------------------------------------------- main
 
 
+def print_table(rows: list[tuple[str, str, str, str]]) -> None:
+    header = ("metric", "qpa", "baseline (same run)", "aim")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    rule = "  ".join("-" * w for w in widths)
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    print(rule, line(header), rule, *map(line, rows), rule, sep="\n")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter windows (noisier)")
     parser.add_argument(
         "--pin-server", action="store_true", help="pin the server to the last CPU (quiet machines)"
@@ -331,30 +386,36 @@ def main() -> None:
 
     tasks = generate_suite()
     episodes = build_episodes(tasks)
-    steps_per_round = sum(len(a) for _, a in episodes)
+    task_list = [task for task, _ in episodes]
     print(
-        f"# {len(episodes)} episodes ({steps_per_round} steps per round) from {len(tasks)} tasks; "
-        f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs; in-process on CPU {client_cpu}, "
-        f"server on CPU {server_cpu if server_cpu is not None else 'any'}",
+        f"# {len(episodes)} episodes ({sum(len(a) for _, a in episodes)} steps a round) from "
+        f"{len(tasks)} tasks; python {sys.version.split()[0]}; {os.cpu_count()} CPUs; "
+        f"in-process on CPU {client_cpu}; server on CPU "
+        f"{server_cpu if server_cpu is not None else 'any'}",
         flush=True,
     )
 
-    # in-process steps/s: qpa and the baseline alternate, best of three windows each
+    # in-process steps/s: qpa and the baseline alternate, best of the windows each
     env, baseline = SandboxEnv(), BaselineEnv()
     qpa_steps = steps_per_second(qpa_round(env, episodes), window)
     base_steps = steps_per_second(baseline_round(baseline, episodes), window)
     qpa_steps = max(qpa_steps, steps_per_second(qpa_round(env, episodes), window, repeats=1))
+    base_steps = max(base_steps, steps_per_second(baseline_round(baseline, episodes), window, 1))
     json_steps = steps_per_second(qpa_json_round(env, episodes), window)
 
-    # reset latency
-    ring = cycle([task for task, _ in episodes])
-    reset_warm = latencies_ms(lambda: env.reset(next(ring)), 20_000 if not args.quick else 5_000)
-    fresh = [SandboxEnv() for _ in range(2000)]
-    pairs = iter(zip(fresh, cycle([task for task, _ in episodes]), strict=False))
-    reset_cold = latencies_ms(lambda: (lambda e, t: e.reset(t))(*next(pairs)), len(fresh))
+    # reset latency: warm (this env has seen the task), first (a fresh env), baseline (deepcopy)
+    ring = cycle(task_list)
+    reset_warm = latencies_ms(lambda: env.reset(next(ring)), 5_000 if args.quick else 20_000)
+    fresh = iter([(SandboxEnv(), task) for _, task in zip(range(2000), ring, strict=False)])
+
+    def first_reset() -> None:
+        new_env, task = next(fresh)
+        new_env.reset(task)
+
+    reset_first = latencies_ms(first_reset, 2000)
     base_reset = latencies_ms(lambda: baseline.reset(next(ring)), 5_000)
 
-    # verification latency (after the episode's actions, as at the end of a rollout)
+    # verification latency, at the end of each episode as in a rollout
     verify_samples: list[float] = []
     base_verify: list[float] = []
     for task, actions in episodes:
@@ -366,16 +427,17 @@ def main() -> None:
         verify_samples += latencies_ms(env.verify, 50)
         base_verify += latencies_ms(lambda a=actions: baseline.verify(a), 3)  # type: ignore[misc]
 
-    # memory per live session
-    task_list = [task for task, _ in episodes]
+    # memory: per live session, and what one long-lived session accumulates
     qpa_memory = memory_per_session(SandboxEnv, task_list, 1000)
     base_memory = memory_per_session(BaselineEnv, task_list, 1000)
-    del fresh
+    qpa_growth = session_growth(SandboxEnv, task_list)
+    base_growth = session_growth(BaselineEnv, task_list)
 
-    # over HTTP: the scheduler places client and server (pinning suffers from noisy neighbours)
+    # over HTTP; the scheduler places client and server unless --pin-server
     os.sched_setaffinity(0, cpus)
-    with env_server(server_cpu) as base:
+    with env_server(server_cpu) as (base, pid):
         with RemoteEnv(base) as remote:
+            server_cpu_us, client_cpu_us = cpu_per_request_us(pid, remote, episodes)
             http_steps = steps_per_second(remote_round(remote, episodes), window * 2, repeats=2)
             http_reset = latencies_ms(lambda: remote.reset(next(ring)), 1000)
             http_verify = latencies_ms(remote.verify, 1000)
@@ -384,32 +446,46 @@ def main() -> None:
     def ms(samples: list[float]) -> str:
         return f"{percentile(samples, 0.5):.3f} / {percentile(samples, 0.95):.3f} ms"
 
-    rows = [
-        ("steps/s in-process, 1 core, full validation", f"{qpa_steps:,.0f}", f"{base_steps:,.0f}", ">= 50,000"),
-        ("  + action from JSON, feedback to JSON", f"{json_steps:,.0f}", "", ""),
-        ("steps/s over HTTP, 1 client (RemoteEnv)", f"{http_steps:,.0f}", "", ">= 2,000"),
-        ("steps/s over HTTP, 16 concurrent sessions", f"{http16:,.0f}", "", ">= 2,000"),
-        ("reset p50 / p95, in-process (warm cache)", ms(reset_warm), ms(base_reset), "<= 0.2 ms"),
-        ("reset p50 / p95, in-process (first reset)", ms(reset_cold), "", ""),
-        ("reset p50 / p95, over HTTP (task upload)", ms(http_reset), "", ""),
-        ("verify p50 / p95, in-process", ms(verify_samples), ms(base_verify), "<= 1 ms"),
-        ("verify p50 / p95, over HTTP", ms(http_verify), "", ""),
-        ("memory per live session (1000 sessions)", f"{qpa_memory / 1024:,.1f} KiB", f"{base_memory / 1024:,.1f} KiB", "<= 1 MB"),
-    ]
-    widths = [max(len(r[i]) for r in [*rows, ("metric", "qpa", "baseline", "aim")]) for i in range(4)]
-    header = ("metric", "qpa", "baseline (same run)", "aim")
-    widths = [max(w, len(h)) for w, h in zip(widths, header, strict=True)]
-    line = "  ".join("-" * w for w in widths)
-    print(line)
-    print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))))
-    print(line)
-    for row in rows:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
-    print(line)
+    def kib(value: float) -> str:
+        return f"{value / 1024:,.1f} KiB"
+
+    print_table(
+        [
+            (
+                "steps/s in-process, 1 core, full validation",
+                f"{qpa_steps:,.0f}",
+                f"{base_steps:,.0f}",
+                ">= 50,000",
+            ),
+            ("  + action from JSON, feedback to JSON", f"{json_steps:,.0f}", "", ""),
+            ("steps/s over HTTP, 1 client (RemoteEnv)", f"{http_steps:,.0f}", "", ">= 2,000"),
+            ("steps/s over HTTP, 16 concurrent sessions", f"{http16:,.0f}", "", ">= 2,000"),
+            ("  server CPU per request (step or reset)", f"{server_cpu_us:,.0f} us", "", ""),
+            ("  client CPU per request (RemoteEnv)", f"{client_cpu_us:,.0f} us", "", ""),
+            ("reset p50 / p95, in-process", ms(reset_warm), ms(base_reset), "<= 0.2 ms"),
+            ("reset p50 / p95, in-process, first on an env", ms(reset_first), "", ""),
+            ("reset p50 / p95, over HTTP (task upload)", ms(http_reset), "", ""),
+            ("verify p50 / p95, in-process", ms(verify_samples), ms(base_verify), "<= 1 ms"),
+            ("verify p50 / p95, over HTTP", ms(http_verify), "", ""),
+            (
+                "memory per live session (1000 sessions)",
+                kib(qpa_memory),
+                kib(base_memory),
+                "<= 1 MB",
+            ),
+            (
+                f"one session's growth over {len(task_list)} distinct tasks",
+                kib(qpa_growth),
+                kib(base_growth),
+                "",
+            ),
+        ]
+    )
     print(
-        f"# baseline: deepcopy reset, direct tool calls without argument validation, json.dumps "
-        f"results; baseline verify replays the reference actions on a fresh copy and compares "
-        f"state hashes. Total run time {time.perf_counter() - began:.0f}s."
+        "# baseline: deepcopy reset, direct tool calls without argument validation, json.dumps "
+        "results; its verify replays the reference actions on a fresh copy and compares state "
+        "hashes. Steps/s are the best of several windows. "
+        f"Run time {time.perf_counter() - began:.0f}s."
     )
 
 

@@ -771,5 +771,6 @@ def serve(
         port=port,
         log_level=log_level,
         access_log=False,
+        server_header=False,
         timeout_keep_alive=75,
     )

@@ -141,11 +141,13 @@ class NoisyPlanner(OraclePlanner):
     ) -> PlannedFault | None:
         salt = rng.randrange(1 << 30)
         if kind == "wrong_tool":
-            options = [(i, self._other_tool(self._call(i).tool, rng)) for i in self._targets()]
-            options = [(i, t) for i, t in options if t is not None]
-            if not options:
+            targets = self._targets()
+            if not targets:
                 return None
-            step, tool = options[rng.randrange(len(options))]
+            step = targets[rng.randrange(len(targets))]
+            tool = self._other_tool(self._call(step).tool, rng)
+            if tool is None:
+                return None
             return PlannedFault(kind, step, requested, replacement_tool=tool, salt=salt)
         if kind == "wrong_argument":
             steps = [i for i in self._targets() if self._call(i).arguments]
@@ -195,7 +197,20 @@ class NoisyPlanner(OraclePlanner):
                     uses.append((i, key, item))
         if not uses:
             return None
-        step, key, item = uses[rng.randrange(len(uses))]
+        # prefer a use whose value the verifier looks at, or one that changes state
+        checked, writes = self._checked(), self._writes()
+
+        def matters(use: tuple[int, str, MemoryItem]) -> bool:
+            action = self._plan[use[0]]
+            if isinstance(action, ToolCall):
+                value = action.arguments[use[1]]
+                return action.tool in writes or any(_same(value, op, c) for op, c in checked)
+            expected = task.verifier.answer
+            given = action.answer if isinstance(action, Finish) else None
+            return expected is not None and _same(given, "contains", expected)
+
+        pool = [u for u in uses if matters(u)] or uses
+        step, key, item = pool[rng.randrange(len(pool))]
         conflicting = [m.value for m in task.memory if m.key == item.key and m.value != item.value]
         return PlannedFault(
             "ignores_memory",
@@ -215,15 +230,13 @@ class NoisyPlanner(OraclePlanner):
         app = own.app if own is not None else ""
         side = own.side_effect if own is not None else "read"
 
-        def closeness(tool: ToolSpec) -> tuple[int, int, float]:
-            return (
-                int(tool.app == app),
-                int(tool.side_effect == side),
-                SequenceMatcher(None, tool.name, name).ratio(),
-            )
+        def kinship(tool: ToolSpec) -> tuple[int, int]:
+            return (int(tool.app == app), int(tool.side_effect == side))
 
-        ranked = sorted(others, key=lambda t: (closeness(t), t.name), reverse=True)
-        best = [t for t in ranked if closeness(t)[:2] == closeness(ranked[0])[:2]][:3]
+        closest = max(kinship(t) for t in others)
+        group = [t for t in others if kinship(t) == closest]  # same app and side effect first
+        group.sort(key=lambda t: (-SequenceMatcher(None, t.name, name).ratio(), t.name))
+        best = group[:3]
         return best[rng.randrange(len(best))].name
 
     # ------------------------------------------------------------------ acting
@@ -337,10 +350,10 @@ class NoisyPlanner(OraclePlanner):
             detail = f"{tool or 'finish'}.{key}: {current!r} -> {replacement!r}"
         return _with_field(action, key, replacement), self._label(fault, tool, detail)
 
-    def _key_that_matters(self, arguments: dict[str, Any], rng: random.Random) -> str:
-        """An argument whose value the verifier looks at (else any): a consequential mistake."""
+    def _checked(self) -> list[tuple[str, Any]]:
+        """What the verifier compares: (how, value) pairs from its checks and its answer."""
         task = self._task
-        checked: list[tuple[str, Any]] = []  # (how it is compared, the value checked)
+        checked: list[tuple[str, Any]] = []
         if task is not None:
             for check in task.verifier.checks:
                 for field_, value in check.where.items():
@@ -352,6 +365,11 @@ class NoisyPlanner(OraclePlanner):
                     checked.append(("exact", check.expect))
             if task.verifier.answer is not None:
                 checked.append(("contains", task.verifier.answer))
+        return checked
+
+    def _key_that_matters(self, arguments: dict[str, Any], rng: random.Random) -> str:
+        """An argument whose value the verifier looks at (else any): a consequential mistake."""
+        checked = self._checked()
         keys = sorted(arguments)
         matters = [k for k in keys if any(_same(arguments[k], op, c) for op, c in checked)]
         pool = matters or keys

@@ -11,7 +11,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from qpa.contract import Action, Feedback, Finish, Step, Task, TokenUsage, ToolCall, ToolSpec
+from qpa.contract import (
+    Action,
+    Delegate,
+    Feedback,
+    Finish,
+    Step,
+    Task,
+    TokenUsage,
+    ToolCall,
+    ToolSpec,
+)
 
 
 @dataclass
@@ -97,6 +107,17 @@ def resolve_refs(value: Any, results: list[Any]) -> Any:
     return _REF.sub(substitute, value)
 
 
+def ground(action: Action, results: list[Any]) -> Action:
+    """A reference-plan action with its `${i.path}` references resolved against `results`."""
+    if isinstance(action, ToolCall) and "${" in str(action.arguments):
+        return action.model_copy(update={"arguments": resolve_refs(action.arguments, results)})
+    if isinstance(action, Finish) and action.answer and "${" in action.answer:
+        return Finish(answer=str(resolve_refs(action.answer, results)))
+    if isinstance(action, Delegate) and "${" in action.goal:
+        return action.model_copy(update={"goal": str(resolve_refs(action.goal, results))})
+    return action
+
+
 class OraclePlanner:
     """Follows the task's reference plan, grounding `${i.path}` arguments in earlier results."""
 
@@ -121,11 +142,7 @@ class OraclePlanner:
             return Decision(Finish())
         action = self._plan[self._cursor]
         self._cursor += 1
-        if isinstance(action, ToolCall) and "${" in str(action.arguments):
-            action = action.model_copy(
-                update={"arguments": resolve_refs(action.arguments, self._results)}
-            )
-        return Decision(action, annotations={"plan_step": self._cursor - 1})
+        return Decision(ground(action, self._results), annotations={"plan_step": self._cursor - 1})
 
 
 def _perturb(value: Any) -> Any:

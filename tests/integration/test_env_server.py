@@ -25,7 +25,7 @@ import uvicorn
 
 from qpa.contract import Check, Finish, MessageUser, Task, ToolCall, VerifierSpec
 from qpa.envs.factory import env_kinds, make_env
-from qpa.envs.remote import RemoteEnv, RemoteEnvError
+from qpa.envs.remote import KeepAliveTransport, RemoteEnv, RemoteEnvError
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.envs.server import create_app
@@ -489,6 +489,77 @@ def test_remote_env_maps_server_errors(url: str, http: httpx.Client, messaging_t
         pytest.raises(RemoteEnvError),
     ):
         remote.reset(messaging_task)
+
+
+class LoseFirstStepAnswer(httpx.BaseTransport):
+    """Delivers every request, but loses the server's answer to the first step."""
+
+    def __init__(self) -> None:
+        self.inner = KeepAliveTransport(timeout=10)
+        self.steps_sent = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.url.path == "/step":
+            self.steps_sent += 1
+            if self.steps_sent == 1:
+                raise httpx.ReadError("connection lost after the server answered", request=request)
+        return response
+
+
+class CannedAnswers(httpx.BaseTransport):
+    """Answers every request with one status and error body, counting requests per path."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.calls: dict[str, int] = {}
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls[request.url.path] = self.calls.get(request.url.path, 0) + 1
+        if request.url.path == "/reset":
+            feedback = {
+                "status": "ok",
+                "observation": None,
+                "error": None,
+                "message": "",
+                "done": False,
+            }
+            return httpx.Response(200, json={"session_id": "s", "feedback": feedback})
+        error = {"error": {"kind": "internal", "message": "canned failure"}}
+        return httpx.Response(self.status, json=error)
+
+
+def test_a_step_whose_answer_was_lost_is_applied_once(url: str, messaging_task: Task) -> None:
+    transport = LoseFirstStepAnswer()
+    client = httpx.Client(transport=transport)
+    with RemoteEnv(url, client=client, retries=2, backoff_s=0.01) as remote:
+        remote.reset(messaging_task)
+        before = len(remote.state()["messaging"]["messages"])
+        feedback = remote.step(send_action("+1-555-0142", "only once"))
+        assert feedback.status == "ok" and transport.steps_sent == 2  # sent twice ...
+        messages = remote.state()["messaging"]["messages"]
+        assert len(messages) == before + 1  # ... applied once
+        assert remote.step(send_action("+1-555-0142", "second")).status == "ok"
+        assert len(remote.state()["messaging"]["messages"]) == before + 2
+    client.close()
+
+
+def test_server_errors_retry_only_idempotent_calls(messaging_task: Task) -> None:
+    transport = CannedAnswers(503)
+    with RemoteEnv(
+        "http://127.0.0.1:9",
+        client=httpx.Client(transport=transport),
+        retries=2,
+        backoff_s=0.001,
+        kind="sandbox",
+    ) as remote:
+        assert remote.reset(messaging_task).status == "ok"
+        with pytest.raises(RemoteEnvError) as caught:
+            remote.verify()
+        assert caught.value.status == 503 and transport.calls["/verify"] == 3  # 1 + 2 retries
+        feedback = remote.step(Finish())
+        assert feedback.error == "environment_failure" and "canned failure" in feedback.message
+        assert transport.calls["/step"] == 1  # a step is never repeated on a 5xx
 
 
 # --------------------------------------------------------------------------- lifetime

@@ -15,7 +15,7 @@ from typing import Any
 
 from qpa.contract import Action, Delegate, Finish, MessageUser, Task, TokenUsage, ToolCall, ToolSpec
 from qpa.harness.backends.base import ChatMessage, Completion, RawToolCall
-from qpa.harness.planners import resolve_refs
+from qpa.harness.planners import ground
 
 _PREFACE_END = "]\n"
 
@@ -65,10 +65,7 @@ class OracleBackend:
             action: Action = Finish()
         else:
             action = self.plan[self.cursor]
-        if isinstance(action, ToolCall):
-            action = action.model_copy(
-                update={"arguments": resolve_refs(action.arguments, self.results)}
-            )
+        action = ground(action, self.results)
         if isinstance(action, Delegate):
             self._last_delegate = {"delegated_to": action.agent, "goal": action.goal}
         call = _as_call(action, self.cursor)

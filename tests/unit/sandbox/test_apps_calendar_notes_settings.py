@@ -1197,15 +1197,16 @@ def _swap(plan: list[Action], tool: str, **arguments: Any) -> list[Action]:
 def test_memory_tasks_fail_with_the_stale_value() -> None:
     for task in _tasks("block_usual_activity_time"):
         key = next(m.key for m in task.memory if m.key.startswith("usual_"))
-        start, end = _loser(task.memory, key).split("-")
-        call_ = next(a for a in task.reference_plan or [] if isinstance(a, ToolCall))
-        day = call_.arguments["start"][:11]
-        assert not _run_plan(
-            task,
-            _swap(
-                task.reference_plan or [], "calendar_create_event", start=day + start, end=day + end
-            ),
-        ), task.id
+        create = next(a for a in task.reference_plan or [] if isinstance(a, ToolCall))
+        day, length = create.arguments["start"][:11], _length(create.arguments)
+        start = day + _loser(task.memory, key)
+        plan = _swap(
+            task.reference_plan or [],
+            "calendar_create_event",
+            start=start,
+            end=_plus(start, length),
+        )
+        assert not _run_plan(task, plan), task.id
     for task in _tasks("alarm_with_preferred_sound"):
         wrong = _loser(task.memory, "alarm_sound")
         assert not _run_plan(
@@ -1218,10 +1219,8 @@ def test_memory_tasks_fail_with_the_stale_value() -> None:
             task, _swap(task.reference_plan or [], "reminders_create", list_id=wrong)
         )
     for task in _tasks("dnd_for_usual_sleep"):
-        start, end = _loser(task.memory, "sleep_hours").split("-")
-        plan = _swap(
-            task.reference_plan or [], "settings_create_dnd_schedule", start=start, end=end
-        )
+        start = _loser(task.memory, "usual_bedtime")
+        plan = _swap(task.reference_plan or [], "settings_create_dnd_schedule", start=start)
         assert not _run_plan(task, plan)
     for task in _tasks("append_to_usual_note"):
         key = next(m.key for m in task.memory if m.key.endswith("_note"))
@@ -1301,3 +1300,12 @@ def test_skills_tasks_fail_without_the_procedure() -> None:
 
 def _minutes(stamp: str) -> int:
     return int(stamp[11:13]) * 60 + int(stamp[14:16])
+
+
+def _length(arguments: dict[str, Any]) -> int:
+    return _minutes(arguments["end"]) - _minutes(arguments["start"])
+
+
+def _plus(stamp: str, minutes: int) -> str:
+    total = _minutes(stamp) + minutes
+    return f"{stamp[:11]}{total // 60:02d}:{total % 60:02d}"

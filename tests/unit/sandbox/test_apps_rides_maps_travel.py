@@ -510,6 +510,16 @@ def test_ride_payment_needs_confirmation() -> None:
             "argument 'pickup_time'",
         ),
         ("rides_add_tip", {"ride_id": "ride_1", "amount": -2}, "argument 'amount'"),
+        (
+            "rides_schedule",
+            {
+                "dropoff": DEST,
+                "pickup": HOME,
+                "ride_class": "economy",
+                "pickup_time": "2026-02-30T08:00",
+            },
+            "argument 'pickup_time'",
+        ),
         ("rides_apply_promo", {"code": "spring 5"}, "argument 'code'"),
     ],
 )
@@ -632,6 +642,15 @@ def test_maps_directions_navigation_eta_and_stops() -> None:
         origin="home",
         destination="work",
         mode="walking",
+    )
+    refused(
+        env,
+        "maps_get_directions",
+        "argument 'depart_at'",
+        "invalid_arguments",
+        origin="home",
+        destination="work",
+        depart_at="2026-03-02T25:00",
     )
     refused(
         env,
@@ -798,6 +817,16 @@ def test_flights_search_book_sold_out_and_frequent_flyer() -> None:
                 "expiry": "2030-01-01",
             },
             "argument 'passport_number'",
+        ),
+        (
+            "flights_add_passport",
+            {
+                "booking_id": "bk_101",
+                "passport_number": "X1234567",
+                "nationality": "US",
+                "expiry": "2031-13-01",
+            },
+            "argument 'expiry'",
         ),
     ],
 )
@@ -1019,6 +1048,11 @@ def test_hotels_search_quote_book() -> None:
         (
             {"check_in": "2026-03-14", "check_out": "2026-03-16", "amenities": ["casino"]},
             "argument 'amenities",
+            "invalid_arguments",
+        ),
+        (
+            {"check_in": "2026-04-31", "check_out": "2026-05-02"},
+            "invalid date",
             "invalid_arguments",
         ),
         (

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from qpa.envs.sandbox.apps.maps import parse_moment
 from qpa.envs.sandbox.engine import App, fail, tool
 
 Cabin = Literal["economy", "premium_economy", "business", "first"]
@@ -58,8 +59,13 @@ CABIN_ROWS: dict[str, tuple[int, int, str]] = {
     "economy": (10, 29, "ABCDEF"),
 }
 SEAT_TYPES = {
-    "A": "window", "F": "window", "C": "aisle", "D": "aisle", "B": "middle", "E": "middle"
-}  # fmt: skip
+    "A": "window",
+    "F": "window",
+    "C": "aisle",
+    "D": "aisle",
+    "B": "middle",
+    "E": "middle",
+}
 FIRST_BAG, EXTRA_BAG = 35.0, 45.0
 CHECK_IN_WINDOW_H = 24
 PASSPORT_MARGIN_DAYS = 182
@@ -646,7 +652,7 @@ class FlightsApp(App):
         """Add the traveler's passport to a booking (needed to check in internationally)."""
         booking = self._booking(booking_id)
         travel = datetime.fromisoformat(booking["date"])
-        if datetime.fromisoformat(expiry) < travel + timedelta(days=PASSPORT_MARGIN_DAYS):
+        if parse_moment(expiry, "expiry") < travel + timedelta(days=PASSPORT_MARGIN_DAYS):
             raise fail(
                 f"passport expires {expiry}, less than 6 months after travel on {booking['date']}"
             )

@@ -14,16 +14,29 @@ from qpa.envs.sandbox.apps.flights import flight_no_pattern, pnr_for
 from qpa.envs.sandbox.engine import App, fail, tool
 
 Amenity = Literal[
-    "wifi", "pool", "gym", "spa", "parking", "breakfast", "airport_shuttle", "pet_friendly",
-    "ev_charging", "restaurant",
-]  # fmt: skip
+    "wifi",
+    "pool",
+    "gym",
+    "spa",
+    "parking",
+    "breakfast",
+    "airport_shuttle",
+    "pet_friendly",
+    "ev_charging",
+    "restaurant",
+]
 RoomType = Literal[
     "standard_queen", "standard_king", "double_queen", "deluxe_king", "junior_suite", "suite"
 ]
 RequestKind = Literal[
-    "late_checkout", "early_checkin", "extra_bed", "crib", "quiet_room", "high_floor",
+    "late_checkout",
+    "early_checkin",
+    "extra_bed",
+    "crib",
+    "quiet_room",
+    "high_floor",
     "airport_shuttle",
-]  # fmt: skip
+]
 ReservationStatus = Literal["upcoming", "past", "cancelled"]
 
 ISO_DATE = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="YYYY-MM-DD")]
@@ -197,7 +210,9 @@ class HotelsApp(App):
             raise fail(f"check_in {check_in} is in the past")
         return nights
 
-    def _rooms(self, hotel_id: str, check_in: str, check_out: str, guests: int) -> list[dict]:
+    def _rooms(
+        self, hotel_id: str, check_in: str, check_out: str, guests: int
+    ) -> list[dict[str, Any]]:
         return [
             r
             for r in self.records("rooms")

@@ -21,9 +21,19 @@ from qpa.envs.sandbox.engine import App, fail, tool
 Mode = Literal["driving", "transit", "walking", "cycling"]
 Avoid = Literal["tolls", "highways", "ferries"]
 Category = Literal[
-    "restaurant", "cafe", "bar", "bakery", "gas_station", "ev_charger", "pharmacy",
-    "supermarket", "museum", "park", "gym", "parking",
-]  # fmt: skip
+    "restaurant",
+    "cafe",
+    "bar",
+    "bakery",
+    "gas_station",
+    "ev_charger",
+    "pharmacy",
+    "supermarket",
+    "museum",
+    "park",
+    "gym",
+    "parking",
+]
 ListName = Literal["favorites", "want_to_go", "starred"]
 Label = Literal["home", "work"]
 IncidentKind = Literal["accident", "closure", "police", "hazard", "traffic_jam"]
@@ -33,9 +43,17 @@ ISO_MINUTE = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"
 PHONE = r"^\+?[0-9][0-9\- ]{4,}$"
 
 NEIGHBORHOODS = [
-    "Downtown", "Riverside", "Old Town", "Harbor District", "University Hill", "Midtown",
-    "Eastside", "Westgate", "Parkview", "Northshore",
-]  # fmt: skip
+    "Downtown",
+    "Riverside",
+    "Old Town",
+    "Harbor District",
+    "University Hill",
+    "Midtown",
+    "Eastside",
+    "Westgate",
+    "Parkview",
+    "Northshore",
+]
 TRANSIT_FARE = 2.75
 TOLL = 4.5
 MAX_STOPS = 3
@@ -99,6 +117,16 @@ def tolls_for(distance: float, mode: str, avoid: Iterable[str] = ()) -> float:
 
 def detour_minutes(place_id: str, origin: str, destination: str) -> int:
     return 1 + _hash(place_id, origin, destination) % 9
+
+
+def parse_moment(value: str, field: str) -> datetime:
+    """An ISO date or date-time argument, or an invalid_arguments failure naming the field."""
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise fail(
+            f"argument '{field}': {value!r} is not a valid date", "invalid_arguments"
+        ) from None
 
 
 def is_open(hours: str, moment: datetime) -> bool:
@@ -177,6 +205,11 @@ class SavedPlace(TypedDict):
     place_name: str
     list_name: str
     saved_at: str
+
+
+class Removed(TypedDict):
+    removed: str
+    list_name: str
 
 
 class LabelRecord(TypedDict):
@@ -366,7 +399,7 @@ class MapsApp(App):
         options: list[str] = sorted(set(avoid or []))
         if options and mode != "driving":
             raise fail(f"avoid options apply to driving only, not {mode}", "invalid_arguments")
-        moment = datetime.fromisoformat(depart_at) if depart_at else self.world.now
+        moment = parse_moment(depart_at, "depart_at") if depart_at else self.world.now
         if moment < self.world.now - timedelta(minutes=1):
             raise fail(f"depart_at {depart_at} is in the past (now {self.world.iso_now()})")
         distance = distance_km(start, end)
@@ -515,7 +548,7 @@ class MapsApp(App):
         return cast(list[SavedPlace], rows)
 
     @tool("write")
-    def maps_remove_saved(self, place_id: str, list_name: ListName) -> dict[str, str]:
+    def maps_remove_saved(self, place_id: str, list_name: ListName) -> Removed:
         """Remove a place from one of the user's lists."""
         for saved in self.records("saved"):
             if saved["place_id"] == place_id and saved["list_name"] == list_name:

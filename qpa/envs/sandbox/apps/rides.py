@@ -13,7 +13,13 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.apps.maps import ISO_MINUTE, PHONE, distance_km, travel_minutes
+from qpa.envs.sandbox.apps.maps import (
+    ISO_MINUTE,
+    PHONE,
+    distance_km,
+    parse_moment,
+    travel_minutes,
+)
 from qpa.envs.sandbox.engine import App, fail, tool
 
 RideClass = Literal["pool", "economy", "green", "comfort", "xl", "black"]
@@ -407,7 +413,7 @@ class RidesApp(App):
             raise fail(f"{ride_class} seats {product['capacity']}, not {passengers}")
         if pickup.strip().lower() == dropoff.strip().lower():
             raise fail("pickup and dropoff are the same address", "invalid_arguments")
-        when = datetime.fromisoformat(pickup_time)
+        when = parse_moment(pickup_time, "pickup_time")
         if when < self.world.now + timedelta(minutes=MIN_SCHEDULE_AHEAD_MIN):
             raise fail(
                 f"scheduled rides must be at least {MIN_SCHEDULE_AHEAD_MIN} minutes ahead "

@@ -490,14 +490,15 @@ def block_usual_activity_time(g: TaskGen) -> Any:
     memory = recall(
         g.rng,
         f"usual_{activity.replace(' ', '_')}_time",
-        f"{hm(right)}-{hm(right + span)}",
-        f"{hm(wrong)}-{hm(wrong + span)}",
+        hm(right),
+        hm(wrong),
         noise=[("preferred_meeting_room", g.rng.choice(ROOMS))],
     )
     events = background_events(g, 6, avoid=[(right, right + span), (wrong, wrong + span)])
     return g.task(
         instruction=(
-            f"Put my usual {activity} time on {day_phrase(day)} in my calendar as '{title}'."
+            f"Put my usual {activity} time on {day_phrase(day)} in my calendar as a "
+            f"{minutes}-minute '{title}' block."
         ),
         world={"calendar": _calendar_world(events)},
         checks=[

@@ -23,25 +23,57 @@ from qpa.envs.sandbox.suite import TaskGen, template
 EVIDENCE_ORDER: list[Evidence] = ["inferred", "observed", "confirmed", "stated"]
 
 PLACE_NAMES: dict[str, list[str]] = {
-    "cafe": ["Daily Grind", "Bean There", "Copper Kettle", "Morning Ritual", "Third Wave",
-             "Steam & Leaf", "Little Roast", "Corner Cup"],
-    "restaurant": ["Trattoria Lume", "Saffron House", "The Green Fork", "Blue Lantern",
-                   "Casa Verde", "Noodle Bar 88", "Harvest Table", "Ember Grill"],
-    "bakery": ["Golden Crust", "Flour & Salt", "Rise Bakery", "Sweet Loaf", "Crumb Co",
-               "Petit Four"],
-    "bar": ["The Tipsy Fox", "Lantern Bar", "Hops & Barley", "Velvet Room", "Night Owl",
-            "Brass Tap"],
+    "cafe": [
+        "Daily Grind",
+        "Bean There",
+        "Copper Kettle",
+        "Morning Ritual",
+        "Third Wave",
+        "Steam & Leaf",
+        "Little Roast",
+        "Corner Cup",
+    ],
+    "restaurant": [
+        "Trattoria Lume",
+        "Saffron House",
+        "The Green Fork",
+        "Blue Lantern",
+        "Casa Verde",
+        "Noodle Bar 88",
+        "Harvest Table",
+        "Ember Grill",
+    ],
+    "bakery": [
+        "Golden Crust",
+        "Flour & Salt",
+        "Rise Bakery",
+        "Sweet Loaf",
+        "Crumb Co",
+        "Petit Four",
+    ],
+    "bar": [
+        "The Tipsy Fox",
+        "Lantern Bar",
+        "Hops & Barley",
+        "Velvet Room",
+        "Night Owl",
+        "Brass Tap",
+    ],
     "gas_station": ["FuelStop", "QuickGas", "PetroMax", "GreenPump", "Route 9 Fuel", "Gas & Go"],
     "ev_charger": ["VoltHub", "Plaza Chargers", "AmpUp", "Spark Station", "EV Go Center"],
-    "pharmacy": ["CarePlus Pharmacy", "Wellness Rx", "City Drugstore", "HealthMart",
-                 "Green Cross"],
+    "pharmacy": ["CarePlus Pharmacy", "Wellness Rx", "City Drugstore", "HealthMart", "Green Cross"],
     "supermarket": ["FreshMart", "Green Grocer", "Value Foods", "Market Hall", "Daily Basket"],
-    "museum": ["Science Museum", "Modern Art Gallery", "History Hall", "Maritime Museum",
-               "Photo Archive"],
+    "museum": [
+        "Science Museum",
+        "Modern Art Gallery",
+        "History Hall",
+        "Maritime Museum",
+        "Photo Archive",
+    ],
     "park": ["Willow Park", "Cedar Gardens", "Lakeside Green", "Fountain Square"],
     "gym": ["IronWorks Gym", "FlexZone", "Peak Fitness", "Core Studio", "Pulse Gym"],
     "parking": ["Central Parking", "Park & Go", "Lot 42", "Garage One"],
-}  # fmt: skip
+}
 CATEGORY_WORDS = {
     "cafe": "coffee shop",
     "restaurant": "restaurant",
@@ -97,11 +129,13 @@ def conflicting_memory(
         high = g.rng.randint(1, 3)
         low = g.rng.randint(0, high - 1)
         items = [
-            MemoryItem(key=key, value=right, evidence=EVIDENCE_ORDER[high], source=source,
-                       time=older),
-            MemoryItem(key=key, value=wrong, evidence=EVIDENCE_ORDER[low], source="usage",
-                       time=newer),
-        ]  # fmt: skip
+            MemoryItem(
+                key=key, value=right, evidence=EVIDENCE_ORDER[high], source=source, time=older
+            ),
+            MemoryItem(
+                key=key, value=wrong, evidence=EVIDENCE_ORDER[low], source="usage", time=newer
+            ),
+        ]
     else:
         same = g.rng.choice(EVIDENCE_ORDER)
         items = [
@@ -245,13 +279,19 @@ def maps_save_best_open_place(g: TaskGen) -> Any:
     builder.fillers(4, exclude=(category,))
     g.rng.shuffle(builder.rows)
     pre = [
-        {"id": "sv_1", "place_id": p["id"], "place_name": p["name"], "list_name": ln,
-         "saved_at": "2026-02-10T18:00"}
+        {
+            "id": "sv_1",
+            "place_id": p["id"],
+            "place_name": p["name"],
+            "list_name": ln,
+            "saved_at": "2026-02-10T18:00",
+        }
         for p, ln in zip(
             [p for p in builder.rows if p["category"] != category][:2],
-            ["favorites", "want_to_go"], strict=True,
+            ["favorites", "want_to_go"],
+            strict=True,
         )
-    ]  # fmt: skip
+    ]
     pre[1]["id"] = "sv_2"
     word = CATEGORY_WORDS[category]
     return g.task(
@@ -395,9 +435,13 @@ def maps_navigate_usual_route_options(g: TaskGen) -> Any:
 @template(domain="maps", capabilities=["memory", "skills"], apps=["maps"], difficulty=4)
 def maps_stop_at_usual_chain(g: TaskGen) -> Any:
     kind, category = g.rng.choice(
-        [("coffee shop", "cafe"), ("bakery", "bakery"), ("gas station", "gas_station"),
-         ("pharmacy", "pharmacy")]
-    )  # fmt: skip
+        [
+            ("coffee shop", "cafe"),
+            ("bakery", "bakery"),
+            ("gas station", "gas_station"),
+            ("pharmacy", "pharmacy"),
+        ]
+    )
     right, wrong = g.rng.sample(PLACE_NAMES[category], 2)
     builder = Places(g)
     home, work = builder.address(), builder.address()
@@ -457,23 +501,41 @@ def maps_review_visited_place(g: TaskGen) -> Any:
         place = builder.add(cat, g.rng.choice(NEIGHBORHOODS))
         target = place if i == 0 else target
         visits.append(
-            {"id": f"v_{10 + i}", "date": date, "arrived": f"{hour:02d}:10",
-             "left": f"{hour:02d}:50", "place_id": place["id"], "place_name": place["name"],
-             "address": place["address"]}
-        )  # fmt: skip
+            {
+                "id": f"v_{10 + i}",
+                "date": date,
+                "arrived": f"{hour:02d}:10",
+                "left": f"{hour:02d}:50",
+                "place_id": place["id"],
+                "place_name": place["name"],
+                "address": place["address"],
+            }
+        )
     assert target is not None
     other_day = (day - timedelta(days=g.rng.randint(1, 5))).date().isoformat()
     decoy = builder.add(category, g.rng.choice(NEIGHBORHOODS))
     visits.append(
-        {"id": "v_20", "date": other_day, "arrived": "12:00", "left": "13:00",
-         "place_id": decoy["id"], "place_name": decoy["name"], "address": decoy["address"]}
-    )  # fmt: skip
+        {
+            "id": "v_20",
+            "date": other_day,
+            "arrived": "12:00",
+            "left": "13:00",
+            "place_id": decoy["id"],
+            "place_name": decoy["name"],
+            "address": decoy["address"],
+        }
+    )
     builder.fillers(3)
     old = builder.rows[-1]
     reviews = [
-        {"id": "rev_1", "place_id": old["id"], "stars": 4, "text": "Nice.",
-         "created_at": "2026-01-15T19:00"}
-    ]  # fmt: skip
+        {
+            "id": "rev_1",
+            "place_id": old["id"],
+            "stars": 4,
+            "text": "Nice.",
+            "created_at": "2026-01-15T19:00",
+        }
+    ]
     stars = g.rng.randint(1, 5)
     text = g.rng.choice(REVIEW_TEXTS)
     return g.task(
@@ -514,11 +576,13 @@ def maps_quickest_of_three(g: TaskGen) -> Any:
         # the plan runs within minutes of the start: one traffic regime for all three
         durations = [
             travel_minutes(
-                distance_km(start, p["address"]), mode, DEFAULT_START,
+                distance_km(start, p["address"]),
+                mode,
+                DEFAULT_START,
                 key=f"{start}|{p['address']}",
             )
             for p in candidates
-        ]  # fmt: skip
+        ]
         if durations.count(min(durations)) == 1:
             break
     best_i = durations.index(min(durations))

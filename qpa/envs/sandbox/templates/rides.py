@@ -52,10 +52,21 @@ def a_ride(ride_class: str) -> str:
 
 
 LANDMARKS = [
-    "Union Square", "Riverside Mall", "Grand Library", "Tech Park", "Old Town Museum",
-    "Sports Arena", "Botanical Garden", "Central Station", "City Hall", "Harbor Pier",
-    "Convention Center", "University Library", "Opera House", "Farmers Market",
-]  # fmt: skip
+    "Union Square",
+    "Riverside Mall",
+    "Grand Library",
+    "Tech Park",
+    "Old Town Museum",
+    "Sports Arena",
+    "Botanical Garden",
+    "Central Station",
+    "City Hall",
+    "Harbor Pier",
+    "Convention Center",
+    "University Library",
+    "Opera House",
+    "Farmers Market",
+]
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 PLATE_LETTERS = "ABCDEFGHJKLMNPRSTUVWXYZ"
 COMMENTS = ["", "Great driver!", "Smooth ride, thanks.", "Clean car and friendly.", "On time."]
@@ -180,8 +191,12 @@ def past_ride(
         "surge_confirmation_id": None,
         "payment_method_id": "pm_1",
         "pickup_note": "",
-        "driver": {"name": g.fake.name(), "car": g.rng.choice(CARS[ride_class]),
-                   "plate": plate(g), "rating": 4.9},
+        "driver": {
+            "name": g.fake.name(),
+            "car": g.rng.choice(CARS[ride_class]),
+            "plate": plate(g),
+            "rating": 4.9,
+        },
         "requested_at": when,
         "scheduled_for": None,
         "pickup_eta_min": 4,
@@ -189,7 +204,7 @@ def past_ride(
         "rating": rating,
         "tip": tip,
         "cancellation_fee": 0.0,
-    }  # fmt: skip
+    }
 
 
 def destination(g: TaskGen, builder: Places) -> str:
@@ -201,13 +216,19 @@ def accepted(where: dict[str, Any]) -> dict[str, Any]:
 
 
 ONE_RIDE = Check(
-    name="exactly one ride requested", target="rides.rides", op="count",
-    where={"status": "accepted"}, expect=1,
-)  # fmt: skip
+    name="exactly one ride requested",
+    target="rides.rides",
+    op="count",
+    where={"status": "accepted"},
+    expect=1,
+)
 NO_RIDE = Check(
-    name="no ride requested", target="rides.rides", op="count",
-    where={"status": "accepted"}, expect=0,
-)  # fmt: skip
+    name="no ride requested",
+    target="rides.rides",
+    op="count",
+    where={"status": "accepted"},
+    expect=0,
+)
 
 
 # --------------------------------------------------------------------------- templates
@@ -248,6 +269,7 @@ def ride_cheapest_for_group(g: TaskGen) -> Any:
             ),
             Finish(),
         ],
+        difficulty=2 if busy else 1,
         confirmations=["rides_request"],
     )
 
@@ -256,7 +278,7 @@ def ride_cheapest_for_group(g: TaskGen) -> Any:
     domain="rides",
     capabilities=["tool_use", "skills"],
     apps=["rides", "flights", "hotels"],
-    difficulty=4,
+    difficulty=5,
 )
 def ride_airport_to_hotel(g: TaskGen) -> Any:
     from qpa.envs.sandbox.templates.travel import (
@@ -270,8 +292,13 @@ def ride_airport_to_hotel(g: TaskGen) -> Any:
 
     origin, airport = international_pair(g, domestic=g.rng.random() < 0.6)
     flights = FlightBook(g)
-    arriving = flights.add(g.rng.choice(["NW", "BH", "SW", "PJ", "AT"]), origin[0], airport[0],
-                           TODAY, arrive_before="08:55")  # fmt: skip
+    arriving = flights.add(
+        g.rng.choice(["NW", "BH", "SW", "PJ", "AT"]),
+        origin[0],
+        airport[0],
+        TODAY,
+        arrive_before="08:55",
+    )
     flights.add(g.rng.choice(["NW", "BH", "SW"]), airport[0], origin[0], "2026-03-09")
     hotels = HotelBook(g)
     hotel = hotels.add(airport[1])
@@ -303,7 +330,11 @@ def ride_airport_to_hotel(g: TaskGen) -> Any:
                 name="ride from the airport to the hotel",
                 target="rides.rides",
                 where=accepted(
-                    {"pickup": pickup, "dropoff": hotel["address"], "ride_class": ride_class}
+                    {
+                        "pickup__icontains": "airport",
+                        "dropoff": hotel["address"],
+                        "ride_class": ride_class,
+                    }
                 ),
             ),
             Check(
@@ -446,12 +477,20 @@ def ride_with_surge_limit(g: TaskGen) -> Any:
     )
     if ok:
         checks = [
-            Check(name="surge accepted and ride booked", target="rides.rides",
-                  where=accepted({"dropoff": dropoff, "ride_class": wanted,
-                                  "surge_multiplier": multiplier,
-                                  "surge_confirmation_id__ne": None})),
+            Check(
+                name="surge accepted and ride booked",
+                target="rides.rides",
+                where=accepted(
+                    {
+                        "dropoff": dropoff,
+                        "ride_class": wanted,
+                        "surge_multiplier": multiplier,
+                        "surge_confirmation_id__ne": None,
+                    }
+                ),
+            ),
             ONE_RIDE,
-        ]  # fmt: skip
+        ]
         plan: list[Any] = [
             ToolCall(
                 tool="rides_get_estimates",
@@ -466,12 +505,20 @@ def ride_with_surge_limit(g: TaskGen) -> Any:
         ]
     else:
         checks = [
-            Check(name="fallback class booked", target="rides.rides",
-                  where=accepted({"dropoff": dropoff, "ride_class": fallback})),
-            Check(name="surge above the limit not accepted", target="rides.surge_confirmations",
-                  op="count", where={}, expect=0),
+            Check(
+                name="fallback class booked",
+                target="rides.rides",
+                where=accepted({"dropoff": dropoff, "ride_class": fallback}),
+            ),
+            Check(
+                name="surge above the limit not accepted",
+                target="rides.surge_confirmations",
+                op="count",
+                where={},
+                expect=0,
+            ),
             ONE_RIDE,
-        ]  # fmt: skip
+        ]
         plan = [
             ToolCall(tool="rides_get_estimates", arguments={"pickup": pickup, "dropoff": dropoff}),
             ToolCall(
@@ -515,9 +562,10 @@ def ride_to_friend_and_tell_car(g: TaskGen) -> Any:
         ToolCall(tool="rides_request", arguments={"estimate_id": "${1.0.id}"}),
     ]
     ride_check = Check(
-        name="ride to the friend's place", target="rides.rides",
+        name="ride to the friend's place",
+        target="rides.rides",
         where=accepted({"pickup": pickup, "dropoff": friend["address"], "ride_class": ride_class}),
-    )  # fmt: skip
+    )
     if share:
         instruction = (
             f"Get me {a_ride(ride_class)} from {pickup} to {friend['name']}'s place and "
@@ -530,10 +578,13 @@ def ride_to_friend_and_tell_car(g: TaskGen) -> Any:
         )
         checks = [
             ride_check,
-            Check(name="trip shared with the friend", target="rides.shares",
-                  where={"phone": friend["phone"], "plate": car["plate"]}),
+            Check(
+                name="trip shared with the friend",
+                target="rides.shares",
+                where={"phone": friend["phone"], "plate": car["plate"]},
+            ),
             ONE_RIDE,
-        ]  # fmt: skip
+        ]
     else:
         instruction = (
             f"Get me {a_ride(ride_class)} from {pickup} to {friend['name']}'s place and "
@@ -550,14 +601,25 @@ def ride_to_friend_and_tell_car(g: TaskGen) -> Any:
         )
         checks = [
             ride_check,
-            Check(name="friend texted the plate", target="messaging.messages",
-                  where={"to": friend["phone"], "text__contains": car["plate"]}),
-            Check(name="friend texted the car", target="messaging.messages",
-                  where={"to": friend["phone"], "text__contains": car["car"]}),
-            Check(name="one text sent", target="messaging.messages", op="count",
-                  where={"sender": "me"}, expect=1),
+            Check(
+                name="friend texted the plate",
+                target="messaging.messages",
+                where={"to": friend["phone"], "text__contains": car["plate"]},
+            ),
+            Check(
+                name="friend texted the car",
+                target="messaging.messages",
+                where={"to": friend["phone"], "text__contains": car["car"]},
+            ),
+            Check(
+                name="one text sent",
+                target="messaging.messages",
+                op="count",
+                where={"sender": "me"},
+                expect=1,
+            ),
             ONE_RIDE,
-        ]  # fmt: skip
+        ]
     return g.task(
         instruction=instruction,
         world={"rides": world, "contacts": {"contacts": friends}, "messaging": {"messages": []}},
@@ -615,19 +677,30 @@ def ride_or_transit(g: TaskGen) -> Any:
     if choice == "transit":
         plan.append(ToolCall(tool="maps_start_navigation", arguments={"route_id": "${4.id}"}))
         checks = [
-            Check(name="transit navigation started", target="maps.navigation",
-                  where={"destination": dest, "mode": "transit", "status": "active"}),
+            Check(
+                name="transit navigation started",
+                target="maps.navigation",
+                where={"destination": dest, "mode": "transit", "status": "active"},
+            ),
             NO_RIDE,
-        ]  # fmt: skip
+        ]
     else:
         plan.append(ToolCall(tool="rides_request", arguments={"estimate_id": "${1.0.id}"}))
         checks = [
-            Check(name="ride booked", target="rides.rides",
-                  where=accepted({"pickup": origin, "dropoff": dest, "ride_class": ride_class})),
-            Check(name="no transit navigation", target="maps.navigation", op="count",
-                  where={}, expect=0),
+            Check(
+                name="ride booked",
+                target="rides.rides",
+                where=accepted({"pickup": origin, "dropoff": dest, "ride_class": ride_class}),
+            ),
+            Check(
+                name="no transit navigation",
+                target="maps.navigation",
+                op="count",
+                where={},
+                expect=0,
+            ),
             ONE_RIDE,
-        ]  # fmt: skip
+        ]
     plan.append(Finish(answer=choice))
     return g.task(
         instruction=(
@@ -724,12 +797,20 @@ def ride_rate_and_tip_usual(g: TaskGen) -> Any:
     last_drop = destination(g, builder)
     history = [
         past_ride(g, world, "ride_101", home, work, "economy", "2026-02-26T08:10", tip=2.0),
-        past_ride(g, world, "ride_102", work, builder.address(), "comfort", "2026-02-27T18:40",
-                  tip=3.5),
-        past_ride(g, world, "ride_103", builder.address(), last_drop,
-                  g.rng.choice(["economy", "comfort", "green", "xl"]), "2026-03-01T21:15",
-                  rating=None),
-    ]  # fmt: skip
+        past_ride(
+            g, world, "ride_102", work, builder.address(), "comfort", "2026-02-27T18:40", tip=3.5
+        ),
+        past_ride(
+            g,
+            world,
+            "ride_103",
+            builder.address(),
+            last_drop,
+            g.rng.choice(["economy", "comfort", "green", "xl"]),
+            "2026-03-01T21:15",
+            rating=None,
+        ),
+    ]
     world["rides"] = history
     fare = history[-1]["fare"]
     pct, wrong = g.rng.sample([10, 12, 15, 18, 20, 25], 2)

@@ -379,10 +379,11 @@ SLEEP = ["22:00-06:00", "22:30-06:30", "23:00-07:00", "23:30-07:30", "00:00-08:0
 
 @template(domain="settings", capabilities=["memory"], apps=["settings"], difficulty=3)
 def dnd_for_usual_sleep(g: TaskGen) -> Any:
-    right, wrong = g.rng.sample(SLEEP, 2)
+    right, wrong = (hours.split("-") for hours in g.rng.sample(SLEEP, 2))
     favs = g.rng.choice(["yes", "no"])
     memory = [
-        *recall(g.rng, "sleep_hours", right, wrong),
+        *recall(g.rng, "usual_bedtime", right[0], wrong[0]),
+        *recall(g.rng, "usual_wake_time", right[1], wrong[1]),
         *recall(
             g.rng,
             "dnd_allow_favorites",
@@ -395,7 +396,7 @@ def dnd_for_usual_sleep(g: TaskGen) -> Any:
     phrase, spoken_days = g.rng.choice(DND_DAYS)
     days = [d for d in WEEK if d in spoken_days]
     name = g.rng.choice(DND_NAMES)
-    start, end = right.split("-")
+    start, end = right
     existing = {
         "id": "dnd_101",
         "name": "Work focus",
@@ -625,7 +626,7 @@ def workout_audio_and_timer(g: TaskGen) -> Any:
             ToolCall(tool="settings_list_bluetooth_devices", arguments={}),
             ToolCall(tool="settings_connect_bluetooth", arguments={"device_id": "bt_101"}),
             ToolCall(tool="settings_set_volume", arguments={"stream": "media", "level": volume}),
-            Finish(answer=f"{right} connected, media volume {volume}"),
+            Finish(answer=f"Headphones connected, media volume {volume}"),
             Delegate(
                 goal=f"Start a {minutes}-minute timer labelled '{label}'",
                 tools=["clock_start_timer"],

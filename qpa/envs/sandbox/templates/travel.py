@@ -35,13 +35,27 @@ CHAINS = {
     "CRS": "Crescent Resorts",
 }
 HOTEL_BASES = [
-    "Harborview", "Grand Central", "Riverside", "Old Town", "Skyline", "Garden Court",
-    "Bayfront", "Union Square", "Lakeshore", "Midtown", "Station Plaza", "Park Lane",
-]  # fmt: skip
+    "Harborview",
+    "Grand Central",
+    "Riverside",
+    "Old Town",
+    "Skyline",
+    "Garden Court",
+    "Bayfront",
+    "Union Square",
+    "Lakeshore",
+    "Midtown",
+    "Station Plaza",
+    "Park Lane",
+]
 ROOM_TYPES = [
-    ("standard_queen", 2), ("standard_king", 2), ("double_queen", 4), ("deluxe_king", 3),
-    ("junior_suite", 3), ("suite", 4),
-]  # fmt: skip
+    ("standard_queen", 2),
+    ("standard_king", 2),
+    ("double_queen", 4),
+    ("deluxe_king", 3),
+    ("junior_suite", 3),
+    ("suite", 4),
+]
 AMENITIES = ["wifi", "pool", "gym", "spa", "parking", "breakfast", "restaurant", "pet_friendly"]
 
 
@@ -311,13 +325,19 @@ def distinct_prices(g: TaskGen, n: int, low: int = 89, high: int = 640) -> list[
 
 
 ONE_BOOKING = Check(
-    name="exactly one new booking", target="flights.bookings", op="count",
-    where={"status": "confirmed", "booked_at__ne": "2026-02-01T12:00"}, expect=1,
-)  # fmt: skip
+    name="exactly one new booking",
+    target="flights.bookings",
+    op="count",
+    where={"status": "confirmed", "booked_at__ne": "2026-02-01T12:00"},
+    expect=1,
+)
 ONE_RESERVATION = Check(
-    name="exactly one new reservation", target="hotels.reservations", op="count",
-    where={"status": "confirmed", "booked_at__ne": "2026-02-01T12:00"}, expect=1,
-)  # fmt: skip
+    name="exactly one new reservation",
+    target="hotels.reservations",
+    op="count",
+    where={"status": "confirmed", "booked_at__ne": "2026-02-01T12:00"},
+    expect=1,
+)
 
 
 # --------------------------------------------------------------------------- templates
@@ -372,6 +392,7 @@ def flights_book_cheapest_nonstop(g: TaskGen) -> Any:
             ToolCall(tool="flights_book", arguments={"flight_id": best["id"], "cabin": cabin}),
             Finish(),
         ],
+        difficulty=3 if sold_out_first else 2,
         confirmations=["flights_book"],
     )
 
@@ -502,12 +523,16 @@ def flights_preferred_airline_ff(g: TaskGen) -> Any:
     memory = [
         *conflicting_memory(g, "preferred_airline", AIRLINES[right], AIRLINES[wrong]),
         *(
-            MemoryItem(key=f"frequent_flyer_number:{AIRLINES[code]}", value=numbers[code],
-                       evidence="stated", source="profile")
+            MemoryItem(
+                key=f"frequent_flyer_number:{AIRLINES[code]}",
+                value=numbers[code],
+                evidence="stated",
+                source="profile",
+            )
             for code in (right, wrong, third)
         ),
         side_memory(g),
-    ]  # fmt: skip
+    ]
     return g.task(
         instruction=(
             f"Book me economy from {city_words(a)} to {city_words(b)} on {words(day)}: the "
@@ -568,12 +593,16 @@ def hotels_usual_chain_loyalty(g: TaskGen) -> Any:
     memory = [
         *conflicting_memory(g, "hotel_chain", CHAINS[right], CHAINS[wrong]),
         *(
-            MemoryItem(key=f"loyalty_number:{CHAINS[code]}", value=numbers[code],
-                       evidence="stated", source="profile")
+            MemoryItem(
+                key=f"loyalty_number:{CHAINS[code]}",
+                value=numbers[code],
+                evidence="stated",
+                source="profile",
+            )
             for code in (right, wrong)
         ),
         side_memory(g),
-    ]  # fmt: skip
+    ]
     return g.task(
         instruction=(
             f"Book me a room in {city} from {words(check_in)} to {words(check_out)} at my usual "
@@ -641,11 +670,15 @@ def flights_change_to_new_date(g: TaskGen) -> Any:
     for i, minute in enumerate(departs[1:]):
         candidates.append(
             book.add(
-                airline, a[0], b[0], new_day, depart=_clock(minute),
+                airline,
+                a[0],
+                b[0],
+                new_day,
+                depart=_clock(minute),
                 price=old_fare + g.rng.randint(15, 180),
                 seats={"economy": 0} if full_first and i == 0 else None,
             )
-        )  # fmt: skip
+        )
     book.add(other, a[0], b[0], new_day, depart=_clock(departs[0]), price=old_fare + 5)
     book.add(airline, b[0], a[0], new_day)
     best = candidates[1] if full_first else candidates[0]
@@ -789,10 +822,13 @@ def hotels_compare_three(g: TaskGen) -> Any:
         options = []
         for h in trio:
             free = sorted(
-                (r for r in hotels.rooms_of(h)
-                 if r["max_guests"] >= guests and room_free(r, check_in, check_out)),
+                (
+                    r
+                    for r in hotels.rooms_of(h)
+                    if r["max_guests"] >= guests and room_free(r, check_in, check_out)
+                ),
                 key=lambda r: r["nightly_rate"],
-            )  # fmt: skip
+            )
             for j, room in enumerate(free):
                 if room["refundable"]:
                     options.append((room["nightly_rate"], h, room, j))
@@ -873,8 +909,14 @@ def flights_cheapest_of_three_dates(g: TaskGen) -> Any:
         p = sorted(prices[d_i * 4 : d_i * 4 + 4])
         book.add(g.rng.choice(list(AIRLINES)), a[0], b[0], day, price=p[0], stops=1)
         full = g.rng.random() < 0.4
-        n1 = book.add(g.rng.choice(list(AIRLINES)), a[0], b[0], day, price=p[1],
-                      seats={"economy": 0} if full else None)  # fmt: skip
+        n1 = book.add(
+            g.rng.choice(list(AIRLINES)),
+            a[0],
+            b[0],
+            day,
+            price=p[1],
+            seats={"economy": 0} if full else None,
+        )
         n2 = book.add(g.rng.choice(list(AIRLINES)), a[0], b[0], day, price=p[2])
         book.add(g.rng.choice(list(AIRLINES)), a[0], b[0], day, price=p[3])
         cheapest.append((n2["fares"]["economy"], n2) if full else (n1["fares"]["economy"], n1))
@@ -931,9 +973,10 @@ def flights_seat_and_bags(g: TaskGen) -> Any:
     for _ in range(20):
         max_row = g.rng.randint(11, 26)
         ok = [
-            s for s in cabin_seats("economy")
+            s
+            for s in cabin_seats("economy")
             if s[-1] in letters and int(s[:-1]) <= max_row and not seat_taken(flight, s)
-        ]  # fmt: skip
+        ]
         if ok:
             break
     bags = g.rng.randint(1, 2)
