@@ -201,7 +201,8 @@ class RemoteEnv:
         self._sid_json = orjson.dumps(self.session_id)
         self._session_body = b'{"session_id":' + self._sid_json + b"}"
         self._kind: EnvKind | None = kind
-        self._active = False  # a session exists on the server
+        self._active = False  # an episode is running in the server session
+        self._created = False  # the server session exists (close() deletes it)
         self._seq = 0
         self._tools: list[ToolSpec] | None = None
 
@@ -225,12 +226,14 @@ class RemoteEnv:
             + task.__pydantic_serializer__.to_json(task)
             + b"}"
         )
-        response = self._request("POST", self._urls["reset"], body)
+        self._active = False
         self._tools = None
         self._seq = 0
+        response = self._request("POST", self._urls["reset"], body)
         if response.status_code == 200:
-            self._active = True
-            return self._parse(response).feedback
+            reply = self._parse(response)
+            self._active = self._created = True
+            return reply.feedback
         kind, message, _ = _server_error(response)
         if response.status_code == 503:
             return Feedback.fail("transient", f"server busy ({kind}): {message}")
@@ -258,7 +261,8 @@ class RemoteEnv:
         if status in (413, 422):  # the action itself was refused; nothing was applied
             return Feedback.fail("invalid_arguments", f"action refused ({kind}): {message}")
         if status in (404, 409):  # the session is gone or out of step: the episode is over
-            self._active = status != 404
+            if status == 404:
+                self._active = self._created = False
             return Feedback.fail("environment_failure", f"{kind}: {message}", done=True)
         return Feedback.fail("environment_failure", f"server error ({kind}): {message}")
 
@@ -285,8 +289,8 @@ class RemoteEnv:
     def close(self) -> None:
         """Delete the server session (best effort) and close an owned HTTP client."""
         try:
-            if self._active:
-                self._active = False
+            if self._created:
+                self._active = self._created = False
                 # When the server is gone, its session expires there.
                 with contextlib.suppress(RemoteEnvError):
                     self._request("DELETE", self._session_url)
@@ -391,7 +395,7 @@ class RemoteEnv:
         if response.status_code != 200:
             kind, message, field = _server_error(response)
             if response.status_code == 404:
-                self._active = False
+                self._active = self._created = False
             raise RemoteEnvError(
                 f"{method} {url.path}: {kind}: {message}",
                 status=response.status_code,

@@ -239,17 +239,24 @@ def _json_fallback(value: Any) -> Any:
 
 
 def dump_feedback(feedback: Feedback) -> bytes:
-    """Feedback as JSON bytes, fields in contract order (the same bytes for local and remote)."""
-    return orjson.dumps(
-        {
-            "status": feedback.status,
-            "observation": feedback.observation,
-            "error": feedback.error,
-            "message": feedback.message,
-            "done": feedback.done,
-        },
-        default=_json_fallback,
-    )
+    """Feedback as JSON bytes, fields in contract order.
+
+    orjson on a plain dict is the fast path (~1 us); observations it cannot encode as they are
+    (non-string keys, integers beyond 64 bits) go through pydantic's serializer instead.
+    """
+    try:
+        return orjson.dumps(
+            {
+                "status": feedback.status,
+                "observation": feedback.observation,
+                "error": feedback.error,
+                "message": feedback.message,
+                "done": feedback.done,
+            },
+            default=_json_fallback,
+        )
+    except TypeError:
+        return feedback.__pydantic_serializer__.to_json(feedback, fallback=repr, warnings=False)
 
 
 def _ok(payload: bytes) -> Response:

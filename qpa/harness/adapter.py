@@ -34,6 +34,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -89,11 +90,17 @@ def stem(word: str) -> str:
 
 def terms(text: str) -> list[str]:
     """Lower-cased, stemmed words without stopwords; `snake_case` names split into words."""
-    return [
+    return list(_terms(text))
+
+
+@lru_cache(maxsize=32768)
+def _terms(text: str) -> tuple[str, ...]:
+    # Tool, app and Skill texts repeat across episodes: memoised, they cost nothing after once.
+    return tuple(
         stem(w)
         for w in _WORD.findall(text.lower())
         if (len(w) > 1 or w.isdigit()) and w not in _STOPWORDS
-    ]
+    )
 
 
 class BM25:
@@ -288,6 +295,9 @@ class ScenarioAdapter:
         self.max_tools = max_tools
         self.drop_skills = frozenset(drop_skills)
         self.count_tokens = count_tokens
+        self._index_cache: dict[tuple[tuple[str, str], ...], tuple[BM25, BM25]] = {}
+        self._render_cache: dict[tuple[str, str], tuple[str, str, int, int]] = {}
+        self._skill_cache: dict[tuple[str, str], tuple[str, int]] = {}
 
     @property
     def version(self) -> str:
@@ -315,21 +325,9 @@ class ScenarioAdapter:
         apps = list(dict.fromkeys(a for a in apps_of.values() if a))
 
         # relevance: tools, apps (all their docs), skills; app relevance lifts tools and skills
-        tool_docs = [_tool_terms(s, apps_of[s.name]) for s in specs]
-        app_docs = []
-        for app in apps:
-            words = [app, self.skills.descriptions.get(app, "")]
-            words += [t.text for t in self.skills.for_apps([app])]
-            doc = terms(" ".join(words))
-            doc += [
-                t
-                for s, d in zip(specs, tool_docs, strict=True)
-                if apps_of[s.name] == app
-                for t in d
-            ]
-            app_docs.append(doc)
-        app_score = dict(zip(apps, BM25(app_docs).scores(query), strict=True)) if apps else {}
-        raw_tool = BM25(tool_docs).scores(query) if specs else []
+        app_index, tool_index = self._indices(specs, apps_of, apps)
+        app_score = dict(zip(apps, app_index.scores(query), strict=True)) if apps else {}
+        raw_tool = tool_index.scores(query) if specs else []
         tool_score = {
             s.name: raw + APP_WEIGHT * app_score.get(apps_of[s.name], 0.0)
             for s, raw in zip(specs, raw_tool, strict=True)
@@ -355,6 +353,52 @@ class ScenarioAdapter:
 
         return self._budget(ranked, tool_score, dropped, ranked_skills, skill_score, withheld)
 
+    def _indices(
+        self, specs: list[ToolSpec], apps_of: dict[str, str], apps: list[str]
+    ) -> tuple[BM25, BM25]:
+        """BM25 indices of the apps and tools on offer; the same tool set reuses its indices."""
+        key = tuple((s.name, s.description) for s in specs)
+        cached = self._index_cache.get(key)
+        if cached is not None:
+            return cached
+        tool_docs = [_tool_terms(s, apps_of[s.name]) for s in specs]
+        app_docs = []
+        for app in apps:
+            words = [app, self.skills.descriptions.get(app, "")]
+            words += [t.text for t in self.skills.for_apps([app])]
+            doc = terms(" ".join(words))
+            doc += [
+                t
+                for s, d in zip(specs, tool_docs, strict=True)
+                if apps_of[s.name] == app
+                for t in d
+            ]
+            app_docs.append(doc)
+        indices = (BM25(app_docs), BM25(tool_docs))
+        if len(self._index_cache) >= 256:
+            self._index_cache.clear()
+        self._index_cache[key] = indices
+        return indices
+
+    def _rendered(self, spec: ToolSpec) -> tuple[str, str, int, int]:
+        """Compact and full renderings of a tool with their token counts (memoised by content)."""
+        key = (spec.name, spec.description)
+        hit = self._render_cache.get(key)
+        if hit is None:
+            compact, full = render_compact(spec), render_full(spec)
+            hit = (compact, full, self.count_tokens(compact), self.count_tokens(full))
+            self._render_cache[key] = hit
+        return hit
+
+    def _skill_rendered(self, skill: Skill) -> tuple[str, int]:
+        key = (skill.id, skill.text)
+        hit = self._skill_cache.get(key)
+        if hit is None:
+            text = render_skill(skill)
+            hit = (text, self.count_tokens(text))
+            self._skill_cache[key] = hit
+        return hit
+
     def _budget(
         self,
         ranked: list[ToolSpec],
@@ -365,10 +409,12 @@ class ScenarioAdapter:
         withheld: list[str],
     ) -> Exposure:
         count = self.count_tokens
-        compact = {s.name: render_compact(s) for s in ranked}
-        full = {s.name: render_full(s) for s in ranked}
-        skill_text = {s.id: render_skill(s) for s in ranked_skills}
-        used = (count(TOOLS_HEADER) if ranked else 0) + sum(count(c) for c in compact.values())
+        rendered = {s.name: self._rendered(s) for s in ranked}
+        compact = {name: r[0] for name, r in rendered.items()}
+        full = {name: r[1] for name, r in rendered.items()}
+        skills_rendered = {s.id: self._skill_rendered(s) for s in ranked_skills}
+        skill_text = {sid: r[0] for sid, r in skills_rendered.items()}
+        used = (count(TOOLS_HEADER) if ranked else 0) + sum(r[2] for r in rendered.values())
         over = used > self.token_budget
 
         with_schema: list[str] = []  # order of upgrade, for trimming from the end
@@ -378,7 +424,7 @@ class ScenarioAdapter:
 
         def try_schema(name: str) -> None:
             nonlocal used
-            extra = max(0, count(full[name]) - count(compact[name]))
+            extra = max(0, rendered[name][3] - rendered[name][2])
             if used + extra <= self.token_budget:
                 used += extra
                 with_schema.append(name)
@@ -386,7 +432,7 @@ class ScenarioAdapter:
 
         def try_skill(skill: Skill) -> None:
             nonlocal used
-            cost = count(skill_text[skill.id]) + (0 if chosen_skills else skills_header)
+            cost = skills_rendered[skill.id][1] + (0 if chosen_skills else skills_header)
             if used + cost <= self.token_budget:
                 used += cost
                 chosen_skills.append(skill.id)

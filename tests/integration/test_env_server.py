@@ -182,6 +182,12 @@ def test_remote_env_before_reset_matches_local(url: str) -> None:
         assert remote.tools() == local.tools() == []
 
 
+def test_openapi_documents_the_endpoints(http: httpx.Client) -> None:
+    paths = http.get("/openapi.json").json()["paths"]
+    assert {"/reset", "/step", "/verify", "/state", "/tools", "/health"} <= set(paths)
+    assert "session_id" in paths["/step"]["post"]["requestBody"]["description"]
+
+
 # --------------------------------------------------------------------------- concurrency
 
 
@@ -566,26 +572,30 @@ def test_server_errors_retry_only_idempotent_calls(messaging_task: Task) -> None
 
 
 def test_idle_sessions_expire(messaging_task: Task) -> None:
-    with serving(session_ttl_s=0.3) as base, httpx.Client(base_url=base, timeout=10) as http:
+    ttl = 1.0
+    with serving(session_ttl_s=ttl) as base, httpx.Client(base_url=base, timeout=10) as http:
         sid = reset(http, messaging_task)
         kept = reset(http, messaging_task)
-        deadline = time.monotonic() + 1.2
+        deadline = time.monotonic() + ttl * 1.6
         while time.monotonic() < deadline:  # touching a session keeps it alive
             assert step(http, kept, {"type": "message_user", "text": "hi"}).status_code == 200
-            time.sleep(0.1)
+            time.sleep(0.05)
         response = step(http, sid, {"type": "finish"})
         assert response.status_code == 404
         error = error_of(response)
         assert error["kind"] == "session_expired" and sid in error["message"]
         assert step(http, kept, {"type": "finish"}).status_code == 200
-        time.sleep(0.8)  # the sweeper frees idle sessions without being asked
+        deadline = time.monotonic() + ttl * 5  # the sweeper frees idle sessions unasked
+        while http.get("/health").json()["sessions"] and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert http.get("/health").json()["sessions"] == 0
         with RemoteEnv(base) as remote:
             remote.reset(messaging_task)
-            time.sleep(0.6)
+            time.sleep(ttl * 1.3)
             feedback = remote.step(Finish())
             assert feedback.error == "environment_failure" and "session_expired" in feedback.message
             assert remote.reset(messaging_task).status == "ok"  # the same id starts afresh
+            assert remote.step(Finish()).status == "ok"
 
 
 def test_capacity_is_bounded(messaging_task: Task) -> None:

@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
-from qpa.contract import Action, Capability, Check, MemoryItem, Split, Task, VerifierSpec
+from qpa.contract import (
+    Action,
+    Capability,
+    Check,
+    MemoryItem,
+    Split,
+    Task,
+    UserProfile,
+    VerifierSpec,
+)
 from qpa.envs.sandbox import templates as templates_package
 from qpa.envs.sandbox.registry import all_apps
 from qpa.envs.sandbox.worldgen import Faker
@@ -108,8 +117,11 @@ class TaskGen:
         apps = list(dict.fromkeys([*tpl.apps, *(extra_apps or [])]))
         registry = all_apps()
         tools = [name for app in apps for name in registry[app].bound_tools]
+        # Each task has its own user: memory seeded for one task never leaks into another.
+        user = UserProfile(user_id="u-" + hashlib.sha256(self.task_id.encode()).hexdigest()[:12])
         return Task(
             id=self.task_id,
+            user=user,
             suite=tpl.suite,
             split=self.split,
             domain=tpl.domain,
