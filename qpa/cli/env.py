@@ -47,6 +47,7 @@ def serve_command(
         f"qpa env serve: {kind} environments on http://{host}:{port} "
         f"(max {max_sessions} sessions, idle ttl {session_ttl:g}s)",
         highlight=False,
+        soft_wrap=True,
     )
     serve(
         kind,

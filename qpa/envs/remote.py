@@ -203,6 +203,7 @@ class RemoteEnv:
         self._kind: EnvKind | None = kind
         self._active = False  # an episode is running in the server session
         self._created = False  # the server session exists (close() deletes it)
+        self._lost: str | None = None  # why the session vanished mid-episode
         self._seq = 0
         self._tools: list[ToolSpec] | None = None
 
@@ -227,6 +228,7 @@ class RemoteEnv:
             + b"}"
         )
         self._active = False
+        self._lost = None
         self._tools = None
         self._seq = 0
         response = self._request("POST", self._urls["reset"], body)
@@ -263,10 +265,13 @@ class RemoteEnv:
         if status in (404, 409):  # the session is gone or out of step: the episode is over
             if status == 404:
                 self._active = self._created = False
-            return Feedback.fail("environment_failure", f"{kind}: {message}", done=True)
+            self._lost = f"{kind}: {message}"
+            return Feedback.fail("environment_failure", self._lost, done=True)
         return Feedback.fail("environment_failure", f"server error ({kind}): {message}")
 
     def verify(self) -> Verification:
+        if self._lost is not None:  # the episode cannot be judged: say so, environment-side
+            raise RemoteEnvError(f"episode lost on the server: {self._lost}", kind="session_lost")
         if not self._active:
             return Verification(done=False, success=False, progress=0.0)
         response = self._checked("POST", self._urls["verify"], self._session_body)

@@ -483,6 +483,8 @@ def test_remote_env_maps_server_errors(url: str, http: httpx.Client, messaging_t
         lost = remote.step(Finish())
         assert lost.status == "error" and lost.error == "environment_failure" and lost.done
         assert "unknown_session" in lost.message
+        with pytest.raises(RemoteEnvError, match="unknown_session"):
+            remote.verify()  # a rollout records the loss as environment-side
     invalid = messaging_task.model_copy(update={"instruction": ""})
     with RemoteEnv(url) as remote:
         feedback = remote.reset(invalid)
@@ -594,6 +596,8 @@ def test_idle_sessions_expire(messaging_task: Task) -> None:
             time.sleep(ttl * 1.3)
             feedback = remote.step(Finish())
             assert feedback.error == "environment_failure" and "session_expired" in feedback.message
+            trajectory = run_episode(remote, messaging_task, OraclePlanner())
+            assert trajectory.success  # a new reset recovers
             assert remote.reset(messaging_task).status == "ok"  # the same id starts afresh
             assert remote.step(Finish()).status == "ok"
 
