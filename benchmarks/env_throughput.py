@@ -14,7 +14,9 @@ asserts nothing). What is measured, all in this one run on this machine:
   sessions (16 threads, each its own `RemoteEnv`);
 - reset and verification latency p50/p95 (in-process and over HTTP), the baseline's reset
   (deepcopy) and verification (replay the reference actions on a fresh copy, compare hashes);
-- memory per live session: tracemalloc over 1000 live `SandboxEnv`s, each reset on a task.
+- memory per live session: tracemalloc over 1000 live `SandboxEnv`s, each reset on a task;
+  the server's resident memory per live session (1000 sessions opened over HTTP); and what
+  one long-lived session accumulates when reset on many distinct tasks.
 
 Workload: the tasks of the canonical suite; an episode is reset, then the oracle's resolved
 actions (Finish excluded) repeated to about 24 steps, then Finish. Steps/s counts every action
@@ -287,6 +289,30 @@ def cpu_per_request_us(pid: int, env: RemoteEnv, episodes: list[Episode]) -> tup
     return server, (time.process_time() - client0) / requests * 1e6
 
 
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def server_rss_per_session(base: str, pid: int, tasks: list[Task], count: int) -> float:
+    """Resident memory the server gains per live session (`count` resets, distinct sessions)."""
+    bodies = [b'{"task":' + task.__pydantic_serializer__.to_json(task) + b"}" for task in tasks]
+    with httpx.Client(base_url=base, timeout=30) as client:
+        client.get("/health")
+        before = rss_bytes(pid)
+        ids = [
+            client.post("/reset", content=bodies[i % len(bodies)]).json()["session_id"]
+            for i in range(count)
+        ]
+        after = rss_bytes(pid)
+        for session_id in ids:
+            client.delete(f"/sessions/{session_id}")
+    return (after - before) / count
+
+
 def session_growth(make: Callable[[], Any], tasks: list[Task]) -> float:
     """Bytes one environment holds after resets on every task, minus after one reset."""
     env = make()
@@ -442,6 +468,7 @@ def main() -> None:
             http_reset = latencies_ms(lambda: remote.reset(next(ring)), 1000)
             http_verify = latencies_ms(remote.verify, 1000)
         http16 = concurrent_steps_per_second(base, episodes, 16, window * 3)
+        server_rss = server_rss_per_session(base, pid, task_list, 1000)
 
     def ms(samples: list[float]) -> str:
         return f"{percentile(samples, 0.5):.3f} / {percentile(samples, 0.95):.3f} ms"
@@ -473,6 +500,7 @@ def main() -> None:
                 kib(base_memory),
                 "<= 1 MB",
             ),
+            ("  server RSS per live session (1000, HTTP)", kib(server_rss), "", ""),
             (
                 f"one session's growth over {len(task_list)} distinct tasks",
                 kib(qpa_growth),

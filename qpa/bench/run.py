@@ -159,17 +159,16 @@ def scan_trajectories(path: str | Path, *, retry_errors: bool = False) -> Resume
     data = path.read_bytes()
     lines = data.split(b"\n")
     last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
+    cut = last == len(lines) - 1  # the last line has no newline: a crash cut it short
     kept: list[bytes] = []
-    dirty = bool(data) and not data.endswith(b"\n")
     for index, raw in enumerate(lines):
         if not raw.strip():
-            dirty = dirty or (bool(raw) or index < len(lines) - 1) and index <= last
             continue
         try:
             trajectory = Trajectory.model_validate_json(raw)
         except ValidationError as exc:
-            if index == last:  # the line a crash cut short
-                resume.dropped_tail = dirty = True
+            if index == last and cut:
+                resume.dropped_tail = True
                 continue
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ())) or "<line>"
@@ -177,16 +176,15 @@ def scan_trajectories(path: str | Path, *, retry_errors: bool = False) -> Resume
         record = EpisodeRecord.of(trajectory)
         if record.key in resume.records:
             resume.dropped_duplicates += 1
-            dirty = True
             continue
         if retry_errors and record.error and error_side(record.error) == "environment":
             resume.dropped_errors += 1
-            dirty = True
             continue
         resume.records[record.key] = record
         kept.append(raw)
-    if dirty:
-        _atomic_write(path, b"".join(raw + b"\n" for raw in kept))
+    clean = b"".join(raw + b"\n" for raw in kept)
+    if clean != data:
+        _atomic_write(path, clean)
         resume.rewritten = True
     return resume
 
@@ -344,9 +342,7 @@ def run_bench(
             stop=stop or threading.Event(),
         )
     selected = set(ids)
-    records = [
-        r for r in resume.records.values() if r.task_id in selected and r.sample < samples
-    ]
+    records = [r for r in resume.records.values() if r.task_id in selected and r.sample < samples]
     return BenchRun(
         out_dir=out,
         task_ids=ids,
@@ -375,8 +371,8 @@ def _execute(
     stop: threading.Event,
 ) -> tuple[int, bool]:
     work: queue.SimpleQueue[tuple[Task, int]] = queue.SimpleQueue()
-    for item in pending:
-        work.put(item)
+    for episode in pending:
+        work.put(episode)
     results: queue.Queue[_Done | _Failed | object] = queue.Queue()
     shared = PlannerFactory(spec)
     factories: dict[int, PlannerFactory] = {}
@@ -475,9 +471,7 @@ def finish(
     return report
 
 
-def rescore(
-    out_dir: str | Path, prices: PriceTable | None = None, *, plots: bool = True
-) -> Report:
+def rescore(out_dir: str | Path, prices: PriceTable | None = None, *, plots: bool = True) -> Report:
     """Score `DIR/trajectories.jsonl` again for the selection in `DIR/run.json`; rewrite reports."""
     from qpa.bench.report import write_report
     from qpa.contract import read_trajectories

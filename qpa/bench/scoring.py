@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from qpa.contract import CAPABILITIES, Capability, Policy, Trajectory
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 CI_LEVEL = 0.95
 CI_RESAMPLES = 1000
 CI_SEED = 0
@@ -313,7 +313,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return math.comb(c, k) / math.comb(n, k)
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
+def quantile(sorted_values: Sequence[float], q: float) -> float:
     """Linear-interpolated quantile of sorted values (numpy's default method)."""
     position = (len(sorted_values) - 1) * q
     lower = math.floor(position)
@@ -350,8 +350,8 @@ def bootstrap_interval(
         return Interval(low=0.0, high=0.0, level=level, resamples=resamples, seed=seed)
     means = bootstrap_means(values, resamples=resamples, seed=f"{seed}|{stream}")
     tail = (1.0 - level) / 2.0
-    low = min(max(_quantile(means, tail), 0.0), 1.0)
-    high = min(max(_quantile(means, 1.0 - tail), 0.0), 1.0)
+    low = min(max(quantile(means, tail), 0.0), 1.0)
+    high = min(max(quantile(means, 1.0 - tail), 0.0), 1.0)
     return Interval(low=low, high=high, level=level, resamples=resamples, seed=seed)
 
 
@@ -412,9 +412,7 @@ def score(
     if k < 1:
         raise ValueError(f"samples must be at least 1, got {k}")
     records = [
-        r
-        for r in latest.values()
-        if r.sample < k and (expected is None or r.task_id in expected)
+        r for r in latest.values() if r.sample < k and (expected is None or r.task_id in expected)
     ]
     if not records:
         raise ValueError("no episodes to score")
@@ -452,8 +450,8 @@ def score(
     completion = sum(r.completion_tokens for r in records)
     price = prices.price_for(first.policy.model)
     per_episode_cost = (
-        prompt * price.prompt_per_1m + completion * price.completion_per_1m
-    ) / 1e6 / episodes
+        (prompt * price.prompt_per_1m + completion * price.completion_per_1m) / 1e6 / episodes
+    )
     per_episode_output_cost = completion * price.completion_per_1m / 1e6 / episodes
 
     capability_groups = _group(outcomes, lambda o: o.capabilities)

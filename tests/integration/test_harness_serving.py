@@ -134,7 +134,7 @@ def harness_server() -> Iterator[tuple[str, FakeOpenAI]]:
 
 
 def test_harness_served_as_a_kserve_predictor(harness_server: tuple[str, FakeOpenAI]) -> None:
-    url, model = harness_server
+    url, _model = harness_server
     assert httpx.get(f"{url}/v2/models/harness/ready").status_code == 200
     response = httpx.post(
         f"{url}/v1/models/harness:predict", json={"user_id": "u-42", "task_id": TASK.id}, timeout=60

@@ -45,7 +45,6 @@ from qpa.envs.llmsim.tasks import get_longtail_task
 from qpa.harness.planners import OraclePlanner
 from qpa.harness.runner import run_episode
 
-
 MODEL = "fake-model"
 TOOLS = {t.name: t for app in builtin_apps().values() for t in app.tools}
 RENEW = "parking.renew_permit.train.000"
