@@ -29,8 +29,7 @@ demo: $(STAMP_BASE)
 
 test: $(STAMP_DEV)
 	$(BIN)/ruff check qpa operator tests benchmarks
-	mkdir -p build/mypy && ln -sfn ../../operator build/mypy/qpa_operator
-	$(BIN)/mypy qpa build/mypy/qpa_operator
+	$(BIN)/mypy qpa
 	$(BIN)/lint-imports
 	$(BIN)/pytest
 
