@@ -1,1 +1,2 @@
-"""The Harness: planners, the agent loop and (later) the Scenario Adapter, Skills and Memory."""
+"""The Harness: planners and model backends, the agent loop, the Scenario Adapter with Skills,
+Persistent Memory, the provenance guard, and serving as a KServe predictor."""

@@ -245,3 +245,14 @@ def test_injected_instructions_in_tool_output_cause_no_write(
     open_env = SandboxEnv()
     run_episode(open_env, task, HarnessPlanner(Gullible(task), HarnessConfig(guard=False)))
     assert leaked(open_env)
+
+
+def test_memory_is_written_back_from_a_successful_episode() -> None:
+    from qpa.harness.memory import MemoryStore
+
+    task = first("ride_home_usual_class")
+    memory = MemoryStore(":memory:")
+    trajectory = run_episode(SandboxEnv(), task, HarnessPlanner(OracleBackend(task), memory=memory))
+    assert trajectory.success
+    written = [i for i in memory.items(task.user.user_id) if i.source == trajectory.id]
+    assert written and all(i.evidence == "confirmed" for i in written)
