@@ -71,8 +71,8 @@ def print_summary(report: Report, out_dir: Path | None = None) -> None:
     table.add_row("mean progress", _pct(report.mean_progress), "")
     for k in sorted(report.pass_at_k):
         if k > 1:
-            table.add_row(f"pass@{k} / pass^{k}", _pct(report.pass_at_k[k]), "")
-            table.add_row("", _pct(report.pass_hat_k.get(k)), "")
+            table.add_row(f"pass@{k} (any of {k})", _pct(report.pass_at_k[k]), "")
+            table.add_row(f"pass^{k} (all of {k})", _pct(report.pass_hat_k.get(k)), "")
     table.add_row("turns / tool calls", f"{report.turns:.1f} / {report.tool_calls:.1f}", "")
     per_success = report.output_tokens_per_success
     table.add_row(
@@ -300,14 +300,14 @@ def compare_command(
         ("A", "right"),
         ("B", "right"),
         ("delta B-A", "right"),
-        ("95% CI of delta", "right"),
+        ("95% CI (pp)", "right"),
         ("p", "right"),
         ("significant", "center"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in table_data.rows:
         ci = (
-            f"{100 * row.ci_low:+.1f} to {100 * row.ci_high:+.1f} pp"
+            f"[{100 * row.ci_low:+.1f}, {100 * row.ci_high:+.1f}]"
             if row.ci_low is not None and row.ci_high is not None
             else ""
         )

@@ -255,4 +255,6 @@ def test_memory_is_written_back_from_a_successful_episode() -> None:
     trajectory = run_episode(SandboxEnv(), task, HarnessPlanner(OracleBackend(task), memory=memory))
     assert trajectory.success
     written = [i for i in memory.items(task.user.user_id) if i.source == trajectory.id]
-    assert written and all(i.evidence == "confirmed" for i in written)
+    assert written and all(i.evidence in ("confirmed", "observed") for i in written)
+    resolved = memory.resolve(task.user.user_id, written[0].key)
+    assert resolved is not None and resolved.value.lower() == written[0].value.lower()
