@@ -8,8 +8,11 @@ A baseline of `None` means "first release": only the absolute thresholds apply.
 Checks, in order (names are stable, for status conditions and dashboards):
 
 - `candidate_present`, `candidate_complete` (with `require_complete`), `min_samples`,
-  `min_tasks`, `min_overall`: absolute checks of the candidate;
-- with a baseline: `baseline_complete`, `same_suite` (suite and split match),
+  `min_tasks`, `min_overall`, `candidate_environment_errors` (at most
+  `max_environment_error_rate` of the episodes ended by a dead server, device or endpoint: such
+  a run measured the infrastructure, not the policy): absolute checks of the candidate;
+- with a baseline: `baseline_complete`, `baseline_environment_errors`, `same_suite` (suite and
+  split match),
   `capability_regression:<capability>` for each capability the baseline scored (the candidate's
   success may drop by at most `max_capability_regression`, in absolute points; a capability
   the candidate lacks fails), and `cost_increase` (cost per 1K tasks may rise by at most
@@ -43,6 +46,12 @@ class GateSpec(BaseModel):
     )
     max_cost_increase: float | None = Field(
         default=0.10, ge=0.0, description="relative to the baseline's cost; null: not checked"
+    )
+    max_environment_error_rate: float | None = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="share of episodes a dead server, device or endpoint ended; null: not checked",
     )
     min_samples: int = Field(default=1, ge=1)
     min_tasks: int = Field(default=1, ge=1)
@@ -204,8 +213,12 @@ def evaluate_gate(
             threshold=spec.min_overall,
         )
     )
+    if spec.max_environment_error_rate is not None:
+        checks.append(_environment_errors("candidate", candidate, spec.max_environment_error_rate))
     if baseline is None:
         return _result(checks)
+    if spec.max_environment_error_rate is not None:
+        checks.append(_environment_errors("baseline", baseline, spec.max_environment_error_rate))
 
     if spec.require_complete:
         checks.append(
@@ -258,6 +271,22 @@ def evaluate_gate(
     if spec.max_cost_increase is not None:
         checks.append(_cost_check(candidate, baseline, spec.max_cost_increase))
     return _result(checks)
+
+
+def _environment_errors(role: str, report: Report, limit: float) -> GateCheck:
+    count = report.errors_by_side.get("environment", 0)
+    rate = count / report.episodes if report.episodes else 1.0
+    ok = rate <= limit + 1e-12
+    return GateCheck(
+        name=f"{role}_environment_errors",
+        passed=ok,
+        detail=f"{role}: {count} of {report.episodes} episodes ended by an environment-side "
+        f"error ({rate:.1%}; at most {limit:.1%} allowed"
+        + ("" if ok else ": rerun with `qpa bench run --retry-errors`")
+        + ")",
+        value=rate,
+        threshold=limit,
+    )
 
 
 def _cost_check(candidate: Report, baseline: Report, limit: float) -> GateCheck:

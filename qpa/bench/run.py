@@ -297,10 +297,10 @@ def run_bench(
     path = out / TRAJECTORIES
     policy = policy_of(spec)
     resume = scan_trajectories(path, retry_errors=retry_errors)
-    others = {r.policy for r in resume.records.values() if r.policy != policy}
-    if others:
+    other = next((r.policy for r in resume.records.values() if r.policy != policy), None)
+    if other is not None:
         raise BenchError(
-            f"{path} holds episodes of another policy ({next(iter(others)).model_dump_json()}),"
+            f"{path} holds episodes of another policy ({other.model_dump_json()}),"
             f" not {policy.model_dump_json()}: use a fresh --out directory"
         )
     if env_urls:
@@ -417,6 +417,8 @@ def _execute(
                     results.put(_Failed(exc))
             results.put(_FINISHED)
 
+    # Build the shared model backend and memory once, here, before workers race to.
+    factory_for(pending[0][1])()
     threads = [
         threading.Thread(target=worker, args=(i,), name=f"bench-{i}", daemon=True)
         for i in range(concurrency)
@@ -429,24 +431,25 @@ def _execute(
         while alive:
             try:
                 item = results.get(timeout=0.2)
+                if item is _FINISHED:
+                    alive -= 1
+                elif isinstance(item, _Failed):
+                    failure = failure or item.error
+                    stop.set()
+                elif isinstance(item, _Done):
+                    stream.write(item.line)
+                    stream.flush()
+                    resume.records[item.record.key] = item.record
+                    ran += 1
+                    if on_episode is not None:
+                        on_episode(item.record)
             except queue.Empty:
                 continue
             except KeyboardInterrupt:
-                stop.set()
+                if interrupted:  # a second Ctrl-C: stop waiting for the episodes in flight
+                    raise
+                stop.set()  # the first: finish and write the episodes in flight, start none
                 interrupted = True
-                continue
-            if item is _FINISHED:
-                alive -= 1
-            elif isinstance(item, _Failed):
-                failure = failure or item.error
-                stop.set()
-            elif isinstance(item, _Done):
-                stream.write(item.line)
-                stream.flush()
-                resume.records[item.record.key] = item.record
-                ran += 1
-                if on_episode is not None:
-                    on_episode(item.record)
     for thread in threads:
         thread.join()
     if failure is not None:

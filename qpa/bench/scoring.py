@@ -53,8 +53,9 @@ def describe_validation_error(exc: ValidationError) -> str:
     """`field 'a.b': message; ...` for every error of a pydantic validation failure."""
     parts = []
     for error in exc.errors():
-        where = ".".join(str(p) for p in error.get("loc", ())) or "<root>"
-        parts.append(f"field '{where}': {error.get('msg')}")
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        message = str(error.get("msg"))
+        parts.append(f"field '{where}': {message}" if where else message)
     return "; ".join(parts)
 
 

@@ -178,6 +178,7 @@ def run_command(
 
     def started(total: int, done: int) -> None:
         progress.update(bar, total=total, completed=done)
+        progress.start()  # only once the request is valid and resumable
         if done:
             console.print(f"resuming: {done} of {total} episodes already in {out}")
 
@@ -188,7 +189,7 @@ def run_command(
         progress.update(bar, advance=1, success=f"{100 * rate:.1f}%")
 
     try:
-        with progress:
+        try:
             result = run_bench(
                 tasks,
                 spec,
@@ -204,6 +205,8 @@ def run_command(
                 on_start=started,
                 on_episode=finished,
             )
+        finally:
+            progress.stop()
     except (BenchError, CorruptLineError, ValueError) as exc:
         die(str(exc))
     resume = result.resume
@@ -214,6 +217,12 @@ def run_command(
     if not result.records:
         die("no episode finished: nothing to score", code=130 if result.interrupted else 1)
     report = finish(result, price_table, plots=plots)
+    broken = report.errors_by_side.get("environment", 0)
+    if broken:
+        err_console.print(
+            f"[yellow]{broken} episodes ended by an environment-side error (server, device or "
+            "model endpoint); rerun with --retry-errors once it is fixed[/]"
+        )
     console.print(
         f"{result.ran} episodes run, {result.skipped} resumed, in {result.elapsed_s:.1f}s"
     )

@@ -39,10 +39,22 @@ def serve_command(
         int, typer.Option(min=1, help="Largest request body; larger ones answer 413.")
     ] = DEFAULT_MAX_BODY_BYTES,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    model_url: Annotated[
+        str | None, typer.Option(help="llm_sim: OpenAI-compatible endpoint playing the apps.")
+    ] = None,
+    model: Annotated[str, typer.Option(help="llm_sim: model name at the endpoint.")] = "",
+    api_key_env: Annotated[
+        str | None, typer.Option(help="llm_sim: environment variable holding the API key.")
+    ] = None,
 ) -> None:
     """Serve reset/step/verify/tools/state for one environment kind until interrupted."""
     if kind not in env_kinds():
         die(f"unknown environment kind {kind!r}; choose from: {', '.join(env_kinds())}")
+    env_options: dict[str, object] = {}
+    if kind == "llm_sim":
+        if not model_url:
+            die("--kind llm_sim needs --model-url (the endpoint that plays the apps)")
+        env_options = {"endpoint": model_url, "model": model, "api_key_env": api_key_env}
     err_console.print(
         f"qpa env serve: {kind} environments on http://{host}:{port} "
         f"(max {max_sessions} sessions, idle ttl {session_ttl:g}s)",
@@ -57,4 +69,5 @@ def serve_command(
         session_ttl_s=session_ttl,
         max_body_bytes=max_body_bytes,
         log_level=log_level,
+        env_options=env_options,
     )

@@ -27,9 +27,8 @@ Environment side (the episode could not be judged or the world broke):
    `environment_error`.
 2. No verification was recorded: `verification_missing`.
 3. An `environment_failure` or `transient` error that was never recovered (the same action never
-   succeeded later) happened at or before the divergence, and before any model error that
-   was never recovered: `environment_error` (or `timeout`). The failure cascade started in the
-   environment.
+   succeeded later) happened at or before the step where the divergence shows: `environment_error`
+   (or `timeout`). The failure cascade started in the environment, not in a model mistake.
 
 Harness side (the model was not given what the task needed):
 
@@ -97,11 +96,13 @@ from qpa.contract import (
     MemoryItem,
     MessageUser,
     Step,
+    Task,
     ToolCall,
     ToolSpec,
     Trajectory,
 )
 from qpa.envs.sandbox.registry import all_tools, skills_for
+from qpa.harness.parsing import PSEUDO_TOOLS
 from qpa.harness.planners import resolve_refs
 
 __all__ = [
@@ -111,6 +112,8 @@ __all__ = [
     "Side",
     "diagnose",
     "extract_calls",
+    "is_write",
+    "named_tools",
     "skills_needed",
 ]
 
@@ -175,7 +178,10 @@ class Diagnosis(BaseModel):
 
 @cache
 def _registry_specs() -> dict[str, ToolSpec]:
-    return {name: bound.spec for name, bound in all_tools().items()}
+    """Schemas known offline: the sandbox tools and the Harness's pseudo-tools."""
+    specs = {name: bound.spec for name, bound in all_tools().items()}
+    specs.update({p.name: p for p in PSEUDO_TOOLS})
+    return specs
 
 
 def _side_effect(tool: str) -> str | None:
@@ -183,7 +189,7 @@ def _side_effect(tool: str) -> str | None:
     return spec.side_effect if spec is not None else None
 
 
-def _is_write(tool: str) -> bool:
+def is_write(tool: str) -> bool:
     return _side_effect(tool) not in (None, "read")
 
 
@@ -205,9 +211,7 @@ def _plan_tools(plan: Sequence[Action]) -> list[str]:
     return [a.tool for a in plan if isinstance(a, ToolCall)]
 
 
-def skills_needed(
-    task: Any, skills: Mapping[str, Mapping[str, str]] | None = None
-) -> list[str]:
+def skills_needed(task: Task, skills: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
     """The Skills (`app.name`) the task needs, by the rule in the module docstring.
 
     `skills` maps app -> skill name -> text; by default the sandbox apps' own Skills.
@@ -217,7 +221,7 @@ def skills_needed(
     library = skills if skills is not None else skills_for(list(task.apps))
     plan = _plan_tools(task.reference_plan)
     used = set(plan)
-    writes = {t for t in used if _is_write(t)}
+    writes = {t for t in used if is_write(t)}
     scored: list[tuple[tuple[int, int, float], str]] = []
     for app in task.apps:
         for name, text in sorted((library.get(app) or {}).items()):
@@ -233,7 +237,7 @@ def skills_needed(
     return [skill for key, skill in scored if key == best]
 
 
-def _skill_text(skill_id: str, apps: Sequence[str]) -> str:
+def _skill_text(skill_id: str) -> str:
     app, _, name = skill_id.partition(".")
     return skills_for([app]).get(app, {}).get(name, "")
 
@@ -245,18 +249,21 @@ def _norm(value: str) -> str:
     return " ".join(value.split()).casefold()
 
 
-def _same(expected: Any, got: Any) -> bool:
-    """Whether `got` agrees with the plan's `expected` (unresolved references match anything)."""
+def _same(expected: Any, got: Any, strict: bool = False) -> bool:
+    """Whether `got` agrees with the plan's `expected`; an unresolved reference matches anything
+    unless `strict`."""
     if isinstance(expected, str) and "${" in expected:
-        return True
+        return not strict
     if isinstance(expected, dict):
-        return isinstance(got, dict) and all(_same(v, got.get(k)) for k, v in expected.items())
+        return isinstance(got, dict) and all(
+            _same(v, got.get(k), strict) for k, v in expected.items()
+        )
     if isinstance(expected, list):
         if not isinstance(got, list) or len(got) != len(expected):
             return False
-        if all(_same(e, g) for e, g in zip(expected, got, strict=True)):
+        if all(_same(e, g, strict) for e, g in zip(expected, got, strict=True)):
             return True
-        return all(any(_same(e, g) for g in got) for e in expected)
+        return all(any(_same(e, g, strict) for g in got) for e in expected)
     if isinstance(expected, bool) or isinstance(got, bool):
         return expected is got or (expected is None and got is None)
     if isinstance(expected, int | float) and isinstance(got, int | float):
@@ -266,8 +273,8 @@ def _same(expected: Any, got: Any) -> bool:
     return bool(expected == got)
 
 
-def _args_agree(expected: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
-    return all(_same(v, got.get(k)) for k, v in expected.items())
+def _args_agree(expected: Mapping[str, Any], got: Mapping[str, Any], strict: bool = False) -> bool:
+    return all(_same(v, got.get(k), strict) for k, v in expected.items())
 
 
 def _differing(expected: Mapping[str, Any], got: Mapping[str, Any]) -> list[str]:
@@ -333,7 +340,9 @@ def _json_values(text: str) -> Iterator[Any]:
     decoder = json.JSONDecoder()
     index = 0
     while index < len(text):
-        start = min((i for i in (text.find("{", index), text.find("[", index)) if i >= 0), default=-1)
+        start = min(
+            (i for i in (text.find("{", index), text.find("[", index)) if i >= 0), default=-1
+        )
         if start < 0:
             return
         try:
@@ -359,7 +368,7 @@ def _calls_in(value: Any) -> Iterator[tuple[str, Any]]:
     name = next((value[k] for k in _NAME_KEYS if isinstance(value.get(k), str)), None)
     if name is None:
         return
-    args = next((value[k] for k in _ARG_KEYS if k in value), {})
+    args: Any = next((value[k] for k in _ARG_KEYS if k in value), {})
     yield name, args
 
 
@@ -450,11 +459,11 @@ def _structural(step: Step) -> bool:
 def _blocked(step: Step) -> bool:
     """The Harness or the environment stopped this action (it did not take effect)."""
     notes = step.annotations
-    return (
-        step.feedback.error in ENV_ERRORS
-        or "parse_failure" in notes
-        or "guard" in notes
-    )
+    return step.feedback.error in ENV_ERRORS or "parse_failure" in notes or "guard" in notes
+
+
+def _tool(step: Step) -> str | None:
+    return step.action.tool if isinstance(step.action, ToolCall) else None
 
 
 def _failed(step: Step) -> bool:
@@ -472,8 +481,7 @@ def _same_action(a: Step, b: Step) -> bool:
 def _recovered(steps: Sequence[Step], index: int) -> bool:
     """Whether the action of step `index` succeeded later (a retry that worked)."""
     return any(
-        _same_action(steps[index], later) and not _failed(later)
-        for later in steps[index + 1 :]
+        _same_action(steps[index], later) and not _failed(later) for later in steps[index + 1 :]
     )
 
 
@@ -483,13 +491,13 @@ def _resolve(action: Action, results: list[Any]) -> Action:
     return action
 
 
-def _matches(step: Step, expected: Action, plan_step: _PlanStep) -> bool:
+def _matches(step: Step, expected: Action, plan_step: _PlanStep, strict: bool = False) -> bool:
     action = step.action
     if isinstance(expected, ToolCall):
         return (
             isinstance(action, ToolCall)
             and action.tool == expected.tool
-            and _args_agree(expected.arguments, action.arguments)
+            and _args_agree(expected.arguments, action.arguments, strict)
             and not _blocked(step)
         )
     if plan_step.main_finish:
@@ -522,7 +530,7 @@ class _Context:
     def divergent(self) -> _PlanStep | None:
         return None if self.divergence is None else self.plan[self.divergence]
 
-    def later_index(self, index: int) -> bool:
+    def before_divergence(self, index: int) -> bool:
         """Whether trajectory step `index` comes at or before where the divergence shows."""
         return self.divergence is None or self.shown is None or index <= self.shown
 
@@ -645,18 +653,7 @@ def _unrecovered_errors(ctx: _Context) -> list[int]:
 def _rule_environment_feedback(ctx: _Context) -> Diagnosis | None:
     unrecovered = _unrecovered_errors(ctx)
     first_env = next((i for i in unrecovered if ctx.steps[i].feedback.error in ENV_ERRORS), None)
-    if first_env is None or not ctx.later_index(first_env):
-        return None
-    first_other = next(
-        (
-            i
-            for i in unrecovered
-            if ctx.steps[i].feedback.error not in ENV_ERRORS
-            and "parse_failure" not in ctx.steps[i].annotations
-        ),
-        None,
-    )
-    if first_other is not None and first_other < first_env:
+    if first_env is None or not ctx.before_divergence(first_env):
         return None
     feedback = ctx.steps[first_env].feedback
     cause = "timeout" if _TIMEOUT.search(feedback.message) else "environment_error"
@@ -717,12 +714,12 @@ def _rule_tool_not_exposed(ctx: _Context) -> Diagnosis | None:
 
 
 def _available(ctx: _Context, step: Step) -> set[str]:
+    """The tools the model could call at `step` (pseudo-tools included)."""
     exposed = ctx.notes("tools_exposed", step.agent)
     if not isinstance(exposed, list):
         exposed = ctx.notes("tools_exposed")
-    if isinstance(exposed, list):
-        return set(exposed)
-    return set(ctx.trajectory.task.tools)
+    names = set(exposed) if isinstance(exposed, list) else set(ctx.trajectory.task.tools)
+    return names | {p.name for p in PSEUDO_TOOLS}
 
 
 def _went_through(ctx: _Context, after: int, tool: str, arguments: dict[str, Any]) -> bool:
@@ -738,7 +735,7 @@ def _went_through(ctx: _Context, after: int, tool: str, arguments: dict[str, Any
 def _rule_parser_rejected(ctx: _Context) -> Diagnosis | None:
     for index, step in enumerate(ctx.steps):
         failure = step.annotations.get("parse_failure")
-        if not isinstance(failure, dict) or not ctx.later_index(index):
+        if not isinstance(failure, dict) or not ctx.before_divergence(index):
             continue
         raw = failure.get("raw") or (
             step.action.text if isinstance(step.action, MessageUser) else ""
@@ -805,7 +802,7 @@ def _rule_skill_not_injected(ctx: _Context) -> Diagnosis | None:
         if skill in seen:
             continue
         skill_app = skill.partition(".")[0]
-        named = named_tools(_skill_text(skill, ctx.task_apps), [expected.tool])
+        named = named_tools(_skill_text(skill), [expected.tool])
         if skill_app == app or expected.tool in named:
             withheld = ctx.notes("skills_withheld") or []
             truncated = ctx.notes("skills_truncated") or []
@@ -874,7 +871,7 @@ def _rule_memory_miss(ctx: _Context) -> Diagnosis | None:
 def _harmless(step: Step) -> bool:
     action = step.action
     if isinstance(action, ToolCall):
-        return not _failed(step) and not _is_write(action.tool)
+        return not _failed(step) and not is_write(action.tool)
     if isinstance(action, MessageUser):
         return "parse_failure" not in step.annotations
     return _structural(step)
@@ -910,7 +907,10 @@ def _rule_budget_cut(ctx: _Context) -> Diagnosis | None:
         else f"the model was on track ({len(ctx.matched)} plan step(s) done)"
     )
     return _verdict(
-        ctx, "budget_cut", f"{error}; {why}", len(ctx.steps) - 1 if ctx.steps else None,
+        ctx,
+        "budget_cut",
+        f"{error}; {why}",
+        len(ctx.steps) - 1 if ctx.steps else None,
         ctx.divergence,
     )
 
@@ -923,7 +923,7 @@ def _rule_ignored_feedback(ctx: _Context) -> Diagnosis | None:
     for i, first in enumerate(steps):
         if not _failed(first) or first.feedback.error in ENV_ERRORS:
             continue
-        if not ctx.later_index(i):
+        if not ctx.before_divergence(i):
             return None
         for j in range(i + 1, len(steps)):
             repeat = steps[j]
@@ -940,14 +940,22 @@ def _rule_ignored_feedback(ctx: _Context) -> Diagnosis | None:
 
 
 def _matches_later(ctx: _Context, index: int) -> int | None:
-    """The later plan step (after the divergence) that trajectory step `index` performs."""
+    """The later plan step (after the divergence) that trajectory step `index` performs.
+
+    Strictly: a reference to an undone step matches nothing. A plan step performed again later
+    does not count (the first time was a wrong version of the divergent step)."""
     assert ctx.divergence is not None
     step = ctx.steps[index]
     for plan_step in ctx.plan[ctx.divergence + 1 :]:
         if plan_step.structural or plan_step.main_finish:
             continue
-        if _matches(step, _resolve(plan_step.action, ctx.results), plan_step):
-            return plan_step.index
+        expected = _resolve(plan_step.action, ctx.results)
+        if _matches(step, expected, plan_step, strict=True):
+            again = any(
+                _matches(later, expected, plan_step, strict=True)
+                for later in ctx.steps[index + 1 :]
+            )
+            return None if again else plan_step.index
     return None
 
 
@@ -1017,13 +1025,7 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
         if _structural(step):
             continue
         if isinstance(step.action, Finish):  # the main agent's Finish: the episode ends here
-            writes = [
-                i
-                for i in window
-                if isinstance(ctx.steps[i].action, ToolCall)
-                and _is_write(ctx.steps[i].action.tool)  # type: ignore[union-attr]
-            ]
-            if not writes and not any(_same_tool(ctx, i) for i in window):
+            if not any(isinstance(ctx.steps[i].action, ToolCall) for i in window):
                 return _gave_up(ctx, index)
             break
         if _matches_later(ctx, index) is not None:
@@ -1039,12 +1041,12 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
         alike = [
             i
             for i in calls
-            if _side_effect(ctx.steps[i].action.tool) == kind  # type: ignore[union-attr]
-            or _is_write(ctx.steps[i].action.tool)  # type: ignore[union-attr]
+            if _side_effect(_tool(ctx.steps[i]) or "") == kind
+            or is_write(_tool(ctx.steps[i]) or "")
         ]
         if alike or boundary is None:
             index = (alike or calls)[0]
-            tool = ctx.steps[index].action.tool  # type: ignore[union-attr]
+            tool = _tool(ctx.steps[index])
             return _verdict(
                 ctx,
                 "wrong_tool",
@@ -1081,13 +1083,13 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
             len(ctx.steps) - 1 if ctx.steps else None,
             ctx.divergence,
         )
-    index = window[0] if window else (len(ctx.steps) - 1 if ctx.steps else None)
+    last = window[0] if window else (len(ctx.steps) - 1 if ctx.steps else None)
     what = "messaged the user" if window else "stopped"
     return _verdict(
         ctx,
         "gave_up",
         f"the model {what} instead of {_describe_plan_step(ctx)}",
-        index,
+        last,
         ctx.divergence,
     )
 
@@ -1142,13 +1144,13 @@ def _rule_outcome(ctx: _Context) -> Diagnosis:
             for i, s in enumerate(ctx.steps)
             if i not in matched
             and isinstance(s.action, ToolCall)
-            and _is_write(s.action.tool)
+            and is_write(s.action.tool)
             and not _failed(s)
         ),
         None,
     )
     if extra is not None:
-        tool = ctx.steps[extra].action.tool  # type: ignore[union-attr]
+        tool = _tool(ctx.steps[extra])
         return _verdict(
             ctx, "extra_action", f"step {extra} made a state change outside the plan: {tool}", extra
         )

@@ -20,9 +20,17 @@ def _sandbox(**options: Any) -> Environment:
     return env
 
 
-# kind -> loader. Kinds wired later (llm_sim, device) add an entry here.
+def _llm_sim(**options: Any) -> Environment:
+    from qpa.envs.llmsim import LLMSimEnv
+
+    env: Environment = LLMSimEnv(**options)
+    return env
+
+
+# kind -> loader. Kinds wired later (device) add an entry here.
 _LOADERS: dict[str, Callable[..., Environment]] = {
     "sandbox": _sandbox,
+    "llm_sim": _llm_sim,
 }
 
 

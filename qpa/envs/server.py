@@ -791,12 +791,17 @@ def serve(
     session_ttl_s: float = DEFAULT_SESSION_TTL_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "warning",
+    env_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the server with uvicorn until interrupted (one process: sessions live in memory)."""
     import uvicorn
 
     app = create_app(
-        kind, max_sessions=max_sessions, session_ttl_s=session_ttl_s, max_body_bytes=max_body_bytes
+        kind,
+        max_sessions=max_sessions,
+        session_ttl_s=session_ttl_s,
+        max_body_bytes=max_body_bytes,
+        env_options=env_options,
     )
     uvicorn.run(
         app,

@@ -76,7 +76,7 @@ def adhoc_task(user_id: str, query: str) -> Task:
     )
 
 
-class HarnessModel(kserve.Model):  # type: ignore[misc,name-defined]
+class HarnessModel(kserve.Model):  # type: ignore[name-defined]
     """KServe model whose `predict` runs one Harness episode per request."""
 
     def __init__(self, name: str, spec: PlannerSpec, *, env_url: str | None = None) -> None:

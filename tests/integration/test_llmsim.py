@@ -654,3 +654,38 @@ def test_fake_server_native_tool_calls_and_streaming(server: FakeOpenAI) -> None
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["content"] == "streamed"
     assert chunks[-1]["usage"]["completion_tokens"] == 1
+
+
+def test_llm_sim_through_the_environment_server(server: FakeOpenAI) -> None:
+    """`qpa env serve --kind llm_sim`: the same episode over HTTP through RemoteEnv."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from qpa.envs.remote import RemoteEnv
+    from qpa.envs.server import create_app
+
+    server.handler = backend()
+    app = create_app("llm_sim", env_options={"endpoint": server.base_url, "model": MODEL})
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    http = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not http.started:
+        assert thread.is_alive() and time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        remote = RemoteEnv(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        trajectory = run_episode(remote, get_longtail_task(RENEW), OraclePlanner())
+        remote.close()
+    finally:
+        http.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert trajectory.success and trajectory.env_kind == "llm_sim"
+    assert trajectory.verification is not None
+    assert trajectory.verification.fidelity == "llm_judged"

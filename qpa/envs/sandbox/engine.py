@@ -11,19 +11,30 @@ from __future__ import annotations
 
 import inspect
 import typing
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from qpa.contract import ErrorKind, SideEffect, ToolSpec, UserProfile
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 DEFAULT_START = datetime(2026, 3, 2, 9, 0, 0)
 SECONDS_PER_ACTION = 30
+
+# Argument patterns and types several apps share (schemas carry the pattern verbatim).
+ISO_DATE = r"^\d{4}-\d{2}-\d{2}$"
+ISO_MINUTE = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"
+CLOCK_24H = r"^([01]\d|2[0-3]):[0-5]\d$"
+EMAIL = r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$"
+PHONE = r"^\+?[0-9][0-9\- ]{4,}$"
+Limit = Annotated[int, Field(ge=1, le=50)]
+Offset = Annotated[int, Field(ge=0)]
 
 
 class ToolError(Exception):
@@ -48,6 +59,57 @@ def tool(side_effect: SideEffect = "read") -> Callable[[F], F]:
         return fn
 
     return mark
+
+
+# helpers shared by app modules --------------------------------------------------------------
+
+
+def money(value: float) -> float:
+    """Round to cents: the one rounding rule of the money-moving apps (and of their templates)."""
+    return round(value + 1e-9, 2)
+
+
+def paginate(rows: list[T], limit: int, offset: int) -> list[T]:
+    """The `limit` rows from `offset` on (tools' limit/offset pagination)."""
+    return rows[offset : offset + limit]
+
+
+def page(key: str, rows: list[Any], limit: int, offset: int) -> dict[str, Any]:
+    """A page of rows under `key`, with the total and the offset of the next page (or None)."""
+    return {
+        key: paginate(rows, limit, offset),
+        "total": len(rows),
+        "offset": offset,
+        "next_offset": offset + limit if offset + limit < len(rows) else None,
+    }
+
+
+def parse_moment(value: str, field: str) -> datetime:
+    """An ISO date or date-time argument, or an invalid_arguments failure naming the field."""
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise fail(
+            f"argument '{field}': {value!r} is not a valid date", "invalid_arguments"
+        ) from None
+
+
+def parse_real_moment(value: str, field: str, *, what: str = "a real date/time") -> datetime:
+    """Like `parse_moment`, for calendars and clocks: a real moment between 2000 and 2100."""
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise fail(f"argument '{field}': {value!r} is not {what}", "invalid_arguments") from None
+    if not 2000 <= moment.year <= 2100:
+        raise fail(f"argument '{field}': {value!r} is outside 2000-2100", "invalid_arguments")
+    return moment
+
+
+def confirmation_code(seed: str) -> str:
+    """A six-character booking reference (PNR, hotel confirmation), a pure function of `seed`."""
+    value = zlib.crc32(seed.encode())
+    letters = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+    return "".join(letters[(value >> (5 * i)) % len(letters)] for i in range(6))
 
 
 class World:

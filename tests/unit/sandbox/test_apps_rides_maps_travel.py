@@ -10,7 +10,7 @@ import pytest
 
 from qpa.contract import CAPABILITIES, Feedback, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv
-from qpa.envs.sandbox.apps.maps import NEIGHBORHOODS, route_via
+from qpa.envs.sandbox.geo import NEIGHBORHOODS, route_via
 from qpa.envs.sandbox.registry import all_apps
 from qpa.envs.sandbox.suite import all_templates, generate_suite
 from qpa.harness.planners import make_planner

@@ -128,3 +128,11 @@ def test_payment_tools_need_confirmation(task: Task) -> None:
 def test_unknown_app_fails_reset(task: Task) -> None:
     feedback = SandboxEnv().reset(task.model_copy(update={"apps": ["ghost"], "tools": []}))
     assert feedback.error == "environment_failure" and "ghost" in feedback.message
+
+
+def test_reset_uses_the_world_it_is_given_not_a_cached_one(task: Task) -> None:
+    env = SandboxEnv()
+    env.reset(task)
+    emptied = task.model_copy(update={"world": {"contacts": {"contacts": []}}})
+    env.reset(emptied)  # same id and seed, different world
+    assert env.state()["contacts"]["contacts"] == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import zlib
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, cast
@@ -10,8 +9,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.apps.maps import parse_moment
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import App, confirmation_code, fail, parse_moment, tool
 
 Cabin = Literal["economy", "premium_economy", "business", "first"]
 Meal = Literal["vegetarian", "vegan", "kosher", "halal", "gluten_free", "child"]
@@ -94,12 +92,6 @@ def seat_taken(flight: dict[str, Any], seat: str) -> bool:
 def cabin_seats(cabin: str) -> list[str]:
     first, last, letters = CABIN_ROWS[cabin]
     return [f"{row}{letter}" for row in range(first, last + 1) for letter in letters]
-
-
-def pnr_for(seed: str) -> str:
-    value = zlib.crc32(seed.encode())
-    letters = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
-    return "".join(letters[(value >> (5 * i)) % len(letters)] for i in range(6))
 
 
 def _norm_flight_no(flight_no: str) -> str:
@@ -418,7 +410,7 @@ class FlightsApp(App):
         booking_id = self.world.new_id("bk")
         booking: Booking = {
             "id": booking_id,
-            "pnr": pnr_for(f"{booking_id}|{flight_id}"),
+            "pnr": confirmation_code(f"{booking_id}|{flight_id}"),
             "flight_id": flight_id,
             "airline": flight["airline"],
             "flight_no": flight["flight_no"],
@@ -760,8 +752,3 @@ class FlightsApp(App):
         }
         self.records("price_alerts").append(dict(alert_new))
         return alert_new
-
-
-def flight_no_pattern() -> re.Pattern[str]:
-    """How a flight number appears in free text ('NW 214', 'NW214')."""
-    return re.compile(r"\b([A-Z]{2}) ?(\d{1,4})\b")

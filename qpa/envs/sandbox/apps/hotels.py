@@ -10,8 +10,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.apps.flights import flight_no_pattern, pnr_for
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import App, confirmation_code, fail, tool
 
 Amenity = Literal[
     "wifi",
@@ -44,6 +43,8 @@ LOYALTY = r"^[A-Z]{3}-\d{7}$"
 MAX_NIGHTS = 30
 QUOTE_TTL_MIN = 30
 _TIME = re.compile(r"\b\d{1,2}:\d{2}\b")
+# How a flight number appears in free text ('NW 214', 'NW214').
+FLIGHT_NO = re.compile(r"\b([A-Z]{2}) ?(\d{1,4})\b")
 
 
 def stay_dates(check_in: str, check_out: str) -> list[str]:
@@ -368,7 +369,7 @@ class HotelsApp(App):
         reservation_id = self.world.new_id("res")
         reservation: Reservation = {
             "id": reservation_id,
-            "confirmation": pnr_for(f"{reservation_id}|{rate_id}|hotel"),
+            "confirmation": confirmation_code(f"{reservation_id}|{rate_id}|hotel"),
             "hotel_id": hotel["id"],
             "hotel_name": hotel["name"],
             "hotel_address": hotel["address"],
@@ -485,7 +486,7 @@ class HotelsApp(App):
         if request == "airport_shuttle":
             if "airport_shuttle" not in hotel["amenities"]:
                 raise fail(f"{hotel['name']} has no airport shuttle")
-            flight = flight_no_pattern().search(note)
+            flight = FLIGHT_NO.search(note)
             time = _TIME.search(note)
             if not flight or not time:
                 raise fail(

@@ -1,7 +1,7 @@
 """Rides: ride-hailing with fare estimates, surge pricing, scheduling, trips, tips and receipts.
 
-Distances and durations come from the maps app's deterministic geography, so a ride and a
-driving route between the same addresses agree.
+Distances and durations come from the shared deterministic geography (`geo`), so a ride and a
+driving route of the maps app between the same addresses agree.
 """
 
 from __future__ import annotations
@@ -13,14 +13,8 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.apps.maps import (
-    ISO_MINUTE,
-    PHONE,
-    distance_km,
-    parse_moment,
-    travel_minutes,
-)
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, PHONE, App, fail, parse_moment, tool
+from qpa.envs.sandbox.geo import distance_km, travel_minutes
 
 RideClass = Literal["pool", "economy", "green", "comfort", "xl", "black"]
 RideStatus = Literal["scheduled", "accepted", "completed", "cancelled"]

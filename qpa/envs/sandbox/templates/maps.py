@@ -10,14 +10,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from qpa.contract import Check, Delegate, Evidence, Finish, MemoryItem, ToolCall
-from qpa.envs.sandbox.apps.maps import (
+from qpa.envs.sandbox.engine import DEFAULT_START
+from qpa.envs.sandbox.geo import (
     NEIGHBORHOODS,
     detour_minutes,
     distance_km,
     route_via,
     travel_minutes,
 )
-from qpa.envs.sandbox.engine import DEFAULT_START
 from qpa.envs.sandbox.suite import TaskGen, template
 
 EVIDENCE_ORDER: list[Evidence] = ["inferred", "observed", "confirmed", "stated"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, ToolCall
-from qpa.envs.sandbox.apps.maps import distance_km, travel_minutes
 from qpa.envs.sandbox.apps.rides import ride_price
 from qpa.envs.sandbox.engine import DEFAULT_START
+from qpa.envs.sandbox.geo import distance_km, travel_minutes
 from qpa.envs.sandbox.suite import TaskGen, template
 from qpa.envs.sandbox.templates.maps import (
     Places,

@@ -13,11 +13,11 @@ from qpa.envs.sandbox.apps.flights import (
     AIRPORTS,
     cabin_seats,
     fare_rules,
-    pnr_for,
     seat_taken,
 )
 from qpa.envs.sandbox.apps.hotels import room_free
-from qpa.envs.sandbox.apps.maps import NEIGHBORHOODS
+from qpa.envs.sandbox.engine import confirmation_code
+from qpa.envs.sandbox.geo import NEIGHBORHOODS
 from qpa.envs.sandbox.suite import TaskGen, template
 from qpa.envs.sandbox.templates.maps import conflicting_memory, people, side_memory
 from qpa.envs.sandbox.templates.rides import a_ride, rides_world
@@ -177,7 +177,7 @@ def booking_for(
     fare = flight["fares"][cabin]
     return {
         "id": booking_id,
-        "pnr": pnr_for(f"{booking_id}|{flight['id']}|{g.seed}"),
+        "pnr": confirmation_code(f"{booking_id}|{flight['id']}|{g.seed}"),
         "flight_id": flight["id"],
         "airline": flight["airline"],
         "flight_no": flight["flight_no"],
@@ -284,7 +284,7 @@ def reservation_for(
     nights = (Date.fromisoformat(check_out) - Date.fromisoformat(check_in)).days
     return {
         "id": reservation_id,
-        "confirmation": pnr_for(f"{reservation_id}|{hotel['id']}|{g.seed}|hotel"),
+        "confirmation": confirmation_code(f"{reservation_id}|{hotel['id']}|{g.seed}|hotel"),
         "hotel_id": hotel["id"],
         "hotel_name": hotel["name"],
         "hotel_address": hotel["address"],
