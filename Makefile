@@ -21,7 +21,8 @@ $(STAMP_BASE): $(BIN)/python pyproject.toml setup.py
 	touch $@
 
 $(STAMP_DEV): $(STAMP_BASE)
-	$(PIP) install -q -e '.[dev,local,serve]'
+	$(PIP) install -q --no-build-isolation deepspeed
+	$(PIP) install -q -e '.[dev,train,serve,operator]'
 	touch $@
 
 demo: $(STAMP_BASE)

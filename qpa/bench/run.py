@@ -14,20 +14,23 @@
   by a crash is dropped and the file rewritten cleanly (atomically); a corrupt line elsewhere
   is an error naming the line. With `retry_errors`, episodes that ended with an
   environment-side error (a dead server or endpoint) are dropped from the file and run again.
-  A file holding another policy's episodes is refused (one directory, one policy).
+  A file holding another policy's episodes is refused (one directory, one policy), and so is a
+  folder another run is writing (an advisory lock on `DIR/run.lock`).
 - `DIR/run.json` records the selection (so a report can be re-scored later); scoring and the
   report files are `finish(...)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +52,7 @@ from qpa.harness.runner import DEFAULT_MAX_TURNS, run_episode
 
 TRAJECTORIES = "trajectories.jsonl"
 MANIFEST = "run.json"
+LOCK = "run.lock"
 
 
 class BenchError(RuntimeError):
@@ -289,11 +293,70 @@ def run_bench(
         raise BenchError(f"--concurrency must be at least 1, got {concurrency}")
     if not tasks:
         raise BenchError("no tasks selected: check --split, --domain, --capability and --limit")
-    ids = [t.id for t in tasks]
-    if len(set(ids)) != len(ids):
+    if len({t.id for t in tasks}) != len(tasks):
         raise BenchError("the selection holds the same task id twice")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        return _run_locked(
+            tasks,
+            spec,
+            out,
+            samples=samples,
+            concurrency=concurrency,
+            env_urls=env_urls,
+            env_kind=env_kind,
+            max_turns=max_turns,
+            retry_errors=retry_errors,
+            seed=seed,
+            filters=filters,
+            on_start=on_start,
+            on_episode=on_episode,
+            stop=stop,
+        )
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Hold `DIR/run.lock` (an advisory lock): two runs never write one folder at once."""
+    with open(out / LOCK, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise BenchError(
+                f"{out} is being written by another `qpa bench run` ({holder}); "
+                "wait for it or use another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _run_locked(
+    tasks: Sequence[Task],
+    spec: PlannerSpec,
+    out: Path,
+    *,
+    samples: int,
+    concurrency: int,
+    env_urls: Sequence[str],
+    env_kind: str,
+    max_turns: int,
+    retry_errors: bool,
+    seed: int,
+    filters: dict[str, Any] | None,
+    on_start: Callable[[int, int], None] | None,
+    on_episode: Callable[[EpisodeRecord], None] | None,
+    stop: threading.Event | None,
+) -> BenchRun:
+    ids = [t.id for t in tasks]
     path = out / TRAJECTORIES
     policy = policy_of(spec)
     resume = scan_trajectories(path, retry_errors=retry_errors)

@@ -27,8 +27,9 @@ Environment side (the episode could not be judged or the world broke):
    `environment_error`.
 2. No verification was recorded: `verification_missing`.
 3. An `environment_failure` or `transient` error that was never recovered (the same action never
-   succeeded later) happened at or before the step where the divergence shows: `environment_error`
-   (or `timeout`). The failure cascade started in the environment, not in a model mistake.
+   succeeded later) happened at or before the step where the divergence shows, or hit the
+   divergent plan step's own call: `environment_error` (or `timeout`). The failure cascade
+   started in the environment, not in a model mistake.
 
 Harness side (the model was not given what the task needed):
 
@@ -49,14 +50,17 @@ Harness side (the model was not given what the task needed):
    arguments or answer, not stated in the instruction) and `memory_retrieved` was recorded without
    it: `memory_retrieval_miss`.
 10. A budget cut the episode (`harness: ... budget ...`) while the model was on track (every step
-    so far matched the plan or was a harmless detour: a successful read, not repeated), or the
-    turn budget was smaller than the plan's number of non-structural steps: `budget_cut`.
+    so far matched the plan or was a harmless detour: a successful read or a call of a tool that
+    does not exist, not repeated), or the turn budget was smaller than the reference plan (the
+    known solution does not fit): `budget_cut`.
 
 Model side (everything it needed was there; it acted wrongly):
 
 11. The same failing call (an error the model can act on: not `transient`/`environment_failure`)
     repeated by the same agent, first made at or before the divergence: `ignored_feedback`.
-12. The divergence, by what the trajectory did instead: a main `Finish` (with give-up wording
+12. The divergence, by what the trajectory did instead (re-checks, which repeat an earlier
+    successful read, and calls of tools that do not exist are noise, considered last): a main
+    `Finish` (with give-up wording
     or with several plan calls left: `gave_up`, else `skipped_step`); a call of the plan step's
     tool with other arguments (`ignored_memory` when a differing argument is a remembered value,
     else `wrong_arguments`); a call of a later plan step right away (`skipped_step`); another
@@ -478,6 +482,21 @@ def _same_action(a: Step, b: Step) -> bool:
     return a.action.model_dump(exclude={"call_id"}) == b.action.model_dump(exclude={"call_id"})
 
 
+def _noise(steps: Sequence[Step], index: int) -> bool:
+    """A step that changes nothing and explains nothing on its own: a re-check (a successful
+    read repeating an earlier successful call) or a call of a tool that does not exist here."""
+    step = steps[index]
+    if not isinstance(step.action, ToolCall):
+        return False
+    if step.feedback.error == "unknown_tool":
+        return True
+    return (
+        not _failed(step)
+        and not is_write(step.action.tool)
+        and any(_same_action(step, s) and not _failed(s) for s in steps[:index])
+    )
+
+
 def _recovered(steps: Sequence[Step], index: int) -> bool:
     """Whether the action of step `index` succeeded later (a retry that worked)."""
     return any(
@@ -590,8 +609,9 @@ def _align(trajectory: Trajectory) -> _Context:
         ctx.matched[plan_step.index] = found
         ctx.results[plan_step.index] = ctx.steps[found].feedback.observation
         ctx.cursor = found + 1
+    candidates = [j for j in range(ctx.cursor, len(ctx.steps)) if not _structural(ctx.steps[j])]
     ctx.shown = next(
-        (j for j in range(ctx.cursor, len(ctx.steps)) if not _structural(ctx.steps[j])), None
+        (j for j in candidates if not _noise(ctx.steps, j)), candidates[0] if candidates else None
     )
     return ctx
 
@@ -653,7 +673,9 @@ def _unrecovered_errors(ctx: _Context) -> list[int]:
 def _rule_environment_feedback(ctx: _Context) -> Diagnosis | None:
     unrecovered = _unrecovered_errors(ctx)
     first_env = next((i for i in unrecovered if ctx.steps[i].feedback.error in ENV_ERRORS), None)
-    if first_env is None or not ctx.before_divergence(first_env):
+    if first_env is None:
+        return None
+    if not (ctx.before_divergence(first_env) or _is_expected_call(ctx, ctx.steps[first_env])):
         return None
     feedback = ctx.steps[first_env].feedback
     cause = "timeout" if _TIMEOUT.search(feedback.message) else "environment_error"
@@ -669,6 +691,17 @@ def _rule_environment_feedback(ctx: _Context) -> Diagnosis | None:
 
 
 # harness --------------------------------------------------------------------------------------
+
+
+def _is_expected_call(ctx: _Context, step: Step) -> bool:
+    """Whether `step` is the divergent plan step's own call (tool and arguments)."""
+    expected = ctx.expected
+    return (
+        isinstance(expected, ToolCall)
+        and isinstance(step.action, ToolCall)
+        and step.action.tool == expected.tool
+        and _args_agree(expected.arguments, step.action.arguments)
+    )
 
 
 def _rule_harness_error(ctx: _Context) -> Diagnosis | None:
@@ -871,6 +904,8 @@ def _rule_memory_miss(ctx: _Context) -> Diagnosis | None:
 def _harmless(step: Step) -> bool:
     action = step.action
     if isinstance(action, ToolCall):
+        if step.feedback.error == "unknown_tool":
+            return True  # rejected before it could do anything
         return not _failed(step) and not is_write(action.tool)
     if isinstance(action, MessageUser):
         return "parse_failure" not in step.annotations
@@ -896,7 +931,7 @@ def _rule_budget_cut(ctx: _Context) -> Diagnosis | None:
     match = _BUDGET.match(error)
     if match is None:
         return None
-    minimum = sum(1 for p in ctx.plan if not p.structural)
+    minimum = len(ctx.plan)
     turns = int(match.group(2)) if match.group(1) and match.group(2) else None
     too_small = turns is not None and turns < minimum
     if not (too_small or (ctx.divergence is not None and _on_track(ctx))):
@@ -1025,17 +1060,24 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
         if _structural(step):
             continue
         if isinstance(step.action, Finish):  # the main agent's Finish: the episode ends here
-            if not any(isinstance(ctx.steps[i].action, ToolCall) for i in window):
+            if not any(
+                isinstance(ctx.steps[i].action, ToolCall) and not _noise(ctx.steps, i)
+                for i in window
+            ):
                 return _gave_up(ctx, index)
             break
         if _matches_later(ctx, index) is not None:
             boundary = index
             break
         window.append(index)
-    same = [i for i in window if _same_tool(ctx, i)]
+    noise = [i for i in window if _noise(ctx.steps, i)]
+    real = [i for i in window if i not in noise]
+    same = [i for i in real if _same_tool(ctx, i)]
     if same:
         return _wrong_arguments(ctx, same[0])
-    calls = [i for i in window if isinstance(ctx.steps[i].action, ToolCall)]
+    calls = [i for i in real if isinstance(ctx.steps[i].action, ToolCall)]
+    if not calls and boundary is None:
+        calls = noise
     if isinstance(expected, ToolCall) and calls:
         kind = _side_effect(expected.tool)
         alike = [

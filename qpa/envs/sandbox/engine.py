@@ -192,6 +192,14 @@ class App:
                 return record
         raise fail(f"{what or collection.rstrip('s')} '{record_id}' not found")
 
+    def select(self, collection: str, **equal: Any) -> list[dict[str, Any]]:
+        """The records whose fields equal the given values; a None value does not filter
+        (optional filter arguments of list tools pass straight through)."""
+        wanted = {key: value for key, value in equal.items() if value is not None}
+        return [
+            r for r in self.records(collection) if all(r.get(k) == v for k, v in wanted.items())
+        ]
+
 
 _ARGS_CONFIG = ConfigDict(extra="forbid")
 

@@ -8,16 +8,22 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import (
+    EMAIL,
+    ISO_DATE,
+    ISO_MINUTE,
+    App,
+    fail,
+    page,
+    parse_real_moment,
+    tool,
+)
 
-DATE = r"^\d{4}-\d{2}-\d{2}$"
-DATETIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"
 CLOCK = r"^\d{2}:\d{2}$"
-EMAIL = r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$"
 SLOT_STEP = timedelta(minutes=30)
 
-IsoDate = Annotated[str, Field(pattern=DATE, description="Day, YYYY-MM-DD")]
-IsoDateTime = Annotated[str, Field(pattern=DATETIME, description="Local time, YYYY-MM-DDTHH:MM")]
+IsoDate = Annotated[str, Field(pattern=ISO_DATE, description="Day, YYYY-MM-DD")]
+IsoDateTime = Annotated[str, Field(pattern=ISO_MINUTE, description="Local time, YYYY-MM-DDTHH:MM")]
 ClockTime = Annotated[str, Field(pattern=CLOCK, description="Time of day, HH:MM (24-hour)")]
 Email = Annotated[str, Field(pattern=EMAIL, description="Email address")]
 EventId = Annotated[str, Field(min_length=1, description="Event id, e.g. ev_101")]
@@ -109,18 +115,6 @@ def event_record(
         "rescheduled_from": None,
         "cancel_note": None,
     }
-
-
-def _parse(value: str, field: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise fail(
-            f"argument '{field}': {value!r} is not a real date/time", "invalid_arguments"
-        ) from None
-    if not 2000 <= moment.year <= 2100:
-        raise fail(f"argument '{field}': {value!r} is outside 2000-2100", "invalid_arguments")
-    return moment
 
 
 def _fmt(moment: datetime) -> str:
@@ -261,7 +255,7 @@ class CalendarApp(App):
                 )
 
     def _window(self, start: str, end: str) -> tuple[datetime, datetime]:
-        s, e = _parse(start, "start"), _parse(end, "end")
+        s, e = parse_real_moment(start, "start"), parse_real_moment(end, "end")
         if e <= s:
             raise fail(f"argument 'end': {end} is not after start {start}", "invalid_arguments")
         return s, e
@@ -284,8 +278,8 @@ class CalendarApp(App):
     ) -> EventPage:
         """List events between two days (inclusive), sorted by start; all readable calendars
         unless calendar_id is given. Paginated with limit/offset."""
-        first = _parse(date_from, "date_from").date()
-        last = _parse(date_to, "date_to").date() if date_to else first
+        first = parse_real_moment(date_from, "date_from").date()
+        last = parse_real_moment(date_to, "date_to").date() if date_to else first
         if last < first:
             raise fail(
                 f"argument 'date_to': {date_to} is before date_from {date_from}",
@@ -307,14 +301,7 @@ class CalendarApp(App):
             if any(_occurrence(event, d) for d in days):
                 rows.append(event)
         rows.sort(key=lambda e: str(e.get("start", "")))
-        page = rows[offset : offset + limit]
-        nxt = offset + limit if offset + limit < len(rows) else None
-        return {
-            "events": cast(list[Event], page),
-            "total": len(rows),
-            "offset": offset,
-            "next_offset": nxt,
-        }
+        return cast(EventPage, page("events", rows, limit, offset))
 
     @tool()
     def calendar_search_events(
@@ -357,8 +344,8 @@ class CalendarApp(App):
         """Free slots of the given length on one day in a calendar (also works for free/busy
         calendars), starting every 30 minutes between earliest and latest."""
         self._calendar(calendar_id)
-        day_start = _parse(f"{date}T{earliest}", "earliest")
-        day_end = _parse(f"{date}T{latest}", "latest")
+        day_start = parse_real_moment(f"{date}T{earliest}", "earliest")
+        day_end = parse_real_moment(f"{date}T{latest}", "latest")
         if day_end <= day_start:
             raise fail(
                 f"argument 'latest': {latest} is not after earliest {earliest}", "invalid_arguments"
@@ -477,9 +464,12 @@ class CalendarApp(App):
         """Move an event you organise to a new start (keeping its duration unless end is given);
         attendees keep their invitation. Fails on a conflict unless allow_overlap is true."""
         record = self._own_event(event_id)
-        old_s, old_e = _parse(record["start"], "start"), _parse(record["end"], "end")
-        s = _parse(start, "start")
-        e = _parse(end, "end") if end else s + (old_e - old_s)
+        old_s, old_e = (
+            parse_real_moment(record["start"], "start"),
+            parse_real_moment(record["end"], "end"),
+        )
+        s = parse_real_moment(start, "start")
+        e = parse_real_moment(end, "end") if end else s + (old_e - old_s)
         if e <= s:
             raise fail(f"argument 'end': {end} is not after start {start}", "invalid_arguments")
         self._future(s)

@@ -8,9 +8,8 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import ISO_DATE, App, fail, parse_real_moment, tool
 
-DATE = r"^\d{4}-\d{2}-\d{2}$"
 WEEK = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 SOUNDS = (
     "Radar",
@@ -68,7 +67,7 @@ City = Literal[
     "Sao Paulo",
 ]
 AlarmTime = Annotated[str, Field(pattern=r"^\d{1,2}:\d{2}$", description="24-hour time, HH:MM")]
-IsoDate = Annotated[str, Field(pattern=DATE, description="Day, YYYY-MM-DD")]
+IsoDate = Annotated[str, Field(pattern=ISO_DATE, description="Day, YYYY-MM-DD")]
 AlarmId = Annotated[str, Field(min_length=1, description="Alarm id, e.g. al_101")]
 TimerId = Annotated[str, Field(min_length=1, description="Timer id, e.g. tm_9001")]
 MAX_RUNNING_TIMERS = 5
@@ -146,18 +145,6 @@ def _hhmm(value: str, field: str = "time") -> str:
     return f"{hours:02d}:{minutes:02d}"
 
 
-def _day(value: str, field: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise fail(
-            f"argument '{field}': {value!r} is not a real date", "invalid_arguments"
-        ) from None
-    if not 2000 <= moment.year <= 2100:
-        raise fail(f"argument '{field}': {value!r} is outside 2000-2100", "invalid_arguments")
-    return moment
-
-
 class ClockApp(App):
     name = "clock"
     title = "Clock"
@@ -187,7 +174,7 @@ class ClockApp(App):
 
     # helpers ----------------------------------------------------------------------------
     def _check_date(self, date: str, time: str) -> str:
-        moment = _day(f"{date}T{time}", "date")
+        moment = parse_real_moment(f"{date}T{time}", "date", what="a real date")
         if moment <= self.world.now:
             raise fail(
                 f"argument 'date': {date} {time} has already passed (now {self.world.iso_now()})",
@@ -303,7 +290,8 @@ class ClockApp(App):
         if (
             enabled
             and alarm.get("date")
-            and _day(f"{alarm['date']}T{alarm['time']}", "date") <= self.world.now
+            and parse_real_moment(f"{alarm['date']}T{alarm['time']}", "date", what="a real date")
+            <= self.world.now
         ):
             raise fail(
                 f"one-off alarm {alarm_id} was for {alarm['date']}, which has passed; "
@@ -327,7 +315,7 @@ class ClockApp(App):
             raise fail(f"'{alarm['label']}' ({alarm_id}) is a one-off alarm; disable it instead")
         if not alarm.get("enabled"):
             raise fail(f"'{alarm['label']}' ({alarm_id}) is switched off")
-        moment = _day(f"{date}T{alarm['time']}", "date")
+        moment = parse_real_moment(f"{date}T{alarm['time']}", "date", what="a real date")
         if moment <= self.world.now:
             raise fail(
                 f"argument 'date': {date} {alarm['time']} has already passed", "invalid_arguments"

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import PHONE, App, fail, tool
 
 
 class Contact(TypedDict):
@@ -71,7 +71,7 @@ class ContactsApp(App):
     def contacts_create(
         self,
         name: Annotated[str, Field(min_length=1)],
-        phone: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")],
+        phone: Annotated[str, Field(pattern=PHONE)],
         email: str = "",
         address: str = "",
     ) -> Contact:

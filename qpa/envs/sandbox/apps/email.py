@@ -7,11 +7,8 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import EMAIL, ISO_DATE, ISO_MINUTE, App, fail, paginate, tool
 
-ISO_DATE = r"^\d{4}-\d{2}-\d{2}$"
-ISO_TIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"
-ADDRESS = r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$"
 LABEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9 _&\-]{0,30}(/[A-Za-z0-9][A-Za-z0-9 _&\-]{0,30}){0,2}$"
 MAX_ATTACHMENTS_KB = 25 * 1024
 
@@ -19,7 +16,7 @@ Folder = Literal["inbox", "archive", "sent", "drafts", "scheduled", "spam", "tra
 MovableFolder = Literal["inbox", "archive", "spam", "trash"]
 LabelColor = Literal["gray", "red", "orange", "yellow", "green", "blue", "purple"]
 FilterAction = Literal["label", "archive", "star", "mark_read", "trash", "forward"]
-Address = Annotated[str, Field(pattern=ADDRESS, description="An email address")]
+Address = Annotated[str, Field(pattern=EMAIL, description="An email address")]
 Recipients = Annotated[list[Address], Field(min_length=1, max_length=50)]
 MessageIds = Annotated[list[str], Field(min_length=1, max_length=100)]
 AccountArg = Annotated[
@@ -255,7 +252,7 @@ class EmailApp(App):
 
     def _page(self, rows: list[dict[str, Any]], limit: int, offset: int) -> list[EmailSummary]:
         rows = sorted(rows, key=lambda m: m["time"], reverse=True)
-        return [self._summary(m) for m in rows[offset : offset + limit]]
+        return [self._summary(m) for m in paginate(rows, limit, offset)]
 
     # ------------------------------------------------------------------ reading
     @tool()
@@ -459,7 +456,7 @@ class EmailApp(App):
         to: Recipients,
         subject: Annotated[str, Field(min_length=1, max_length=200)],
         body: Annotated[str, Field(min_length=1, max_length=20000)],
-        send_at: Annotated[str, Field(pattern=ISO_TIME, description="YYYY-MM-DDTHH:MM")],
+        send_at: Annotated[str, Field(pattern=ISO_MINUTE, description="YYYY-MM-DDTHH:MM")],
         cc: Annotated[list[Address], Field(max_length=50)] = [],  # noqa: B006
         account: AccountArg = None,
     ) -> Email:
@@ -602,7 +599,7 @@ class EmailApp(App):
         subject_contains: Annotated[str | None, Field(min_length=2)] = None,
         action: FilterAction = "label",
         label: str | None = None,
-        forward_to: Annotated[str | None, Field(pattern=ADDRESS)] = None,
+        forward_to: Annotated[str | None, Field(pattern=EMAIL)] = None,
         account: AccountArg = None,
     ) -> Filter:
         """Create a rule for future incoming mail (matching sender and/or subject text)."""
@@ -631,8 +628,7 @@ class EmailApp(App):
     def email_list_filters(self, account: AccountArg = None) -> list[Filter]:
         """List mail filters (all accounts unless `account` is given)."""
         acc = self._account(account) if account else None
-        rows = [f for f in self.records("filters") if acc is None or f["account"] == acc]
-        return cast(list[Filter], rows)
+        return cast(list[Filter], self.select("filters", account=acc))
 
     @tool("write")
     def email_delete_filter(self, filter_id: str) -> Filter:
@@ -644,7 +640,7 @@ class EmailApp(App):
     @tool("write")
     def email_set_auto_reply(
         self,
-        account: Annotated[str, Field(pattern=ADDRESS)],
+        account: Annotated[str, Field(pattern=EMAIL)],
         start: Annotated[str, Field(pattern=ISO_DATE, description="First day, YYYY-MM-DD")],
         end: Annotated[str, Field(pattern=ISO_DATE, description="Last day, YYYY-MM-DD")],
         message: Annotated[str, Field(min_length=1, max_length=2000)],
@@ -674,7 +670,7 @@ class EmailApp(App):
         return record
 
     @tool("write")
-    def email_disable_auto_reply(self, account: Annotated[str, Field(pattern=ADDRESS)]) -> Changed:
+    def email_disable_auto_reply(self, account: Annotated[str, Field(pattern=EMAIL)]) -> Changed:
         """Turn off the active automatic reply of an account."""
         acc = self._account(account)
         rows = [r for r in self.records("auto_replies") if r["account"] == acc and r["enabled"]]

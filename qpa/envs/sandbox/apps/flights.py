@@ -9,7 +9,16 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, confirmation_code, fail, parse_moment, tool
+from qpa.envs.sandbox.engine import (
+    CLOCK_24H,
+    ISO_DATE,
+    App,
+    confirmation_code,
+    fail,
+    paginate,
+    parse_moment,
+    tool,
+)
 
 Cabin = Literal["economy", "premium_economy", "business", "first"]
 Meal = Literal["vegetarian", "vegan", "kosher", "halal", "gluten_free", "child"]
@@ -17,8 +26,7 @@ SeatType = Literal["window", "aisle", "middle"]
 BookingStatus = Literal["upcoming", "past", "cancelled"]
 
 IATA = Annotated[str, Field(pattern=r"^[A-Z]{3}$", description="IATA airport code, e.g. JFK")]
-ISO_DATE = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="YYYY-MM-DD")]
-HHMM = r"^([01]\d|2[0-3]):[0-5]\d$"
+IsoDate = Annotated[str, Field(pattern=ISO_DATE, description="YYYY-MM-DD")]
 FF_NUMBER = r"^[A-Z]{2}-\d{8}$"
 
 # (code, city, airport name, country)
@@ -326,13 +334,13 @@ class FlightsApp(App):
         self,
         origin: IATA,
         destination: IATA,
-        date: ISO_DATE,
+        date: IsoDate,
         cabin: Cabin = "economy",
         passengers: Annotated[int, Field(ge=1, le=9)] = 1,
         max_stops: Annotated[int | None, Field(ge=0, le=2)] = None,
         max_price: Annotated[float | None, Field(gt=0, description="Per passenger, USD")] = None,
         airline: Annotated[str | None, Field(pattern=r"^[A-Z]{2}$")] = None,
-        depart_after: Annotated[str | None, Field(pattern=HHMM)] = None,
+        depart_after: Annotated[str | None, Field(pattern=CLOCK_24H)] = None,
         sort_by: Literal["price", "departure", "duration"] = "price",
         limit: Annotated[int, Field(ge=1, le=50)] = 10,
         offset: Annotated[int, Field(ge=0)] = 0,
@@ -367,7 +375,7 @@ class FlightsApp(App):
             "duration": lambda o: (o["duration_min"], o["price"]),
         }
         offers.sort(key=keys[sort_by])
-        return offers[offset : offset + limit]
+        return paginate(offers, limit, offset)
 
     @tool()
     def flights_get_flight(self, flight_id: str) -> Flight:
@@ -474,7 +482,7 @@ class FlightsApp(App):
             if status in (None, state):
                 rows.append(booking)
         rows.sort(key=lambda b: (b["date"], b["depart"]))
-        return cast(list[Booking], rows[offset : offset + limit])
+        return cast(list[Booking], paginate(rows, limit, offset))
 
     @tool("payment")
     def flights_change_booking(
@@ -639,7 +647,7 @@ class FlightsApp(App):
         booking_id: str,
         passport_number: Annotated[str, Field(pattern=r"^[A-Z0-9]{6,9}$")],
         nationality: Annotated[str, Field(pattern=r"^[A-Z]{2}$", description="Country code")],
-        expiry: ISO_DATE,
+        expiry: IsoDate,
     ) -> Booking:
         """Add the traveler's passport to a booking (needed to check in internationally)."""
         booking = self._booking(booking_id)
@@ -703,7 +711,7 @@ class FlightsApp(App):
     def flights_get_status(
         self,
         flight_no: Annotated[str, Field(pattern=r"^[A-Z]{2} ?\d{1,4}$", description="e.g. NW 214")],
-        date: ISO_DATE,
+        date: IsoDate,
     ) -> FlightStatus:
         """Live status of a flight: delay, terminals, gate and baggage claim."""
         wanted = _norm_flight_no(flight_no)
@@ -731,7 +739,7 @@ class FlightsApp(App):
         self,
         origin: IATA,
         destination: IATA,
-        date: ISO_DATE,
+        date: IsoDate,
         max_price: Annotated[float, Field(gt=0, description="Alert when a fare is at or below")],
     ) -> PriceAlert:
         """Get notified when a fare on a route and date drops to a price."""

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, App, Limit, Offset, fail, money, paginate, tool
 
 Cuisine = Literal[
     "italian", "japanese", "thai", "indian", "mexican", "chinese", "american", "mediterranean",
@@ -27,11 +27,7 @@ RestaurantId = Annotated[str, Field(min_length=1, description="Restaurant id, e.
 CartId = Annotated[str, Field(min_length=1, description="Cart id returned by food_create_cart")]
 OrderId = Annotated[str, Field(min_length=1, description="Order id, e.g. 'fo_301'")]
 Money = Annotated[float, Field(ge=0, le=10_000)]
-Limit = Annotated[int, Field(ge=1, le=50)]
-Offset = Annotated[int, Field(ge=0)]
-IsoTime = Annotated[
-    str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$", description="YYYY-MM-DDTHH:MM")
-]
+IsoTime = Annotated[str, Field(pattern=ISO_MINUTE, description="YYYY-MM-DDTHH:MM")]
 
 REFUND_WINDOW_HOURS = 48
 CANCELLABLE = ("scheduled", "placed", "preparing")
@@ -150,11 +146,6 @@ class Favorite(TypedDict):
     restaurant_id: str
     name: str
     favorite: bool
-
-
-def money(value: float) -> float:
-    """Round to cents (the one rounding rule of the app)."""
-    return round(value + 1e-9, 2)
 
 
 def _parse(moment: str) -> datetime:
@@ -347,7 +338,7 @@ class FoodApp(App):
             rows.sort(key=lambda r: r["eta_min"])
         elif sort == "name":
             rows.sort(key=lambda r: r["name"])
-        return [self._restaurant(r) for r in rows[offset : offset + limit]]
+        return [self._restaurant(r) for r in paginate(rows, limit, offset)]
 
     @tool()
     def food_get_restaurant(self, restaurant_id: RestaurantId) -> Restaurant:
@@ -378,7 +369,7 @@ class FoodApp(App):
             and (max_price is None or m["price"] <= max_price)
             and (not available_only or m["available"])
         ]
-        return cast(list[MenuItem], rows[offset : offset + limit])
+        return cast(list[MenuItem], paginate(rows, limit, offset))
 
     @tool()
     def food_search_menu(
@@ -405,7 +396,7 @@ class FoodApp(App):
         ]
         if sort != "relevance":
             rows.sort(key=lambda m: m["price"], reverse=sort == "price_desc")
-        return cast(list[MenuItem], rows[offset : offset + limit])
+        return cast(list[MenuItem], paginate(rows, limit, offset))
 
     # ------------------------------------------------------------------ cart
     @tool("write")
@@ -567,14 +558,9 @@ class FoodApp(App):
         offset: Offset = 0,
     ) -> list[Order]:
         """List orders, newest first, optionally by status or restaurant."""
-        rows = [
-            o
-            for o in self.records("orders")
-            if (status is None or o["status"] == status)
-            and (restaurant_id is None or o["restaurant_id"] == restaurant_id)
-        ]
+        rows = self.select("orders", status=status, restaurant_id=restaurant_id)
         rows.sort(key=lambda o: o["placed_at"], reverse=True)
-        return cast(list[Order], rows[offset : offset + limit])
+        return cast(list[Order], paginate(rows, limit, offset))
 
     @tool()
     def food_get_order(self, order_id: OrderId) -> Order:

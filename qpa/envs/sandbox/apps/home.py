@@ -7,9 +7,8 @@ from typing import Annotated, Any, Literal, NotRequired, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, ToolError, fail, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, App, ToolError, fail, paginate, tool
 
-ISO_TIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"
 PIN = r"^[0-9]{4,8}$"
 
 DeviceType = Literal["light", "thermostat", "lock", "camera", "plug"]
@@ -340,8 +339,8 @@ class HomeApp(App):
         self,
         camera_id: str | None = None,
         kind: EventKind | None = None,
-        after: Annotated[str | None, Field(pattern=ISO_TIME)] = None,
-        before: Annotated[str | None, Field(pattern=ISO_TIME)] = None,
+        after: Annotated[str | None, Field(pattern=ISO_MINUTE)] = None,
+        before: Annotated[str | None, Field(pattern=ISO_MINUTE)] = None,
         limit: Annotated[int, Field(ge=1, le=50)] = 20,
         offset: Annotated[int, Field(ge=0)] = 0,
     ) -> list[CameraEvent]:
@@ -357,7 +356,7 @@ class HomeApp(App):
             and (before is None or e["time"] <= before)
         ]
         rows.sort(key=lambda e: e["time"], reverse=True)
-        return cast(list[CameraEvent], rows[offset : offset + limit])
+        return cast(list[CameraEvent], paginate(rows, limit, offset))
 
     # ------------------------------------------------------------------ scenes & security
     @tool()
@@ -455,8 +454,8 @@ class HomeApp(App):
         lock_id: str,
         guest_name: Annotated[str, Field(min_length=1, max_length=60)],
         code: Annotated[str, Field(pattern=r"^[0-9]{6}$", description="6-digit code")],
-        valid_from: Annotated[str, Field(pattern=ISO_TIME)],
-        valid_until: Annotated[str, Field(pattern=ISO_TIME)],
+        valid_from: Annotated[str, Field(pattern=ISO_MINUTE)],
+        valid_until: Annotated[str, Field(pattern=ISO_MINUTE)],
     ) -> GuestCode:
         """Create a time-limited access code for one lock."""
         device = self._device(lock_id, "lock")
@@ -485,10 +484,7 @@ class HomeApp(App):
     @tool()
     def home_list_guest_codes(self, lock_id: str | None = None) -> list[GuestCode]:
         """List guest access codes (optionally for one lock)."""
-        rows = [
-            c for c in self.records("guest_codes") if lock_id is None or c["lock_id"] == lock_id
-        ]
-        return cast(list[GuestCode], rows)
+        return cast(list[GuestCode], self.select("guest_codes", lock_id=lock_id))
 
     @tool("write")
     def home_revoke_guest_code(self, code_id: str) -> GuestCode:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, confirmation_code, fail, tool
+from qpa.envs.sandbox.engine import ISO_DATE, App, confirmation_code, fail, paginate, tool
 
 Amenity = Literal[
     "wifi",
@@ -38,7 +38,7 @@ RequestKind = Literal[
 ]
 ReservationStatus = Literal["upcoming", "past", "cancelled"]
 
-ISO_DATE = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="YYYY-MM-DD")]
+IsoDate = Annotated[str, Field(pattern=ISO_DATE, description="YYYY-MM-DD")]
 LOYALTY = r"^[A-Z]{3}-\d{7}$"
 MAX_NIGHTS = 30
 QUOTE_TTL_MIN = 30
@@ -239,8 +239,8 @@ class HotelsApp(App):
     def hotels_search(
         self,
         city: Annotated[str, Field(min_length=2)],
-        check_in: ISO_DATE,
-        check_out: ISO_DATE,
+        check_in: IsoDate,
+        check_out: IsoDate,
         guests: Annotated[int, Field(ge=1, le=8)] = 1,
         min_stars: Annotated[int | None, Field(ge=1, le=5)] = None,
         max_price: Annotated[float | None, Field(gt=0, description="Per night, USD")] = None,
@@ -287,7 +287,7 @@ class HotelsApp(App):
             offers.sort(key=lambda o: (o["from_price"] is None, o["from_price"] or 0.0))
         else:
             offers.sort(key=lambda o: -(o["rating"] if sort_by == "rating" else o["stars"]))
-        return offers[offset : offset + limit]
+        return paginate(offers, limit, offset)
 
     @tool()
     def hotels_get_hotel(self, hotel_id: str) -> Hotel:
@@ -298,8 +298,8 @@ class HotelsApp(App):
     def hotels_check_availability(
         self,
         hotel_id: str,
-        check_in: ISO_DATE,
-        check_out: ISO_DATE,
+        check_in: IsoDate,
+        check_out: IsoDate,
         guests: Annotated[int, Field(ge=1, le=8)] = 1,
     ) -> list[Quote]:
         """Room quotes at a hotel for dates: each has a rate_id (its id) to book with."""
@@ -346,7 +346,7 @@ class HotelsApp(App):
         self.find("hotels", hotel_id, what="hotel")
         rows = [r for r in self.records("reviews") if r["hotel_id"] == hotel_id]
         rows.sort(key=lambda r: r["date"], reverse=True)
-        return cast(list[HotelReview], rows[offset : offset + limit])
+        return cast(list[HotelReview], paginate(rows, limit, offset))
 
     # reservations -----------------------------------------------------------------------
     @tool("payment")
@@ -430,11 +430,11 @@ class HotelsApp(App):
                 continue
             rows.append(record)
         rows.sort(key=lambda r: r["check_in"])
-        return cast(list[Reservation], rows[offset : offset + limit])
+        return cast(list[Reservation], paginate(rows, limit, offset))
 
     @tool("payment")
     def hotels_modify_reservation(
-        self, reservation_id: str, check_in: ISO_DATE, check_out: ISO_DATE
+        self, reservation_id: str, check_in: IsoDate, check_out: IsoDate
     ) -> Reservation:
         """Change the dates of a refundable reservation; the price difference is settled."""
         record = self._reservation(reservation_id)

@@ -12,7 +12,16 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_DATE, ISO_MINUTE, PHONE, App, fail, parse_moment, tool
+from qpa.envs.sandbox.engine import (
+    ISO_DATE,
+    ISO_MINUTE,
+    PHONE,
+    App,
+    fail,
+    paginate,
+    parse_moment,
+    tool,
+)
 from qpa.envs.sandbox.geo import (
     detour_minutes,
     distance_km,
@@ -272,7 +281,7 @@ class MapsApp(App):
             hits.sort(key=lambda p: -p["rating"])
         elif sort_by == "detour":
             hits.sort(key=lambda p: p["detour_min"] or 0)
-        return hits[offset : offset + limit]
+        return paginate(hits, limit, offset)
 
     @tool()
     def maps_get_place(self, place_id: str) -> Place:

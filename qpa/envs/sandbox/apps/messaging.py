@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, PHONE, App, fail, tool
 
 
 class Message(TypedDict):
@@ -85,7 +85,7 @@ class MessagingApp(App):
     @tool("write")
     def messaging_send(
         self,
-        to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$", description="Phone number")],
+        to: Annotated[str, Field(pattern=PHONE, description="Phone number")],
         text: Annotated[str, Field(min_length=1, max_length=1000)],
     ) -> Message:
         """Send a text message to a phone number now."""
@@ -96,11 +96,9 @@ class MessagingApp(App):
     @tool("write")
     def messaging_schedule(
         self,
-        to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")],
+        to: Annotated[str, Field(pattern=PHONE)],
         text: Annotated[str, Field(min_length=1, max_length=1000)],
-        send_at: Annotated[
-            str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$", description="ISO time")
-        ],
+        send_at: Annotated[str, Field(pattern=ISO_MINUTE, description="ISO time")],
     ) -> Message:
         """Schedule a text message for later delivery."""
         if send_at <= self.world.iso_now():
@@ -109,7 +107,7 @@ class MessagingApp(App):
 
     @tool("write")
     def messaging_forward(
-        self, message_id: str, to: Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$")]
+        self, message_id: str, to: Annotated[str, Field(pattern=PHONE)]
     ) -> Message:
         """Forward an existing message to another phone number."""
         original = self.find("messages", message_id, what="message")

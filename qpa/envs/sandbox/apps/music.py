@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import App, fail, paginate, tool
 
 Genre = Literal["pop", "rock", "jazz", "hip-hop", "electronic", "classical", "folk", "r&b"]
 DeviceKind = Literal["phone", "speaker", "tv", "car"]
@@ -217,7 +217,7 @@ class MusicApp(App):
             and (genre is None or t["genre"] == genre)
         ]
         hits.sort(key=lambda t: -t["popularity"])
-        return cast(list[Track], hits[offset : offset + limit])
+        return cast(list[Track], paginate(hits, limit, offset))
 
     @tool()
     def music_get_track(self, track_id: str) -> Track:
@@ -253,7 +253,7 @@ class MusicApp(App):
         """A playlist with its tracks (paginated)."""
         p = self._playlist(playlist_id)
         catalog = {t["id"]: t for t in self.records("catalog")}
-        ids = p["track_ids"][offset : offset + limit]
+        ids = paginate(p["track_ids"], limit, offset)
         tracks = [cast(Track, catalog[i]) for i in ids if i in catalog]
         return {**self._summary(p), "track_ids": list(p["track_ids"]), "tracks": tracks}
 
@@ -387,7 +387,7 @@ class MusicApp(App):
         catalog = {t["id"]: t for t in self.records("catalog")}
         rows = sorted(self.records("liked"), key=lambda r: r["time"], reverse=True)
         tracks = [catalog[r["track_id"]] for r in rows if r["track_id"] in catalog]
-        return cast(list[Track], tracks[offset : offset + limit])
+        return cast(list[Track], paginate(tracks, limit, offset))
 
     @tool()
     def music_recently_played(self, limit: Annotated[int, Field(ge=1, le=50)] = 10) -> list[Played]:

@@ -7,10 +7,9 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import EMAIL, App, fail, page, tool
 
 TAG = r"^[a-z0-9][a-z0-9-]{0,29}$"
-EMAIL = r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$"
 
 NoteId = Annotated[str, Field(min_length=1, description="Note id, e.g. n_101")]
 Tag = Annotated[str, Field(pattern=TAG, description="Lowercase tag, letters/digits/dashes")]
@@ -174,14 +173,7 @@ class NotesApp(App):
             and (not pinned_only or n.get("pinned"))
         ]
         rows.sort(key=lambda n: not n.get("pinned"))
-        page = rows[offset : offset + limit]
-        nxt = offset + limit if offset + limit < len(rows) else None
-        return {
-            "notes": cast(list[Note], page),
-            "total": len(rows),
-            "offset": offset,
-            "next_offset": nxt,
-        }
+        return cast(NotePage, page("notes", rows, limit, offset))
 
     @tool()
     def notes_search(

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import App, fail, paginate, tool
 
 Category = Literal[
     "news", "technology", "comedy", "history", "science", "business", "sports", "true crime"
@@ -131,7 +131,7 @@ class PodcastsApp(App):
             if (q in s["title"].lower() or q in s["publisher"].lower())
             and (category is None or s["category"] == category)
         ]
-        return cast(list[Show], rows[offset : offset + limit])
+        return cast(list[Show], paginate(rows, limit, offset))
 
     @tool()
     def podcasts_list_episodes(
@@ -149,7 +149,7 @@ class PodcastsApp(App):
             if e["show_id"] == show_id and (not unplayed_only or not e["played"])
         ]
         rows.sort(key=lambda e: e["published"], reverse=True)
-        return cast(list[Episode], rows[offset : offset + limit])
+        return cast(list[Episode], paginate(rows, limit, offset))
 
     @tool()
     def podcasts_get_episode(self, episode_id: str) -> Episode:

@@ -8,11 +8,9 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, App, fail, page, parse_real_moment, tool
 
-DATETIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"
-
-IsoDateTime = Annotated[str, Field(pattern=DATETIME, description="Local time, YYYY-MM-DDTHH:MM")]
+IsoDateTime = Annotated[str, Field(pattern=ISO_MINUTE, description="Local time, YYYY-MM-DDTHH:MM")]
 ReminderId = Annotated[str, Field(min_length=1, description="Reminder id, e.g. r_101")]
 ListId = Annotated[str, Field(min_length=1, description="List id, e.g. rl_home")]
 Priority = Literal["none", "low", "medium", "high"]
@@ -84,18 +82,6 @@ def reminder_record(
         "parent_id": parent_id,
         "repeat": repeat,
     }
-
-
-def _parse(value: str, field: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise fail(
-            f"argument '{field}': {value!r} is not a real date/time", "invalid_arguments"
-        ) from None
-    if not 2000 <= moment.year <= 2100:
-        raise fail(f"argument '{field}': {value!r} is outside 2000-2100", "invalid_arguments")
-    return moment
 
 
 def _next_due(due: datetime, repeat: str) -> datetime:
@@ -193,7 +179,7 @@ class RemindersApp(App):
         if list_id is not None:
             self._list(list_id)
         if due_before is not None:
-            _parse(due_before, "due_before")
+            parse_real_moment(due_before, "due_before")
         rows = [
             r
             for r in self.records("reminders")
@@ -204,14 +190,7 @@ class RemindersApp(App):
             and (not flagged_only or r.get("flagged"))
         ]
         rows.sort(key=lambda r: (r.get("due") is None, str(r.get("due") or "")))
-        page = rows[offset : offset + limit]
-        nxt = offset + limit if offset + limit < len(rows) else None
-        return {
-            "reminders": cast(list[Reminder], page),
-            "total": len(rows),
-            "offset": offset,
-            "next_offset": nxt,
-        }
+        return cast(ReminderPage, page("reminders", rows, limit, offset))
 
     @tool()
     def reminders_search(
@@ -257,7 +236,7 @@ class RemindersApp(App):
         another reminder (parent_id)."""
         self._list(list_id)
         if due is not None:
-            _parse(due, "due")
+            parse_real_moment(due, "due")
         if repeat != "never" and due is None:
             raise fail("argument 'due': a repeating reminder needs a due time", "invalid_arguments")
         if parent_id is not None:
@@ -295,7 +274,7 @@ class RemindersApp(App):
         fields)."""
         record = self._open(reminder_id)
         if due is not None:
-            _parse(due, "due")
+            parse_real_moment(due, "due")
         changes = {
             "title": title,
             "due": due,
@@ -329,9 +308,9 @@ class RemindersApp(App):
                 "complete them first"
             )
         if record.get("repeat", "never") != "never" and record.get("due"):
-            record["due"] = _next_due(_parse(record["due"], "due"), record["repeat"]).isoformat(
-                timespec="minutes"
-            )
+            record["due"] = _next_due(
+                parse_real_moment(record["due"], "due"), record["repeat"]
+            ).isoformat(timespec="minutes")
             return cast(Reminder, record)
         record["completed"] = True
         record["completed_at"] = self.world.iso_now()

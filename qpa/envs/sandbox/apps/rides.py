@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_MINUTE, PHONE, App, fail, parse_moment, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, PHONE, App, fail, paginate, parse_moment, tool
 from qpa.envs.sandbox.geo import distance_km, travel_minutes
 
 RideClass = Literal["pool", "economy", "green", "comfort", "xl", "black"]
@@ -459,7 +459,7 @@ class RidesApp(App):
         """The user's rides, newest first, optionally only those with a status."""
         rows = [r for r in self.records("rides") if status in (None, r["status"])]
         rows.sort(key=lambda r: r["scheduled_for"] or r["requested_at"], reverse=True)
-        return cast(list[Ride], rows[offset : offset + limit])
+        return cast(list[Ride], paginate(rows, limit, offset))
 
     @tool("write")
     def rides_cancel(self, ride_id: str, reason: CancelReason = "other") -> Ride:

@@ -8,14 +8,12 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import CLOCK_24H, ISO_MINUTE, App, fail, tool
 
-DATETIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"
-CLOCK = r"^([01]\d|2[0-3]):[0-5]\d$"
 WEEK = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
-ClockTime = Annotated[str, Field(pattern=CLOCK, description="Time of day, HH:MM (24-hour)")]
+ClockTime = Annotated[str, Field(pattern=CLOCK_24H, description="Time of day, HH:MM (24-hour)")]
 Toggle = Literal[
     "wifi",
     "bluetooth",
@@ -373,7 +371,7 @@ class SettingsApp(App):
         self,
         enabled: bool,
         until: Annotated[
-            str | None, Field(pattern=DATETIME, description="YYYY-MM-DDTHH:MM")
+            str | None, Field(pattern=ISO_MINUTE, description="YYYY-MM-DDTHH:MM")
         ] = None,
     ) -> SystemSettings:
         """Turn Do Not Disturb on now (optionally until a time) or off."""

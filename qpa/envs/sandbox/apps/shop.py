@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import App, Limit, Offset, fail, money, paginate, tool
 
 Category = Literal["shoes", "apparel", "electronics", "home", "toys", "books", "beauty", "sports"]
 OrderStatus = Literal["processing", "shipped", "delivered", "cancelled"]
@@ -21,8 +21,6 @@ CancelReason = Literal["changed_mind", "found_cheaper", "ordered_by_mistake", "t
 ProductId = Annotated[str, Field(min_length=1, description="Product id, e.g. 'p_104'")]
 OrderId = Annotated[str, Field(min_length=1, description="Order id, e.g. 'so_201'")]
 Money = Annotated[float, Field(ge=0, le=100_000)]
-Limit = Annotated[int, Field(ge=1, le=50)]
-Offset = Annotated[int, Field(ge=0)]
 
 RETURN_WINDOW_DAYS = 30
 SHIPPING_FEES: dict[str, float] = {"standard": 4.99, "express": 9.99, "next_day": 19.99}
@@ -164,11 +162,6 @@ class Address(TypedDict):
 
 class Removed(TypedDict):
     removed: str
-
-
-def money(value: float) -> float:
-    """Round to cents (the one rounding rule of the app)."""
-    return round(value + 1e-9, 2)
 
 
 def shipping_fee(shipping: str, merchandise: float) -> float:
@@ -354,7 +347,7 @@ class ShopApp(App):
             rows.sort(key=lambda p: -p["rating"])
         elif sort == "reviews":
             rows.sort(key=lambda p: -p["reviews"])
-        return cast(list[Product], rows[offset : offset + limit])
+        return cast(list[Product], paginate(rows, limit, offset))
 
     @tool()
     def shop_get_product(self, product_id: ProductId) -> Product:
@@ -559,7 +552,7 @@ class ShopApp(App):
             and (not q or any(q in ln["title"].lower() for ln in o["lines"]))
         ]
         rows.sort(key=lambda o: o["placed_at"], reverse=True)
-        return cast(list[Order], rows[offset : offset + limit])
+        return cast(list[Order], paginate(rows, limit, offset))
 
     @tool()
     def shop_get_order(self, order_id: OrderId) -> Order:
@@ -702,8 +695,7 @@ class ShopApp(App):
     @tool()
     def shop_list_returns(self, status: ReturnStatus | None = None) -> list[Return]:
         """List returns and exchanges, optionally by status."""
-        rows = [r for r in self.records("returns") if status is None or r["status"] == status]
-        return cast(list[Return], rows)
+        return cast(list[Return], self.select("returns", status=status))
 
     # ------------------------------------------------------------------ wishlist & alerts
     @tool("write")

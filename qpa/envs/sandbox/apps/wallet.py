@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, tool
+from qpa.envs.sandbox.engine import ISO_DATE, PHONE, App, Offset, fail, money, paginate, tool
 
 TxType = Literal[
     "transfer_out", "transfer_in", "card_payment", "top_up", "bill_payment", "request_payment"
@@ -20,7 +20,7 @@ Repeat = Literal["once", "weekly", "monthly"]
 ReplaceReason = Literal["lost", "stolen", "damaged", "expired"]
 DisputeReason = Literal["duplicate", "unauthorized", "not_received", "wrong_amount"]
 
-Phone = Annotated[str, Field(pattern=r"^\+?[0-9][0-9\- ]{4,}$", description="Phone number")]
+Phone = Annotated[str, Field(pattern=PHONE, description="Phone number")]
 Amount = Annotated[float, Field(gt=0, le=10_000, description="US dollars, at most 2 decimals")]
 Source = Annotated[
     str,
@@ -29,9 +29,8 @@ Source = Annotated[
     ),
 ]
 CardId = Annotated[str, Field(min_length=1, description="Card id, e.g. 'card_101'")]
-IsoDate = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="YYYY-MM-DD")]
+IsoDate = Annotated[str, Field(pattern=ISO_DATE, description="YYYY-MM-DD")]
 Limit = Annotated[int, Field(ge=1, le=100)]
-Offset = Annotated[int, Field(ge=0)]
 
 DISPUTE_WINDOW_DAYS = 60
 
@@ -106,11 +105,6 @@ class Dispute(TypedDict):
     amount: float
     status: str
     opened_at: str
-
-
-def money(value: float) -> float:
-    """Round to cents (the one rounding rule of the app)."""
-    return round(value + 1e-9, 2)
 
 
 def _cents_ok(amount: float) -> bool:
@@ -277,7 +271,7 @@ class WalletApp(App):
             and (source is None or t["source"] == source)
         ]
         rows.sort(key=lambda t: t["time"], reverse=True)
-        return cast(list[Transaction], rows[offset : offset + limit])
+        return cast(list[Transaction], paginate(rows, limit, offset))
 
     @tool()
     def wallet_get_transaction(
@@ -396,12 +390,7 @@ class WalletApp(App):
         self, direction: Direction | None = None, status: RequestStatus | None = None
     ) -> list[MoneyRequest]:
         """Money requests: incoming (others ask you) and outgoing (you asked others)."""
-        rows = [
-            r
-            for r in self.records("requests")
-            if (direction is None or r["direction"] == direction)
-            and (status is None or r["status"] == status)
-        ]
+        rows = self.select("requests", direction=direction, status=status)
         return cast(list[MoneyRequest], rows)
 
     def _pending(self, request_id: str, direction: str) -> dict[str, Any]:
@@ -450,8 +439,7 @@ class WalletApp(App):
     @tool()
     def wallet_list_bills(self, status: BillStatus | None = None) -> list[Bill]:
         """Bills linked to the wallet (utilities, phone, internet ...) with amount and due date."""
-        rows = [b for b in self.records("bills") if status is None or b["status"] == status]
-        return cast(list[Bill], rows)
+        return cast(list[Bill], self.select("bills", status=status))
 
     @tool("payment")
     def wallet_pay_bill(
