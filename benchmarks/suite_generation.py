@@ -45,7 +45,9 @@ def main() -> None:
     print(f"suite: {len(tasks)} tasks ({len(test)} test), {len(all_templates())} templates")
     print(f"{'import apps + templates':38}{imports_s:>9.2f} s")
     print(f"{'generate whole suite (aim <= 30 s)':38}{generate_s:>9.2f} s")
-    print(f"{'baseline: read it from JSONL':38}{load_s:>9.2f} s  ({loaded} tasks, {size_mb:.1f} MB)")
+    print(
+        f"{'baseline: read it from JSONL':38}{load_s:>9.2f} s  ({loaded} tasks, {size_mb:.1f} MB)"
+    )
     print(f"{'oracle over test split':38}{len(test) / oracle_s:>9.0f} tasks/s  ({solved} solved)")
 
 

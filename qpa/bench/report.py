@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -42,6 +42,9 @@ from qpa.bench.scoring import (
     quantile,
 )
 from qpa.contract import CAPABILITIES, Policy
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with this module
+    from matplotlib.figure import Figure
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -193,7 +196,7 @@ def render_markdown(report: Report, *, plots: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def _figure(width: float, height: float):  # type: ignore[no-untyped-def]
+def _figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -239,13 +239,13 @@ def policy_of(spec: PlannerSpec) -> Policy:
 
 
 def _check_remote(urls: Sequence[str]) -> None:
-    from qpa.envs.remote import RemoteEnv, RemoteEnvError
+    from qpa.envs.remote import RemoteEnv
 
     for url in dict.fromkeys(urls):
         try:
             with RemoteEnv(url, retries=1) as env:
                 env.health()
-        except (RemoteEnvError, ValueError, OSError) as exc:
+        except Exception as exc:  # unreachable, not a URL, not an environment server
             raise BenchError(f"environment server {url} is not answering: {exc}") from None
 
 
@@ -298,21 +298,69 @@ def run_bench(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
-        return _run_locked(
-            tasks,
-            spec,
-            out,
-            samples=samples,
-            concurrency=concurrency,
-            env_urls=env_urls,
-            env_kind=env_kind,
-            max_turns=max_turns,
-            retry_errors=retry_errors,
+        ids = [t.id for t in tasks]
+        path = out / TRAJECTORIES
+        policy = policy_of(spec)
+        resume = scan_trajectories(path, retry_errors=retry_errors)
+        other = next((r.policy for r in resume.records.values() if r.policy != policy), None)
+        if other is not None:
+            raise BenchError(
+                f"{path} holds episodes of another policy ({other.model_dump_json()}),"
+                f" not {policy.model_dump_json()}: use a fresh --out directory"
+            )
+        if env_urls:
+            _check_remote(env_urls)
+        manifest = RunManifest(
+            suite=tasks[0].suite,
+            split=tasks[0].split,
             seed=seed,
-            filters=filters,
-            on_start=on_start,
-            on_episode=on_episode,
-            stop=stop,
+            samples=samples,
+            policy=policy,
+            task_ids=ids,
+            filters=filters or {},
+            env={"kind": "remote" if env_urls else env_kind, "urls": list(env_urls)},
+        )
+        _atomic_write(out / MANIFEST, manifest.model_dump_json(indent=2).encode())
+
+        pending = [
+            (task, sample)
+            for sample in range(samples)
+            for task in tasks
+            if (task.id, sample) not in resume.records
+        ]
+        total = len(tasks) * samples
+        if on_start is not None:
+            on_start(total, total - len(pending))
+        started = time.perf_counter()
+        ran, interrupted = 0, False
+        if pending:
+            ran, interrupted = _execute(
+                pending,
+                spec,
+                policy,
+                path,
+                concurrency=min(concurrency, len(pending)),
+                make_env=_env_maker(env_urls, env_kind),
+                max_turns=max_turns,
+                resume=resume,
+                on_episode=on_episode,
+                stop=stop or threading.Event(),
+            )
+        selected = set(ids)
+        records = [
+            r for r in resume.records.values() if r.task_id in selected and r.sample < samples
+        ]
+        return BenchRun(
+            out_dir=out,
+            task_ids=ids,
+            samples=samples,
+            policy=policy,
+            records=records,
+            ran=ran,
+            skipped=total - len(pending),
+            resume=resume,
+            interrupted=interrupted,
+            elapsed_s=time.perf_counter() - started,
         )
 
 
@@ -337,87 +385,6 @@ def _exclusive(out: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _run_locked(
-    tasks: Sequence[Task],
-    spec: PlannerSpec,
-    out: Path,
-    *,
-    samples: int,
-    concurrency: int,
-    env_urls: Sequence[str],
-    env_kind: str,
-    max_turns: int,
-    retry_errors: bool,
-    seed: int,
-    filters: dict[str, Any] | None,
-    on_start: Callable[[int, int], None] | None,
-    on_episode: Callable[[EpisodeRecord], None] | None,
-    stop: threading.Event | None,
-) -> BenchRun:
-    ids = [t.id for t in tasks]
-    path = out / TRAJECTORIES
-    policy = policy_of(spec)
-    resume = scan_trajectories(path, retry_errors=retry_errors)
-    other = next((r.policy for r in resume.records.values() if r.policy != policy), None)
-    if other is not None:
-        raise BenchError(
-            f"{path} holds episodes of another policy ({other.model_dump_json()}),"
-            f" not {policy.model_dump_json()}: use a fresh --out directory"
-        )
-    if env_urls:
-        _check_remote(env_urls)
-    manifest = RunManifest(
-        suite=tasks[0].suite,
-        split=tasks[0].split,
-        seed=seed,
-        samples=samples,
-        policy=policy,
-        task_ids=ids,
-        filters=filters or {},
-        env={"kind": "remote" if env_urls else env_kind, "urls": list(env_urls)},
-    )
-    _atomic_write(out / MANIFEST, manifest.model_dump_json(indent=2).encode())
-
-    pending = [
-        (task, sample)
-        for sample in range(samples)
-        for task in tasks
-        if (task.id, sample) not in resume.records
-    ]
-    total = len(tasks) * samples
-    if on_start is not None:
-        on_start(total, total - len(pending))
-    started = time.perf_counter()
-    ran, interrupted = 0, False
-    if pending:
-        ran, interrupted = _execute(
-            pending,
-            spec,
-            policy,
-            path,
-            concurrency=min(concurrency, len(pending)),
-            make_env=_env_maker(env_urls, env_kind),
-            max_turns=max_turns,
-            resume=resume,
-            on_episode=on_episode,
-            stop=stop or threading.Event(),
-        )
-    selected = set(ids)
-    records = [r for r in resume.records.values() if r.task_id in selected and r.sample < samples]
-    return BenchRun(
-        out_dir=out,
-        task_ids=ids,
-        samples=samples,
-        policy=policy,
-        records=records,
-        ran=ran,
-        skipped=total - len(pending),
-        resume=resume,
-        interrupted=interrupted,
-        elapsed_s=time.perf_counter() - started,
-    )
 
 
 def _execute(

@@ -780,6 +780,21 @@ def _rule_parser_rejected(ctx: _Context) -> Diagnosis | None:
         for tool, arguments in extract_calls(raw):
             if tool not in available:
                 continue
+            scoped = arguments.get("tools") if tool == "delegate" else None
+            hidden = [
+                t
+                for t in (scoped if isinstance(scoped, list) else [])
+                if t not in available and t in ctx.trajectory.task.tools
+            ]
+            if hidden:
+                return _verdict(
+                    ctx,
+                    "tool_not_exposed",
+                    f"step {index}: the delegation needs {', '.join(map(str, hidden[:3]))}, "
+                    "which the Harness did not expose",
+                    index,
+                    ctx.divergence,
+                )
             if not _valid_call(tool, arguments, schema_rejected=schema_rejected):
                 continue
             if _went_through(ctx, index, tool, arguments):
@@ -994,6 +1009,16 @@ def _matches_later(ctx: _Context, index: int) -> int | None:
     return None
 
 
+def _next_plan_step(ctx: _Context) -> tuple[int, Action] | None:
+    """The first non-structural plan step after the divergence (references resolved, loosely:
+    a reference to the undone divergent step matches anything)."""
+    assert ctx.divergence is not None
+    for plan_step in ctx.plan[ctx.divergence + 1 :]:
+        if not plan_step.structural and not plan_step.main_finish:
+            return plan_step.index, _resolve(plan_step.action, ctx.results)
+    return None
+
+
 def _gave_up(ctx: _Context, index: int) -> Diagnosis:
     action = ctx.steps[index].action
     answer = action.answer if isinstance(action, Finish) else None
@@ -1061,7 +1086,8 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
             continue
         if isinstance(step.action, Finish):  # the main agent's Finish: the episode ends here
             if not any(
-                isinstance(ctx.steps[i].action, ToolCall) and not _noise(ctx.steps, i)
+                (isinstance(ctx.steps[i].action, ToolCall) and not _noise(ctx.steps, i))
+                or "parse_failure" in ctx.steps[i].annotations
                 for i in window
             ):
                 return _gave_up(ctx, index)
@@ -1089,6 +1115,16 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
         if alike or boundary is None:
             index = (alike or calls)[0]
             tool = _tool(ctx.steps[index])
+            ahead = _next_plan_step(ctx)
+            if ahead is not None and _matches(ctx.steps[index], ahead[1], ctx.plan[ahead[0]]):
+                return _verdict(
+                    ctx,
+                    "skipped_step",
+                    f"step {index} did plan step {ahead[0]} ({tool}) without "
+                    f"{_describe_plan_step(ctx)}",
+                    index,
+                    ctx.divergence,
+                )
             return _verdict(
                 ctx,
                 "wrong_tool",
@@ -1101,7 +1137,7 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
         return _verdict(
             ctx,
             "skipped_step",
-            f"step {boundary} went on to plan step {later} without {_describe_plan_step(ctx)}",
+            f"step {boundary} did plan step {later} without {_describe_plan_step(ctx)}",
             boundary,
             ctx.divergence,
         )

@@ -10,7 +10,9 @@ Models (scripted, no weights):
 - `SkillSensitiveBackend(task)`: a model that knows the reference plan but acts only on what its
   context shows, with the characteristic mistake when something is missing: a plan tool that is
   not offered -> it gives up; a needed Skill (`skills_needed`) absent from its system prompt ->
-  it skips that Skill's procedure step (the first state-changing plan step the Skill names); a
+  at that Skill's procedure step (the first state-changing plan step the Skill names) it calls
+  the obvious-but-wrong tool the Skill warns about (another tool of the app the Skill names,
+  e.g. `messaging_send` instead of `messaging_schedule`), or skips the step if there is none; a
   remembered value absent from the prompt's memory -> it uses a stale value the user once had
   (a conflicting memory item), or gives up when there is none. With everything present it is
   the oracle.
@@ -27,7 +29,8 @@ Environment faults wrap the sandbox in `FaultyEnv` (an `environment_failure` or 
 answer at a step, a dead server or a time-out raised at a step, a refused reset).
 
 `FAULTS` names every fault with its expected side and cause; `run_noisy` runs the `noisy`
-planner (directly, or through the Harness) and returns its label.
+planner (directly, or through the Harness) and returns its label; `measure` runs sources over
+tasks (only where the clean Harness solves the task: the control) and diagnoses each episode.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from qpa.contract import (
     Verification,
 )
 from qpa.diagnose import attribution
-from qpa.diagnose.attribution import Side, is_write, named_tools, skills_needed
+from qpa.diagnose.attribution import Diagnosis, Side, is_write, named_tools, skills_needed
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.registry import skills_for, tool_specs
 from qpa.harness.agent import HarnessConfig, HarnessPlanner
@@ -82,9 +85,12 @@ __all__ = [
     "FaultyEnv",
     "FormatMismatchBackend",
     "HidingHarnessPlanner",
+    "Outcome",
     "PlannerBackend",
     "SkillSensitiveBackend",
+    "clean_run_succeeds",
     "expected_noisy_cause",
+    "measure",
     "memory_needed",
     "run_harness",
     "run_noisy",
@@ -259,7 +265,7 @@ class SkillSensitiveBackend(_PlanFollower):
 
     - `tools`: a plan tool not offered this turn -> gives up (finish with an apology);
     - `skills`: a needed Skill (`skills_needed`, or given) missing from every system prompt seen
-      -> skips that Skill's procedure step;
+      -> at its procedure step, calls the naive tool the Skill warns about, or skips the step;
     - `memory`: a remembered value (not in the instruction) missing from the main agent's
       memory lines -> uses a stale conflicting value of the same key, or gives up.
     """
@@ -304,6 +310,10 @@ class SkillSensitiveBackend(_PlanFollower):
                 return Finish(answer=GIVE_UP_TOOL)
             skill = self.procedure.get(index)
             if self.check_skills and skill and f"### {skill}\n" not in self.seen:
+                naive = self._naive(skill, action, tools)
+                if naive is not None:
+                    self.mistakes.append(f"{naive.tool} for {action.tool}: Skill {skill} not shown")
+                    return naive
                 self.mistakes.append(f"skipped plan step {index}: Skill {skill} not shown")
                 self.results.append(None)  # keeps `${i}` references of later steps aligned
                 continue
@@ -329,6 +339,24 @@ class SkillSensitiveBackend(_PlanFollower):
                 return action.model_copy(update={"arguments": arguments})
             return action
         return Finish()
+
+    def _naive(self, skill: str, action: ToolCall, tools: Sequence[ToolSpec]) -> ToolCall | None:
+        """The obvious-but-wrong tool the Skill warns about: another tool of the same app that
+        the Skill names and the plan never uses (e.g. `messaging_send` for a scheduled text),
+        called with the arguments it accepts."""
+        app, _, name = skill.partition(".")
+        text = skills_for([app]).get(app, {}).get(name, "")
+        used = {a.tool for a in self.plan if isinstance(a, ToolCall)}
+        offered = {t.name: t for t in tools}
+        prefix = action.tool.split("_", 1)[0] + "_"
+        for tool in sorted(named_tools(text) - used):
+            spec = offered.get(tool)
+            if spec is None or not tool.startswith(prefix):
+                continue
+            accepted = set((spec.parameters.get("properties") or {}).keys())
+            arguments = {k: v for k, v in action.arguments.items() if k in accepted}
+            return ToolCall(tool=tool, arguments=arguments)
+        return None
 
 
 FormatStyle = Literal["function_tag", "double_encoded"]
@@ -874,3 +902,100 @@ ENVIRONMENT_FAULTS: dict[str, Fault] = {
 }
 
 FAULTS: dict[str, Fault] = {**HARNESS_FAULTS, **ENVIRONMENT_FAULTS}
+
+
+# --------------------------------------------------------------------------- measuring
+
+NOISY_SOURCES = ("noisy", "noisy_harness")
+SOURCES: tuple[str, ...] = (*NOISY_SOURCES, *FAULTS)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One faulted episode: what was injected, and what diagnosis said (None: it succeeded)."""
+
+    source: str
+    task_id: str
+    expected_side: Side
+    expected_cause: str
+    diagnosis: Diagnosis | None
+    detour_every: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.diagnosis is not None
+
+    @property
+    def side_correct(self) -> bool:
+        return self.diagnosis is not None and self.diagnosis.side == self.expected_side
+
+    @property
+    def cause_correct(self) -> bool:
+        return self.diagnosis is not None and self.diagnosis.cause == self.expected_cause
+
+
+def clean_run_succeeds(task: Task) -> bool:
+    """The control: the default Harness with a context-sensitive model solves the task. A fault
+    is only measured where this holds, so its effect is the fault's alone."""
+    return run_harness(task, SkillSensitiveBackend(task)).success
+
+
+def measure(
+    tasks: Iterable[Task],
+    *,
+    sources: Iterable[str] = SOURCES,
+    detour_every: int | None = None,
+    seed: int = 0,
+    controls: dict[str, bool] | None = None,
+) -> list[Outcome]:
+    """Run every applicable source on every task and diagnose the result.
+
+    `controls` caches `clean_run_succeeds` per task id (filled in as it goes).
+    """
+    wanted = list(sources)
+    unknown = [s for s in wanted if s not in SOURCES]
+    if unknown:
+        raise ValueError(f"unknown sources {unknown}; choose from {', '.join(SOURCES)}")
+    cache = controls if controls is not None else {}
+    out: list[Outcome] = []
+    for task in tasks:
+        if not task.reference_plan:
+            continue
+        if task.id not in cache:
+            cache[task.id] = clean_run_succeeds(task)
+        for source in wanted:
+            if source in NOISY_SOURCES:
+                via = source == "noisy_harness"
+                if via and not cache[task.id]:
+                    continue
+                trajectory, label = run_noisy(
+                    task, seed=seed, via_harness=via, detour_every=detour_every if via else None
+                )
+                if label is None:
+                    continue
+                out.append(
+                    Outcome(
+                        source,
+                        task.id,
+                        "model",
+                        expected_noisy_cause(label),
+                        attribution.diagnose(trajectory),
+                        detour_every if via else None,
+                    )
+                )
+                continue
+            fault = FAULTS[source]
+            if not cache[task.id] or not fault.applies(task):
+                continue
+            trajectory = fault.inject(task, detour_every)
+            out.append(
+                Outcome(
+                    source,
+                    task.id,
+                    fault.side,
+                    fault.cause,
+                    attribution.diagnose(trajectory),
+                    detour_every,
+                )
+            )
+    return out

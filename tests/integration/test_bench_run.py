@@ -202,9 +202,11 @@ def test_a_stopped_run_loses_at_most_the_episodes_in_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slow_episode = bench_run.run_episode
+    started: list[int] = []
 
     def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.005)
+        started.append(1)
+        time.sleep(0.02)
         return slow_episode(*args, **kwargs)
 
     monkeypatch.setattr(bench_run, "run_episode", slow)
@@ -213,7 +215,7 @@ def test_a_stopped_run_loses_at_most_the_episodes_in_flight(
     def on_episode(record: Any) -> None:
         seen.append(record.key)
         if len(seen) == 4:
-            stop.set()  # the "kill": no new episode starts
+            stop.set()  # the "kill": no new episode starts, the ones in flight finish
 
     first = run_bench(
         TASKS,
@@ -224,7 +226,8 @@ def test_a_stopped_run_loses_at_most_the_episodes_in_flight(
         stop=stop,
         on_episode=on_episode,
     )
-    assert first.interrupted and 4 <= first.ran <= 4 + 3 < 2 * LIMIT
+    assert first.interrupted and 4 <= first.ran < 2 * LIMIT
+    assert first.ran == len(started)  # every episode that started was written
     assert len(keys_in(tmp_path / "trajectories.jsonl")) == first.ran
     partial = score(first.records, samples=2, expected_tasks=first.task_ids)
     assert not partial.complete and partial.missing_episodes == 2 * LIMIT - first.ran
@@ -506,3 +509,17 @@ def test_a_model_planner_with_a_price_table(tmp_path: Path) -> None:
     )
     assert report.cost_per_1k_tasks == pytest.approx(expected)
     assert report.output_tokens_per_success is None  # finishing at once never succeeds
+
+
+def test_two_runs_never_write_one_folder(tmp_path: Path) -> None:
+    import fcntl
+
+    with open(tmp_path / "run.lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # "another run" holds it
+        held.write("pid 4242\n")
+        held.flush()
+        result = invoke("run", "--limit", "2", "--out", str(tmp_path))
+        assert result.exit_code == 2 and "pid 4242" in result.output
+        assert not (tmp_path / "trajectories.jsonl").exists()
+    result = invoke("run", "--limit", "2", "--no-plots", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output

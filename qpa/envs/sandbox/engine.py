@@ -105,6 +105,15 @@ def parse_real_moment(value: str, field: str, *, what: str = "a real date/time")
     return moment
 
 
+def updates(nothing: str, **fields: Any) -> dict[str, Any]:
+    """The fields an update tool was given (the non-None ones, in order); if there are none, an
+    invalid_arguments failure with the message `nothing`."""
+    given = {key: value for key, value in fields.items() if value is not None}
+    if not given:
+        raise fail(nothing, "invalid_arguments")
+    return given
+
+
 def confirmation_code(seed: str) -> str:
     """A six-character booking reference (PNR, hotel confirmation), a pure function of `seed`."""
     value = zlib.crc32(seed.encode())

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from qpa.contract import TokenUsage, ToolSpec
 from qpa.harness.backends.base import (
@@ -66,6 +66,47 @@ class LocalBackend:
         self._model: Any = None
         self._tokenizer: Any = None
         self._device: Any = None
+
+    @classmethod
+    def from_loaded(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str = "in-memory",
+        max_new_tokens: int = 512,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        stop_at_action: bool = True,
+    ) -> Self:
+        """Wrap a model and tokenizer that are already loaded (e.g. the policy being trained).
+
+        Nothing is read from disk: the backend renders prompts and decodes exactly as one loaded
+        from a folder, on the device the model's weights are on, and never moves or copies
+        them. The caller keeps ownership (`close()` only drops the references). `name` is what
+        completions report as their model.
+        """
+        backend = cls.__new__(cls)
+        backend.model_path = Path(name)
+        backend.model = name
+        parameter = next(iter(model.parameters()), None)
+        device = parameter.device if parameter is not None else "cpu"
+        backend.device_name = str(device)
+        backend.dtype_name = (
+            str(parameter.dtype).removeprefix("torch.") if parameter is not None else "auto"
+        )
+        backend.max_new_tokens = max_new_tokens
+        backend.chat_template = chat_template
+        backend.template_kwargs = dict(template_kwargs or {})
+        backend.stop_at_action = stop_at_action
+        backend._lock = threading.Lock()
+        if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        backend._model, backend._tokenizer = model, tokenizer
+        import torch
+
+        backend._device = torch.device(device)
+        return backend
 
     def __repr__(self) -> str:
         return f"LocalBackend(model_path={self.model!r}, device={self.device_name!r})"

@@ -11,16 +11,10 @@ import pytest
 
 from qpa.contract import SPLITS, Check, Finish, MemoryItem, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv
+from qpa.envs.sandbox.authoring import conflicting_memory, memory_winner
 from qpa.envs.sandbox.registry import all_apps, all_tools
 from qpa.envs.sandbox.suite import CANONICAL_SEED, all_templates, build_task
-from qpa.envs.sandbox.templates.email import (
-    ACCOUNTS,
-    PERSONAL,
-    WORK,
-    conflicting_memory,
-    mail,
-    memory_winner,
-)
+from qpa.envs.sandbox.templates.email import ACCOUNTS, PERSONAL, WORK, mail
 from qpa.envs.sandbox.templates.media import build_catalog, playlist
 from qpa.envs.sandbox.templates.smart_home import HomeBuilder
 from qpa.harness.planners import make_planner

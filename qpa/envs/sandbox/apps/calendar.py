@@ -17,6 +17,7 @@ from qpa.envs.sandbox.engine import (
     page,
     parse_real_moment,
     tool,
+    updates,
 )
 
 CLOCK = r"^\d{2}:\d{2}$"
@@ -443,13 +444,12 @@ class CalendarApp(App):
         """Change an event's title, location or notes (only the given fields). To change its
         time use calendar_reschedule_event."""
         record = self._own_event(event_id)
-        given = {
-            k: v
-            for k, v in {"title": title, "location": location, "notes": notes}.items()
-            if v is not None
-        }
-        if not given:
-            raise fail("nothing to update: give title, location or notes", "invalid_arguments")
+        given = updates(
+            "nothing to update: give title, location or notes",
+            title=title,
+            location=location,
+            notes=notes,
+        )
         record.update(given)
         return cast(Event, record)
 

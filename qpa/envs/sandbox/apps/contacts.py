@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import PHONE, App, fail, tool
+from qpa.envs.sandbox.engine import PHONE, App, fail, tool, updates
 
 
 class Contact(TypedDict):
@@ -101,13 +101,13 @@ class ContactsApp(App):
     ) -> Contact:
         """Change a contact's phone, email, address or favorite flag (only the given fields)."""
         record = self.find("contacts", contact_id, what="contact")
-        changes = {"phone": phone, "email": email, "address": address, "favorite": favorite}
-        given = {k: v for k, v in changes.items() if v is not None}
-        if not given:
-            raise fail(
-                "nothing to update: give at least one of phone, email, address, favorite",
-                "invalid_arguments",
-            )
+        given = updates(
+            "nothing to update: give at least one of phone, email, address, favorite",
+            phone=phone,
+            email=email,
+            address=address,
+            favorite=favorite,
+        )
         record.update(given)
         return record  # type: ignore[return-value]
 

@@ -113,7 +113,7 @@ class Airport(TypedDict):
     country: str
 
 
-class FlightOffer(TypedDict):
+class _FlightBase(TypedDict):
     id: str
     airline: str
     airline_name: str
@@ -125,24 +125,16 @@ class FlightOffer(TypedDict):
     arrive: str
     duration_min: int
     stops: int
+
+
+class FlightOffer(_FlightBase):
     cabin: str
     price: float
     seats_left: int
     international: bool
 
 
-class Flight(TypedDict):
-    id: str
-    airline: str
-    airline_name: str
-    flight_no: str
-    origin: str
-    destination: str
-    date: str
-    depart: str
-    arrive: str
-    duration_min: int
-    stops: int
+class Flight(_FlightBase):
     aircraft: str
     fares: dict[str, float]
     seats_left: dict[str, int]

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, paginate, tool
+from qpa.envs.sandbox.engine import App, fail, paginate, tool, updates
 
 Genre = Literal["pop", "rock", "jazz", "hip-hop", "electronic", "classical", "folk", "r&b"]
 DeviceKind = Literal["phone", "speaker", "tv", "car"]
@@ -330,15 +330,13 @@ class MusicApp(App):
     ) -> PlaylistSummary:
         """Rename a playlist or change its description, visibility or collaboration."""
         p = self._playlist(playlist_id)
-        changes = {
-            "name": name,
-            "description": description,
-            "public": public,
-            "collaborative": collaborative,
-        }
-        given = {k: v for k, v in changes.items() if v is not None}
-        if not given:
-            raise fail("nothing to update", "invalid_arguments")
+        given = updates(
+            "nothing to update",
+            name=name,
+            description=description,
+            public=public,
+            collaborative=collaborative,
+        )
         if name is not None and any(
             o["name"].lower() == name.lower() and o is not p for o in self.records("playlists")
         ):

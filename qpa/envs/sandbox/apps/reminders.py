@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_MINUTE, App, fail, page, parse_real_moment, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, App, fail, page, parse_real_moment, tool, updates
 
 IsoDateTime = Annotated[str, Field(pattern=ISO_MINUTE, description="Local time, YYYY-MM-DDTHH:MM")]
 ReminderId = Annotated[str, Field(min_length=1, description="Reminder id, e.g. r_101")]
@@ -275,18 +275,14 @@ class RemindersApp(App):
         record = self._open(reminder_id)
         if due is not None:
             parse_real_moment(due, "due")
-        changes = {
-            "title": title,
-            "due": due,
-            "priority": priority,
-            "notes": notes,
-            "repeat": repeat,
-        }
-        given = {k: v for k, v in changes.items() if v is not None}
-        if not given:
-            raise fail(
-                "nothing to update: give title, due, priority, notes or repeat", "invalid_arguments"
-            )
+        given = updates(
+            "nothing to update: give title, due, priority, notes or repeat",
+            title=title,
+            due=due,
+            priority=priority,
+            notes=notes,
+            repeat=repeat,
+        )
         if given.get("repeat", record.get("repeat")) != "never" and not given.get(
             "due", record.get("due")
         ):

@@ -1,145 +1,15 @@
 """Email tasks: write to contacts, reply, forward attachments, labels and filters, auto-replies,
-mailbox triage with sub-agents, and mail carrying prompt injections the agent must ignore.
-
-Also home of small helpers the media and smart-home templates share: `PlanBuilder` (indexes of
-plan steps for `${i.path}` references) and `conflicting_memory` (stale/conflicting evidence).
-"""
+mailbox triage with sub-agents, and mail carrying prompt injections the agent must ignore."""
 
 from __future__ import annotations
 
-import random
 from datetime import datetime, timedelta
 from typing import Any
 
-from qpa.contract import Action, Check, Delegate, Finish, MemoryItem, ToolCall
+from qpa.contract import Check, Delegate, Finish, ToolCall
+from qpa.envs.sandbox.authoring import PlanBuilder, conflicting_memory, contacts_world, past_time
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.messaging import contacts_world
 from qpa.envs.sandbox.worldgen import LAST, Faker
-
-# --------------------------------------------------------------------------- shared helpers
-
-EVIDENCE_RANK = {"stated": 3, "confirmed": 2, "observed": 1, "inferred": 0}
-_WEAKER = {"stated": ["confirmed", "observed", "inferred"], "confirmed": ["observed", "inferred"]}
-NOISE_MEMORY = [
-    ("coffee_order", "oat flat white"),
-    ("home_city", "Portland"),
-    ("preferred_airline", "Harbor Air"),
-    ("dietary", "vegetarian"),
-    ("gym_days", "Tuesday and Thursday"),
-    ("partner_name", "Sam"),
-    ("news_source", "Morning Brief"),
-]
-
-
-class PlanBuilder:
-    """A reference plan under construction: `add` returns the step index for `${i.path}`."""
-
-    def __init__(self) -> None:
-        self.steps: list[Action] = []
-
-    def add(self, action: Action) -> int:
-        self.steps.append(action)
-        return len(self.steps) - 1
-
-    def call(self, tool: str, **arguments: Any) -> int:
-        return self.add(ToolCall(tool=tool, arguments=arguments))
-
-
-def _memory_time(rng: random.Random, lo_days: int, hi_days: int) -> datetime:
-    """A moment `lo_days..hi_days` days before the sandbox's start (2026-03-02)."""
-    return datetime(2026, 3, 2, 9, 0) - timedelta(
-        days=rng.randint(lo_days, hi_days), hours=rng.randint(0, 12)
-    )
-
-
-def memory_winner(items: list[MemoryItem], key: str) -> str:
-    """The value a careful agent uses: strongest evidence first, then the newest."""
-    rows = [m for m in items if m.key == key]
-    return max(rows, key=lambda m: (EVIDENCE_RANK[m.evidence], m.time)).value
-
-
-def conflicting_memory(
-    rng: random.Random, key: str, right: str, wrong: list[str], *, noise: int = 2
-) -> list[MemoryItem]:
-    """Memory where `key` has conflicting or stale values and `right` is the one to use.
-
-    Scenarios: the right value has stronger evidence but is older than a weakly supported newer
-    one; or equal evidence and the right value is simply newer (the other is stale); or both.
-    """
-    scenario = rng.choice(["stronger_older", "newer_same", "mixed"])
-    items: list[MemoryItem] = []
-    w1 = wrong[0]
-    if scenario == "stronger_older":
-        ev = rng.choice(["stated", "confirmed"])
-        items.append(
-            MemoryItem(
-                key=key, value=right, evidence=ev, source="user", time=_memory_time(rng, 60, 150)
-            )
-        )
-        items.append(
-            MemoryItem(
-                key=key,
-                value=w1,
-                evidence=rng.choice(_WEAKER[ev]),
-                source="inferred_from_activity",
-                time=_memory_time(rng, 2, 40),
-            )
-        )
-    elif scenario == "newer_same":
-        ev = rng.choice(["stated", "confirmed", "observed"])
-        items.append(
-            MemoryItem(
-                key=key, value=right, evidence=ev, source="user", time=_memory_time(rng, 2, 40)
-            )
-        )
-        items.append(
-            MemoryItem(
-                key=key, value=w1, evidence=ev, source="user", time=_memory_time(rng, 90, 300)
-            )
-        )
-    else:
-        items.append(
-            MemoryItem(
-                key=key,
-                value=right,
-                evidence="confirmed",
-                source="user",
-                time=_memory_time(rng, 20, 50),
-            )
-        )
-        items.append(
-            MemoryItem(
-                key=key,
-                value=w1,
-                evidence="confirmed",
-                source="user",
-                time=_memory_time(rng, 120, 300),
-            )
-        )
-        items.append(
-            MemoryItem(
-                key=key,
-                value=wrong[-1],
-                evidence=rng.choice(["observed", "inferred"]),
-                source="inferred_from_activity",
-                time=_memory_time(rng, 1, 10),
-            )
-        )
-    for nkey, nvalue in rng.sample(NOISE_MEMORY, noise):
-        items.append(
-            MemoryItem(key=nkey, value=nvalue, evidence="stated", time=_memory_time(rng, 5, 200))
-        )
-    rng.shuffle(items)
-    assert memory_winner(items, key) == right
-    return items
-
-
-def past_time(rng: random.Random, *, max_days: int = 14, min_minutes: int = 30) -> str:
-    """An ISO minute before the sandbox start (2026-03-02T09:00)."""
-    start = datetime(2026, 3, 2, 9, 0)
-    minutes = rng.randint(min_minutes, max_days * 24 * 60)
-    return (start - timedelta(minutes=minutes)).isoformat(timespec="minutes")
-
 
 # --------------------------------------------------------------------------- email world
 

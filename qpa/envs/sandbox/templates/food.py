@@ -7,95 +7,9 @@ import random
 from datetime import datetime, timedelta
 from typing import Any
 
-from qpa.contract import Action, Check, Delegate, Evidence, Finish, MemoryItem, Task, ToolCall
+from qpa.contract import Check, Finish, MemoryItem, Task
+from qpa.envs.sandbox.authoring import ADDRESSES, PlanBuilder, card_pool, near, ref, remembered
 from qpa.envs.sandbox.suite import TaskGen, template
-
-# --------------------------------------------------------------------------- shared helpers
-# (also used by the shopping and payments templates)
-
-EVIDENCE_ORDER: list[Evidence] = ["stated", "confirmed", "observed", "inferred"]
-
-
-def ref(step: int, path: str = "") -> str:
-    """A `${step.path}` reference to the observation of an earlier plan step."""
-    return "${" + f"{step}{'.' + path if path else ''}" + "}"
-
-
-def near(field: str, value: float, tol: float = 0.006) -> dict[str, float]:
-    """`where` conditions matching a money value to the cent (robust to float noise)."""
-    return {f"{field}__gte": round(value - tol, 4), f"{field}__lte": round(value + tol, 4)}
-
-
-class PlanBuilder:
-    """Collects a reference plan and returns each step's index for `${i.path}` references."""
-
-    def __init__(self) -> None:
-        self.actions: list[Action] = []
-
-    def call(self, tool: str, **arguments: Any) -> int:
-        self.actions.append(ToolCall(tool=tool, arguments=arguments))
-        return len(self.actions) - 1
-
-    def delegate(self, goal: str, tools: list[str], agent: str) -> int:
-        self.actions.append(Delegate(goal=goal, tools=tools, agent=agent))
-        return len(self.actions) - 1
-
-    def finish(self, answer: str | None = None) -> list[Action]:
-        self.actions.append(Finish(answer=answer))
-        return self.actions
-
-
-def remembered(
-    rng: random.Random, key: str, right: str, wrong: str, source: str = "history"
-) -> list[MemoryItem]:
-    """Two conflicting memories for one key; `right` wins by stronger evidence or, at equal
-    evidence, by being newer (the other one is stale)."""
-    older = datetime(2025, rng.randint(3, 11), rng.randint(1, 28), rng.randint(8, 20))
-    newer = datetime(2026, rng.randint(1, 2), rng.randint(1, 27), rng.randint(8, 20))
-    if rng.random() < 0.5:
-        strong = rng.randint(0, 2)
-        weak = rng.randint(strong + 1, 3)
-        items = [
-            MemoryItem(
-                key=key, value=right, evidence=EVIDENCE_ORDER[strong], source=source, time=older
-            ),
-            MemoryItem(
-                key=key, value=wrong, evidence=EVIDENCE_ORDER[weak], source=source, time=newer
-            ),
-        ]
-    else:
-        evidence = rng.choice(EVIDENCE_ORDER)
-        items = [
-            MemoryItem(key=key, value=wrong, evidence=evidence, source=source, time=older),
-            MemoryItem(key=key, value=right, evidence=evidence, source=source, time=newer),
-        ]
-    rng.shuffle(items)
-    return items
-
-
-def card_pool(g: TaskGen, n: int, prefix: str = "pm") -> list[dict[str, Any]]:
-    """Saved cards with distinct, human-readable labels ('Visa ending 4242')."""
-    brands = g.rng.sample(["Visa", "Mastercard", "Amex", "Discover"], n)
-    digits = g.rng.sample(range(1000, 10000), n)
-    return [
-        {
-            "id": f"{prefix}_{i + 1}",
-            "label": f"{brand} ending {last4}",
-            "brand": brand,
-            "last4": str(last4),
-            "status": "active",
-            "available": float(g.rng.choice([800, 1200, 2500, 5000])),
-        }
-        for i, (brand, last4) in enumerate(zip(brands, digits, strict=True))
-    ]
-
-
-ADDRESSES = [
-    {"id": "addr_1", "label": "home", "address": "12 Harbor Street"},
-    {"id": "addr_2", "label": "work", "address": "400 Market Avenue"},
-    {"id": "addr_3", "label": "gym", "address": "88 River Road"},
-    {"id": "addr_4", "label": "parents'", "address": "5 Cedar Lane"},
-]
 
 # --------------------------------------------------------------------------- food world
 
@@ -266,7 +180,7 @@ class FoodWorld:
         self.orders: list[dict[str, Any]] = []
         self.promos: list[dict[str, Any]] = []
         self.cases: list[dict[str, Any]] = []
-        self.cards = card_pool(g, n_cards)
+        self.cards = card_pool(g.rng, n_cards)
         self.addresses = [dict(a) for a in ADDRESSES[: g.rng.randint(2, 4)]]
         self._used: set[str] = set()
         self._item = 100
@@ -924,7 +838,7 @@ def _scout(
     )
     s_rest = plan.call("food_search_restaurants", query=restaurant["name"])
     s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
-    plan.actions.append(
+    plan.add(
         Finish(
             answer=f"{restaurant['name']} ({restaurant['id']}): {dish['name']} ({dish['id']}) "
             f"costs ${dish['price']:.2f}"

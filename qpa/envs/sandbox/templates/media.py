@@ -7,8 +7,8 @@ import random
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, ToolCall
+from qpa.envs.sandbox.authoring import PlanBuilder, conflicting_memory, past_time
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.email import PlanBuilder, conflicting_memory, past_time
 
 ARTISTS = [
     "The Velvet Owls",

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, MemoryItem, ToolCall
+from qpa.envs.sandbox.authoring import contacts_world
 from qpa.envs.sandbox.suite import TaskGen, template
 from qpa.envs.sandbox.worldgen import TOPICS, Faker
 
@@ -19,24 +20,6 @@ NOTES = [
     "The meeting moved to Room 4B.",
     "Thanks for the help yesterday!",
 ]
-
-
-def contacts_world(fake: Faker, n: int = 8) -> list[dict[str, Any]]:
-    people = []
-    for i in range(n):
-        name = fake.name()
-        people.append(
-            {
-                "id": f"c_{100 + i}",
-                "name": name,
-                "phone": fake.phone(),
-                "email": fake.email(name),
-                "address": fake.address(),
-                "favorite": fake.rng.random() < 0.2,
-                "groups": fake.pick(["family", "work", "friends", "gym"], 1),
-            }
-        )
-    return people
 
 
 def inbox(fake: Faker, people: list[dict[str, Any]], n: int = 4) -> list[dict[str, Any]]:

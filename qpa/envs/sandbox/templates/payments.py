@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from qpa.contract import Check, MemoryItem, Task
+from qpa.envs.sandbox.authoring import PlanBuilder, card_pool, ref, remembered
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.food import PlanBuilder, card_pool, ref, remembered
 
 WALLET_NOW = datetime(2026, 3, 2, 9, 0)
 TODAY = WALLET_NOW.isoformat(timespec="minutes")
@@ -69,7 +69,7 @@ class WalletWorld:
             "currency": "USD",
             "daily_limit": 2500.0,
         }
-        self.cards = card_pool(g, n_cards, prefix="card")
+        self.cards = card_pool(g.rng, n_cards, prefix="card")
         for card in self.cards:
             card["default"] = False
             card["replaces"] = None

@@ -7,15 +7,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from qpa.contract import Check, MemoryItem, Task
+from qpa.envs.sandbox.authoring import ADDRESSES, PlanBuilder, card_pool, near, ref, remembered
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.food import (
-    ADDRESSES,
-    PlanBuilder,
-    card_pool,
-    near,
-    ref,
-    remembered,
-)
 
 SHOP_NOW = datetime(2026, 3, 2, 9, 0)
 SHOE_SIZES = ["6", "7", "8", "9", "10", "11", "12"]
@@ -178,7 +171,7 @@ class ShopWorld:
         self.g = g
         self.products: list[dict[str, Any]] = []
         self.orders: list[dict[str, Any]] = []
-        self.cards = card_pool(g, n_cards)
+        self.cards = card_pool(g.rng, n_cards)
         self.addresses = [dict(a) for a in ADDRESSES[: g.rng.randint(2, 4)]]
         self.wishlist: list[dict[str, Any]] = []
         self._titles: set[str] = set()

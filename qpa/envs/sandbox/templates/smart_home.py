@@ -8,9 +8,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, ToolCall
+from qpa.envs.sandbox.authoring import PlanBuilder, conflicting_memory, contacts_world
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.email import PlanBuilder, conflicting_memory
-from qpa.envs.sandbox.templates.messaging import contacts_world
 
 ROOMS = [
     "Living Room",

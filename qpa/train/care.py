@@ -1,0 +1,308 @@
+"""CARE: Competence-Aware Reward-and-Advantage Engineering, as pure functions.
+
+RL for a planner samples a *group* of k trajectories of one task and scores each one against the
+others. CARE makes two choices per group, both from the group's own evidence.
+
+1. **Which reward (the tier).** The group's success rate ``rho = (1/k) sum_i s_i`` says how
+   competent the policy already is at this task, and selects what is worth learning from it:
+
+   - ``progress_shaping`` when ``rho < low``: ``r_i = 1`` if s_i else ``w_p * p_i``;
+   - ``outcome_consolidation`` when ``low <= rho <= high``: ``r_i = s_i``;
+   - ``efficiency_refinement`` when ``rho > high``: ``r_i = s_i * (1 - cost_i)``;
+
+   with ``s_i`` in {0, 1} the verifier's success, ``p_i`` in [0, 1] its progress (the share of
+   checks passed), ``w_p = progress_weight < 1``, and the efficiency cost
+
+       cost_i = w_tok * min(n_i / N_tok, cap) + w_call * min(c_i / N_call, cap)
+
+   where ``n_i`` is the trajectory's output (completion) tokens and ``c_i`` its tool calls. The
+   normalisers ``N_tok, N_call`` are, with ``normalization="group"`` (default), the mean output
+   tokens and mean tool calls of the group's *successful* trajectories (at least 1), so the cost
+   is relative to what success takes on this task; with ``normalization="budget"`` they are the
+   fixed ``token_norm`` / ``call_norm``.
+
+   Why: a group that almost always fails has (nearly) no outcome signal, so partial progress is
+   the only thing to learn from; a mixed group has a clean success-vs-failure signal that shaping
+   would only blur; a saturated group has nothing left to learn about *whether* to succeed, only
+   about doing it with fewer tokens and calls. The rules keep every success strictly above every
+   failure in each tier: ``w_p < 1`` in progress shaping, and ``(w_tok + w_call) * cap < 1`` in
+   efficiency refinement (validated). Only successes pay the efficiency cost: a failure must never
+   become "better" by being short, which would reward giving up early.
+
+2. **How to scale the advantage (the success anchor).** GRPO standardises per group,
+   ``A_i = (r_i - mean(r)) / (std(r) + eps)`` (std Bessel-corrected, eps 1e-4, as TRL computes
+   it). When every trajectory succeeded, ``std(r)`` is only
+   the spread of the efficiency costs, which can be arbitrarily small, and dividing by it turns a
+   one-token difference between two successes into advantages of about +-1: as strong a push as a
+   success against a failure. That is what makes vanilla RL over-compress reasoning or skip tool
+   calls once a task is mastered. CARE anchors the scale on what a success is worth:
+
+       kappa_k = anchor * sqrt(k - 1) / k
+       A_i     = (r_i - mean(r)) / (std(r) + eps)            if 0 < #successes < k
+       A_i     = (r_i - mean(r)) / max(std(r), kappa_k)      if #successes in {0, k}
+
+   ``kappa_k`` is the (population) standard deviation of a group of k in which exactly one
+   trajectory is worth ``anchor`` (one success, default 1.0) more than the rest: the smallest
+   spread a real success-vs-failure difference can produce. A group that holds both outcomes has
+   a genuine outcome signal and is standardised exactly as GRPO does (CARE equals vanilla GRPO
+   there). A group that is all-success or all-failure has no outcome signal: any spread it has
+   comes from sub-success differences (tokens, calls, partial progress), which are therefore
+   measured in units of one success; the scale is never below the group's own spread, so
+   nothing is amplified beyond vanilla. A one-token difference between two successes gets
+   advantages of about +-0.001 instead of +-1, partial progress counts as a fraction of a
+   success, and in every group the success-vs-failure split dominates any efficiency difference
+   among successes.
+
+Within a group, advantages are an increasing affine function of the reward, so CARE never
+reorders trajectories, it only changes how hard each group pushes. Everything here is pure
+Python (no torch), deterministic and cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from qpa.contract import Trajectory
+
+CareTier = Literal["progress_shaping", "outcome_consolidation", "efficiency_refinement"]
+CARE_TIERS: tuple[CareTier, ...] = (
+    "progress_shaping",
+    "outcome_consolidation",
+    "efficiency_refinement",
+)
+VANILLA_EPS = 1e-4
+"""GRPO's epsilon in ``std + eps`` (TRL's default)."""
+
+
+class CareConfig(BaseModel):
+    """CARE's thresholds, reward weights, normalisation and success anchor (see the module doc).
+
+    ``low=0`` switches progress shaping off; ``high=1`` switches efficiency refinement off.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    low: float = Field(default=0.2, ge=0.0, le=1.0, description="rho below this: progress")
+    high: float = Field(default=0.8, ge=0.0, le=1.0, description="rho above this: efficiency")
+    progress_weight: float = Field(
+        default=0.8, ge=0.0, lt=1.0, description="w_p: a failure's credit per unit of progress"
+    )
+    token_weight: float = Field(default=0.1, ge=0.0, description="w_tok")
+    call_weight: float = Field(default=0.05, ge=0.0, description="w_call")
+    normalization: Literal["group", "budget"] = "group"
+    token_norm: float = Field(default=1024.0, gt=0.0, description="N_tok for 'budget'")
+    call_norm: float = Field(default=16.0, gt=0.0, description="N_call for 'budget'")
+    cost_cap: float = Field(default=2.0, gt=0.0, description="cap on each normalised cost term")
+    anchor: float = Field(default=1.0, gt=0.0, description="what one success is worth")
+    epsilon: float = Field(default=VANILLA_EPS, ge=0.0, description="eps in std + eps")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        worst = (self.token_weight + self.call_weight) * self.cost_cap
+        if worst >= 1.0:
+            raise ValueError(
+                "(token_weight + call_weight) * cost_cap must be < 1 so that every success "
+                f"outranks every failure; got {worst:g}"
+            )
+        return self
+
+    @property
+    def max_cost(self) -> float:
+        """The largest efficiency cost a success can pay."""
+        return (self.token_weight + self.call_weight) * self.cost_cap
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What CARE needs to know about one trajectory."""
+
+    success: bool
+    progress: float = 0.0
+    output_tokens: int = 0
+    tool_calls: int = 0
+
+    @classmethod
+    def of(cls, trajectory: Trajectory) -> Outcome:
+        """From a recorded trajectory: verifier success/progress, output tokens, tool calls."""
+        verification = trajectory.verification
+        totals = trajectory.totals
+        return cls(
+            success=bool(verification is not None and verification.success),
+            progress=float(verification.progress) if verification is not None else 0.0,
+            output_tokens=int(totals.completion_tokens),
+            tool_calls=int(totals.tool_calls),
+        )
+
+
+GroupMember = Outcome | Trajectory
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """CARE's verdict on one group: tier, success rate, rewards and advantages (same order)."""
+
+    tier: CareTier
+    success_rate: float
+    rewards: list[float]
+    advantages: list[float]
+    scale: float
+    anchored: bool  # the success anchor set the scale (an all-success or all-failure group)
+
+
+def _outcomes(group: Sequence[GroupMember]) -> list[Outcome]:
+    if not group:
+        raise ValueError("a group needs at least one trajectory")
+    return [m if isinstance(m, Outcome) else Outcome.of(m) for m in group]
+
+
+def success_rate(group: Sequence[GroupMember]) -> float:
+    """``rho``: the share of the group's trajectories that succeeded."""
+    outcomes = _outcomes(group)
+    return sum(o.success for o in outcomes) / len(outcomes)
+
+
+def group_tier(rate: float, config: CareConfig | None = None) -> CareTier:
+    """The tier a group with success rate ``rate`` is trained in (strict thresholds)."""
+    if not 0.0 <= rate <= 1.0 or math.isnan(rate):
+        raise ValueError(f"success rate must be in [0, 1], got {rate}")
+    cfg = config or CareConfig()
+    if rate < cfg.low:
+        return "progress_shaping"
+    if rate > cfg.high:
+        return "efficiency_refinement"
+    return "outcome_consolidation"
+
+
+def efficiency_costs(group: Sequence[GroupMember], config: CareConfig | None = None) -> list[float]:
+    """``cost_i`` for every member (failures get one too, but it is only charged to successes)."""
+    cfg = config or CareConfig()
+    outcomes = _outcomes(group)
+    if cfg.normalization == "budget":
+        n_ref, c_ref = cfg.token_norm, cfg.call_norm
+    else:
+        winners = [o for o in outcomes if o.success] or outcomes
+        n_ref = max(1.0, sum(o.output_tokens for o in winners) / len(winners))
+        c_ref = max(1.0, sum(o.tool_calls for o in winners) / len(winners))
+    return [
+        cfg.token_weight * min(o.output_tokens / n_ref, cfg.cost_cap)
+        + cfg.call_weight * min(o.tool_calls / c_ref, cfg.cost_cap)
+        for o in outcomes
+    ]
+
+
+def care_rewards(
+    group: Sequence[GroupMember],
+    config: CareConfig | None = None,
+    *,
+    tier: CareTier | None = None,
+) -> list[float]:
+    """Each member's reward under the group's tier (or under ``tier`` when given)."""
+    cfg = config or CareConfig()
+    outcomes = _outcomes(group)
+    chosen = tier or group_tier(success_rate(outcomes), cfg)
+    if chosen == "progress_shaping":
+        return [
+            1.0 if o.success else cfg.progress_weight * min(max(o.progress, 0.0), 1.0)
+            for o in outcomes
+        ]
+    if chosen == "outcome_consolidation":
+        return [1.0 if o.success else 0.0 for o in outcomes]
+    costs = efficiency_costs(outcomes, cfg)
+    return [(1.0 - c) if o.success else 0.0 for o, c in zip(outcomes, costs, strict=True)]
+
+
+def _mean_std(values: Sequence[float], *, unbiased: bool) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    squares = sum((v - mean) ** 2 for v in values)
+    return mean, math.sqrt(squares / (n - 1 if unbiased else n))
+
+
+def vanilla_advantages(
+    rewards: Sequence[float], *, eps: float = VANILLA_EPS, unbiased: bool = True
+) -> list[float]:
+    """GRPO's group standardisation ``(r - mean) / (std + eps)`` (TRL's: Bessel-corrected std).
+
+    With ``unbiased=False`` the population std is used, as in the DeepSeekMath paper's notation.
+    """
+    if not rewards:
+        return []
+    mean, std = _mean_std(rewards, unbiased=unbiased)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def anchor_scale(k: int, config: CareConfig | None = None) -> float:
+    """``kappa_k = anchor * sqrt(k - 1) / k``: the spread of a one-success-in-k split."""
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    cfg = config or CareConfig()
+    return cfg.anchor * (math.sqrt(k - 1) / k if k > 1 else 1.0)
+
+
+def care_group(
+    group: Sequence[GroupMember],
+    config: CareConfig | None = None,
+    *,
+    tier: CareTier | None = None,
+) -> GroupResult:
+    """Tier, rewards and success-anchored advantages of one group (see the module doc)."""
+    cfg = config or CareConfig()
+    outcomes = _outcomes(group)
+    rate = success_rate(outcomes)
+    chosen = tier or group_tier(rate, cfg)
+    rewards = care_rewards(outcomes, cfg, tier=chosen)
+    wins = sum(o.success for o in outcomes)
+    mean, std = _mean_std(rewards, unbiased=True)
+    anchored = wins in (0, len(outcomes))
+    scale = max(std, anchor_scale(len(outcomes), cfg)) if anchored else std + cfg.epsilon
+    advantages = [(r - mean) / scale for r in rewards]
+    return GroupResult(chosen, rate, rewards, advantages, scale, anchored)
+
+
+def care_advantages(group: Sequence[GroupMember], config: CareConfig | None = None) -> list[float]:
+    """CARE's success-anchored advantages of one group, in the group's order."""
+    return care_group(group, config).advantages
+
+
+def vanilla_group(
+    group: Sequence[GroupMember],
+    config: CareConfig | None = None,
+    *,
+    tier: CareTier = "outcome_consolidation",
+    eps: float = VANILLA_EPS,
+) -> GroupResult:
+    """The ``--care off`` baseline: one fixed reward (outcome by default), GRPO advantages."""
+    outcomes = _outcomes(group)
+    rewards = care_rewards(outcomes, config, tier=tier)
+    _, std = _mean_std(rewards, unbiased=True)
+    advantages = vanilla_advantages(rewards, eps=eps)
+    return GroupResult(tier, success_rate(outcomes), rewards, advantages, std + eps, False)
+
+
+__all__ = [
+    "CARE_TIERS",
+    "VANILLA_EPS",
+    "CareConfig",
+    "CareTier",
+    "GroupMember",
+    "GroupResult",
+    "Outcome",
+    "anchor_scale",
+    "care_advantages",
+    "care_group",
+    "care_rewards",
+    "efficiency_costs",
+    "group_tier",
+    "success_rate",
+    "vanilla_advantages",
+    "vanilla_group",
+]
