@@ -56,7 +56,7 @@ def _expected_side(source: str) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stride", type=int, default=2, help="every N-th test task (default 2)")
+    parser.add_argument("--stride", type=int, default=3, help="every N-th test task (default 3)")
     parser.add_argument("--detours", type=int, default=3, help="detour every K turns (0: off)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the noisy planner")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
@@ -92,18 +92,18 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             if not rows:
                 continue
             bad = [o for o in rows if o.failed]
-            side = sum(o.side_correct for o in bad)
-            cause = sum(o.cause_correct for o in bad)
+            n_side = sum(o.side_correct for o in bad)
+            n_cause = sum(o.cause_correct for o in bad)
             variant = "plain" if detours is None else f"detour{detours}"
             print(
                 f"{source:<24}{variant:<10}{_expected_side(source):<13}{len(rows):>6}"
-                f"{len(bad):>8}{_pct(side, len(bad)):>10}{_pct(cause, len(bad)):>11}"
+                f"{len(bad):>8}{_pct(n_side, len(bad)):>10}{_pct(n_cause, len(bad)):>11}"
             )
             per_source[f"{source}/{variant}"] = {
                 "runs": len(rows),
                 "failed": len(bad),
-                "side_accuracy": side / len(bad) if bad else None,
-                "cause_accuracy": cause / len(bad) if bad else None,
+                "side_accuracy": n_side / len(bad) if bad else None,
+                "cause_accuracy": n_cause / len(bad) if bad else None,
             }
 
     # ------------------------------------------------------------------ confusion matrix

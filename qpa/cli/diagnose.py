@@ -21,6 +21,10 @@ from qpa.diagnose import SIDES, DiagnoseError, DiagnosisReport, diagnose_dir
 SIDE_STYLE = {"model": "magenta", "harness": "cyan", "environment": "yellow"}
 
 
+def _step(step: int | None) -> str:
+    return "-" if step is None else str(step)
+
+
 def print_report(report: DiagnosisReport, top: int = 10) -> None:
     """The side x capability table and the top causes, with an example reason each."""
     console.print(
@@ -49,7 +53,7 @@ def print_report(report: DiagnosisReport, top: int = 10) -> None:
     for side_name, cause, count in report.top_causes(top):
         example = report.examples(cause)
         shown = (
-            f"{example[0].trajectory_id} (step {example[0].step}): {example[0].reason}"
+            f"{example[0].trajectory_id} (step {_step(example[0].step)}): {example[0].reason}"
             if example
             else ""
         )

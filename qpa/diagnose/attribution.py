@@ -194,6 +194,7 @@ def _side_effect(tool: str) -> str | None:
 
 
 def is_write(tool: str) -> bool:
+    """Whether a (sandbox) tool changes state; unknown tools count as reads."""
     return _side_effect(tool) not in (None, "read")
 
 
@@ -296,15 +297,23 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(inner)
 
 
-def _memory_in(value: Any, memory: Sequence[MemoryItem]) -> MemoryItem | None:
-    """The memory item whose value `value` uses (equal, or contained when 3+ characters)."""
+def _memories_in(value: Any, memory: Sequence[MemoryItem]) -> list[MemoryItem]:
+    """The memory items whose values `value` uses (equal, or contained when 3+ characters)."""
+    found: list[MemoryItem] = []
     for text in _strings(value):
         for item in memory:
-            if _norm(text) == _norm(item.value) or (
-                len(item.value) >= 3 and _norm(item.value) in _norm(text)
+            if item not in found and (
+                _norm(text) == _norm(item.value)
+                or (len(item.value) >= 3 and _norm(item.value) in _norm(text))
             ):
-                return item
-    return None
+                found.append(item)
+    return found
+
+
+def _memory_in(value: Any, memory: Sequence[MemoryItem]) -> MemoryItem | None:
+    """The first memory item whose value `value` uses."""
+    found = _memories_in(value, memory)
+    return found[0] if found else None
 
 
 def _clip(text: Any, limit: int = 60) -> str:
@@ -545,10 +554,6 @@ class _Context:
     def task_apps(self) -> list[str]:
         return list(self.trajectory.task.apps)
 
-    @property
-    def divergent(self) -> _PlanStep | None:
-        return None if self.divergence is None else self.plan[self.divergence]
-
     def before_divergence(self, index: int) -> bool:
         """Whether trajectory step `index` comes at or before where the divergence shows."""
         return self.divergence is None or self.shown is None or index <= self.shown
@@ -724,8 +729,8 @@ def _rule_tool_not_exposed(ctx: _Context) -> Diagnosis | None:
         return _verdict(
             ctx,
             "tool_not_exposed",
-            f"{_describe_plan_step(ctx)} needs {tool}, which the Harness did not expose{how}: "
-            f"{len(main)} tool(s) shown",
+            f"plan step {ctx.divergence} needs {tool}, which the Harness did not expose{how}; "
+            f"it showed {len(main)} tool(s)",
             where,
             ctx.divergence,
         )
@@ -738,7 +743,7 @@ def _rule_tool_not_exposed(ctx: _Context) -> Diagnosis | None:
             return _verdict(
                 ctx,
                 "tool_not_exposed",
-                f"{_describe_plan_step(ctx)} needs {tool}; sub-agent {agent} was given it but "
+                f"plan step {ctx.divergence} needs {tool}; sub-agent {agent} was given it but "
                 "the Harness did not expose it",
                 where,
                 ctx.divergence,
@@ -881,31 +886,47 @@ def _retrieved_values(lines: Iterable[Any]) -> list[str]:
     return values
 
 
-def _needed_memory(ctx: _Context, action: Action | None) -> MemoryItem | None:
+def _needed_memories(ctx: _Context, action: Action | None) -> list[MemoryItem]:
+    """The remembered values `action` uses that the instruction does not state."""
     task = ctx.trajectory.task
     if action is None or not task.memory:
-        return None
+        return []
     if isinstance(action, ToolCall):
         fields: Any = action.arguments
     elif isinstance(action, Finish):
         fields = action.answer
     else:
-        return None
+        return []
     instruction = _norm(task.instruction)
-    memory = [m for m in task.memory if _norm(m.value) not in instruction]
-    return _memory_in(fields, memory)
+    return _memories_in(fields, [m for m in task.memory if _norm(m.value) not in instruction])
+
+
+def _needed_memory(ctx: _Context, action: Action | None) -> MemoryItem | None:
+    found = _needed_memories(ctx, action)
+    return found[0] if found else None
 
 
 def _rule_memory_miss(ctx: _Context) -> Diagnosis | None:
     retrieved = ctx.notes("memory_retrieved")
-    if not isinstance(retrieved, list):
+    expected = ctx.expected
+    if not isinstance(retrieved, list) or expected is None:
         return None
-    item = _needed_memory(ctx, ctx.expected)
-    if item is None:
+    shown = ctx.steps[ctx.shown] if ctx.shown is not None else None
+    if (
+        isinstance(expected, ToolCall)
+        and shown is not None
+        and isinstance(shown.action, ToolCall)
+        and shown.action.tool == expected.tool
+    ):  # the right call with wrong arguments: only the memory those arguments needed counts
+        keys = _differing(expected.arguments, shown.action.arguments)
+        expected = expected.model_copy(
+            update={"arguments": {k: expected.arguments[k] for k in keys}}
+        )
+    values = {_norm(v) for v in _retrieved_values(retrieved)}
+    missing = [m for m in _needed_memories(ctx, expected) if _norm(m.value) not in values]
+    if not missing:
         return None
-    values = [_norm(v) for v in _retrieved_values(retrieved)]
-    if _norm(item.value) in values:
-        return None
+    item = missing[0]
     return _verdict(
         ctx,
         "memory_retrieval_miss",
@@ -1086,8 +1107,11 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
             continue
         if isinstance(step.action, Finish):  # the main agent's Finish: the episode ends here
             if not any(
-                (isinstance(ctx.steps[i].action, ToolCall) and not _noise(ctx.steps, i))
-                or "parse_failure" in ctx.steps[i].annotations
+                (
+                    isinstance(ctx.steps[i].action, ToolCall)
+                    or "parse_failure" in ctx.steps[i].annotations
+                )
+                and not _noise(ctx.steps, i)
                 for i in window
             ):
                 return _gave_up(ctx, index)
@@ -1103,6 +1127,15 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
         return _wrong_arguments(ctx, same[0])
     calls = [i for i in real if isinstance(ctx.steps[i].action, ToolCall)]
     if not calls and boundary is None:
+        if noise and _BUDGET.match(ctx.trajectory.error or ""):
+            return _verdict(
+                ctx,
+                "looping",
+                f"{ctx.trajectory.error}: {len(noise)} repeated or impossible call(s) while "
+                f"{_describe_plan_step(ctx)} was never done",
+                noise[0],
+                ctx.divergence,
+            )
         calls = noise
     if isinstance(expected, ToolCall) and calls:
         kind = _side_effect(expected.tool)
@@ -1220,7 +1253,8 @@ def _rule_outcome(ctx: _Context) -> Diagnosis:
         (
             i
             for i, s in enumerate(ctx.steps)
-            if i not in matched
+            if ctx.plan
+            and i not in matched
             and isinstance(s.action, ToolCall)
             and is_write(s.action.tool)
             and not _failed(s)

@@ -172,25 +172,28 @@ def _procedure_steps(task: Task, needed: Iterable[str]) -> dict[int, str]:
 
 
 class _Detours:
-    """Noise a real model adds on the way: every `every`-th turn, right after a successful read,
-    it either re-runs that read (a re-check) or calls a misspelt tool name (an error it then
-    leaves behind). Neither changes the outcome; diagnosis must see through both."""
+    """Noise a real model adds on the way: every `every`-th turn it either re-runs its latest
+    successful read (a re-check) or calls a misspelt tool name (an error it then leaves
+    behind), alternating. Neither changes the outcome; diagnosis must see through both."""
 
     def __init__(self, every: int | None) -> None:
         self.every = every
         self.turn = 0
         self.count = 0
+        self.reads: list[ToolCall] = []
 
     def due(self, last: Action | None, observation: Any) -> ToolCall | None:
+        if isinstance(last, ToolCall) and observation is not None and not is_write(last.tool):
+            self.reads.append(last)
         self.turn += 1
         if not self.every or self.turn % self.every:
             return None
-        if not isinstance(last, ToolCall) or observation is None or is_write(last.tool):
-            return None
         self.count += 1
-        if self.count % 2:
-            return last.model_copy()
-        return ToolCall(tool=f"{last.tool}_v2", arguments=dict(last.arguments))
+        if self.count % 2 and self.reads:
+            return self.reads[-1].model_copy()
+        if isinstance(last, ToolCall):
+            return ToolCall(tool=f"{last.tool}_v2", arguments=dict(last.arguments))
+        return None
 
 
 class _PlanFollower:
@@ -478,15 +481,6 @@ class HidingHarnessPlanner(HarnessPlanner):
         super().start(task, [t for t in tools if t.name not in self.hide], first)
 
 
-class _ResetSafeHarnessPlanner(HarnessPlanner):
-    """`HarnessPlanner.end` assumes `start` ran; after a refused reset it did not (the runner
-    still calls `end`). Used only for the `env_reset` fault until the Harness guards it."""
-
-    def end(self, trajectory: Trajectory) -> None:
-        if hasattr(self, "task"):
-            super().end(trajectory)
-
-
 class EmptyMemoryStore(MemoryStore):
     """A memory store that stores everything and retrieves nothing (a broken retriever)."""
 
@@ -592,7 +586,7 @@ def run_harness(
     if hidden:
         planner = HidingHarnessPlanner(backend, config, hide=hidden, memory=memory)
     elif isinstance(env, FaultyEnv) and env.mode == "reset":
-        planner = _ResetSafeHarnessPlanner(backend, config, memory=memory)
+        planner = HarnessPlanner(backend, config, memory=memory)
     else:
         planner = HarnessPlanner(backend, config, memory=memory)
     environment = env if env is not None else SandboxEnv()

@@ -190,7 +190,7 @@ def diagnose_dir(path: str | Path, *, write: bool = True) -> DiagnosisReport:
     report = DiagnosisReport(source=str(source))
     lines = 0
     try:
-        with open(source, encoding="utf-8") as stream:
+        with open(source, encoding="utf-8", errors="replace") as stream:
             for line_no, line in enumerate(stream, start=1):
                 if not line.strip():
                     continue

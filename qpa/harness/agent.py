@@ -171,7 +171,8 @@ class HarnessPlanner:
 
     def end(self, trajectory: Trajectory) -> None:
         """After the episode: write memory back from the trajectory's evidence."""
-        self.memory.write_back(self.task.user.user_id, trajectory)
+        if trajectory.steps:  # an episode whose reset failed never started: nothing to learn
+            self.memory.write_back(trajectory.task.user.user_id, trajectory)
 
     # ------------------------------------------------------------------ internals
     def _absorb(self, last: Step) -> None:

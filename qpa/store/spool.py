@@ -157,6 +157,7 @@ class SpooledUploader:
         self._wake = threading.Condition()
         self._idle = threading.Condition()
         self._stopping = False
+        self._dirty = False
         self._fatal: StoreError | None = None
         self._thread: threading.Thread | None = None
         self._lock_file: IO[bytes] | None = None
@@ -227,8 +228,11 @@ class SpooledUploader:
         return retrying(fn)
 
     # ------------------------------------------------------------------ writing
-    def append(self, record: BaseModel | str | bytes) -> None:
-        """Add one JSON line (a model is serialized); seals and queues the part when full."""
+    def append(self, record: BaseModel | str | bytes) -> str:
+        """Add one JSON line (a model is serialized); seals and queues the part when full.
+
+        Returns the name of the part the line went into (its key is `<prefix>/<name>`).
+        """
         if isinstance(record, BaseModel):
             line = record.model_dump_json().encode()
         elif isinstance(record, str):
@@ -243,10 +247,12 @@ class SpooledUploader:
             self._stream = open(self._open_path, "ab")  # noqa: SIM115 (closed when sealed)
         self._stream.write(line + b"\n")
         self._stream.flush()
+        name = self._open_path.name if self._open_path is not None else ""
         self._rows += 1
         self._bytes += len(line) + 1
         if self._rows >= self.part_size or self._bytes >= self.part_bytes:
             self.seal()
+        return name
 
     def seal(self) -> Path | None:
         """Close the open part and queue it for upload; returns its spool path (None: empty)."""
@@ -289,6 +295,7 @@ class SpooledUploader:
     # ------------------------------------------------------------------ uploading
     def _kick(self) -> None:
         with self._wake:
+            self._dirty = True
             self._wake.notify_all()
 
     def _upload_one(self, path: Path) -> ManifestFile:
@@ -345,11 +352,15 @@ class SpooledUploader:
             with self._wake:
                 if self._stopping:
                     return
+                self._dirty = False
+            failures = self.failures
             left = self.upload_pending()
             with self._wake:
                 if self._stopping:
                     return
-                # Nothing to do: sleep until woken. Parts left after a failure: back off.
+                if self._dirty or (left and self.failures == failures):
+                    continue  # new parts arrived during the pass: no sleeping on them
+                # Idle: sleep until woken. Parts left after a failure: back off, then retry.
                 self._wake.wait(timeout=None if left == 0 else self.max_backoff_s)
 
     def flush(self, timeout: float | None = None) -> list[ManifestFile]:

@@ -238,8 +238,8 @@ class SFTConfig(BaseModel):
     def from_yaml(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> SFTConfig:
         """Read a YAML file; `overrides` maps dotted paths (`deepspeed.zero_stage`) to values.
 
-        Relative paths in the file (model, tokenizer, dataset, output_dir, store, metrics files)
-        are taken relative to the file's folder.
+        Relative local paths in the file are relative to the working directory (as for any
+        command-line tool); a TrainingRun passes absolute paths or store URIs.
         """
         file = Path(path)
         try:
@@ -252,8 +252,7 @@ class SFTConfig(BaseModel):
             raise ConfigError(f"{file}: expected a mapping of settings, got {type(data).__name__}")
         for dotted, value in (overrides or {}).items():
             set_dotted(data, dotted, value)
-        config = cls.from_dict(data, origin=str(file))
-        return config.relative_to(file.parent)
+        return cls.from_dict(data, origin=str(file))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, origin: str = "<config>") -> SFTConfig:
@@ -265,32 +264,6 @@ class SFTConfig(BaseModel):
                 for e in exc.errors(include_url=False)
             )
             raise ConfigError(f"{origin}: {problems}") from None
-
-    def relative_to(self, base: Path) -> SFTConfig:
-        """Resolve the relative local paths of the config against `base`."""
-
-        def fix(value: str | None) -> str | None:
-            if value is None or "://" in value or Path(value).is_absolute():
-                return value
-            return str((base / value).resolve())
-
-        return self.model_copy(
-            update={
-                "model": fix(self.model),
-                "tokenizer": fix(self.tokenizer),
-                "dataset": fix(self.dataset),
-                "output_dir": fix(self.output_dir),
-                "checkpoint": self.checkpoint.model_copy(
-                    update={
-                        "store": fix(self.checkpoint.store),
-                        "resume_from": fix(self.checkpoint.resume_from),
-                    }
-                ),
-                "metrics": self.metrics.model_copy(
-                    update={"jsonl": fix(self.metrics.jsonl), "textfile": fix(self.metrics.textfile)}
-                ),
-            }
-        )
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -343,7 +316,7 @@ class SFTConfig(BaseModel):
             "data_seed": self.seed,
             "bf16": bf16,
             "fp16": False,
-            "gradient_checkpointing": gradient_checkpointing,
+            "activation_checkpointing": gradient_checkpointing,
             "logging_steps": self.metrics.logging_steps,
             "logging_first_step": True,
             "save_strategy": "steps",

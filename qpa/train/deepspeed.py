@@ -185,17 +185,35 @@ def launch_env(
     }
 
 
+def hostfile_text(
+    nodes: int,
+    gpus_per_node: int,
+    service: str,
+    job_name: str,
+    *,
+    namespace: str | None = None,
+) -> str:
+    """A DeepSpeed hostfile naming every pod of the indexed Job (`<job>-<i>.<service>`)."""
+    lines = []
+    for index in range(nodes):
+        host = f"{job_name}-{index}.{service}" + (f".{namespace}.svc" if namespace else "")
+        lines.append(f"{host} slots={gpus_per_node}")
+    return "\n".join(lines) + "\n"
+
+
 def launch_argv(
     command: Sequence[str],
     env: Mapping[str, str],
     *,
     launcher: Literal["torchrun", "deepspeed"] = "torchrun",
+    hostfile: str | None = None,
 ) -> list[str]:
     """The launcher command line for one node, running `command` (e.g. `qpa train sft ...`).
 
     `env` is `launch_env(...)`'s result. `torchrun` starts `NPROC_PER_NODE` copies of `command`
-    (`--no-python`: it is an executable, such as the `qpa` script); the `deepspeed` launcher
-    does the same with its own flags (no hostfile: one node per pod).
+    (`--no-python`: it is an executable, such as the `qpa` script). The `deepspeed` launcher
+    does the same per pod (`--no_ssh`, this node's rank); with several nodes it needs the
+    `hostfile` (`hostfile_text`) mounted in the pod.
     """
     if not command:
         raise ValueError("nothing to launch")
@@ -212,10 +230,16 @@ def launch_argv(
             "--no-python",
             *command,
         ]
+    if int(nodes) > 1 and not hostfile:
+        raise ValueError("the deepspeed launcher needs a hostfile for several nodes")
+    argv = ["deepspeed"]
+    if hostfile:
+        argv.append(f"--hostfile={hostfile}")
+    else:
+        argv.append(f"--num_gpus={nproc}")
     return [
-        "deepspeed",
-        f"--num_nodes={nodes}",
-        f"--num_gpus={nproc}",
+        *argv,
+        "--no_ssh",
         f"--node_rank={node_rank}",
         f"--master_addr={addr}",
         f"--master_port={port}",

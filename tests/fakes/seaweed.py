@@ -15,8 +15,9 @@ Not a mock: the MinIO SDK talks S3 to it, signatures are checked and credentials
   with `access_key`/`secret_key`, and `reader` (read and list only) with `reader_key`/
   `reader_secret`. Anonymous requests are refused.
 - `start()` waits until an authenticated request succeeds (about a second); `stop()` sends
-  SIGTERM (SIGKILL after 10 s). The session fixture `seaweed` starts one server for the whole
-  run and removes its data at the end; a test that stops it starts it again before returning.
+  SIGTERM (SIGKILL after 2 s); `kill()` crashes it. The session fixture `seaweed` starts one
+  server for the whole run and removes its data at the end; a test that stops it starts it
+  again before returning.
   Tests that need S3 are skipped when the `weed` binary is not installed.
 - `root(name)` gives each test its own prefix in the shared bucket, so tests never see each
   other's objects.
@@ -248,17 +249,25 @@ class SeaweedS3:
         self.stop()
         raise TimeoutError(f"weed mini not ready in {timeout}s ({last}):\n{self.log_tail()}")
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL); its data stays for the next `start()`."""
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop the server (SIGTERM, SIGKILL after `grace` s); its data stays for `start()`.
+
+        `weed mini` can take 10 s and more to stop its volume server gracefully once it has
+        served traffic; the S3 port closes at once, and the data is on disk either way.
+        """
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout)
+            process.wait(grace)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait(5)
+            process.wait(10)
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL), as a node failure would."""
+        self.stop(grace=0.0)
 
     def restart(self) -> None:
         self.stop()

@@ -11,6 +11,7 @@ changes every task built with the helper).
   `conflicting_pair`, `conflicting_memory`, `recall`; `side_memory` and `past_time`.
 - people and pools: `contacts_world`, `phone_book`, `card_pool`, `ADDRESSES`.
 - phrasing: `day_phrase`.
+- checks shared by domains: `texted`, `texts_sent` (the messaging app's outbox).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import random
 from datetime import date, datetime, timedelta
 from typing import Any, get_args
 
-from qpa.contract import Action, Delegate, Evidence, Finish, MemoryItem, ToolCall
+from qpa.contract import Action, Check, Delegate, Evidence, Finish, MemoryItem, ToolCall
 from qpa.envs.sandbox.engine import DEFAULT_START
 from qpa.envs.sandbox.worldgen import Faker
 
@@ -336,3 +337,18 @@ def day_phrase(day: date | str) -> str:
     """'Tuesday, March 3' for a date, a datetime or an ISO day."""
     moment = date.fromisoformat(day) if isinstance(day, str) else day
     return f"{moment:%A}, {moment:%B} {moment.day}"
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def texted(name: str, where: dict[str, Any]) -> Check:
+    """A text message matching `where` is in the messaging app (`to`, `text__contains`, ...)."""
+    return Check(name=name, target="messaging.messages", where=where)
+
+
+def texts_sent(expect: int, name: str) -> Check:
+    """The user sent exactly `expect` text messages."""
+    return Check(
+        name=name, target="messaging.messages", op="count", where={"sender": "me"}, expect=expect
+    )

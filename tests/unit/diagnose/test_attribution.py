@@ -57,7 +57,7 @@ def failed(
     *,
     error: str | None = None,
     checks: list[CheckResult] | None = None,
-    verification: Verification | None | str = "failed",
+    verification: Verification | str | None = "failed",
     answer: str | None = None,
 ) -> Trajectory:
     """`base` turned into a failure: new steps (first-step annotations kept), error, checks."""
@@ -283,7 +283,9 @@ def test_a_budget_that_cuts_a_model_on_track_is_the_harness_a_looping_model_is_n
         "model",
         "looping",
     )
-    failing = step(call("contacts_get", contact_id="c_x"), Feedback.fail("precondition_failed", "x"))
+    failing = step(
+        call("contacts_get", contact_id="c_x"), Feedback.fail("precondition_failed", "x")
+    )
     assert verdict(
         failed(base, [base.steps[0], failing, failing], error="harness: turn budget of 3 exhausted")
     ) == ("harness", "budget_cut")  # 3 turns cannot hold a 4-step plan

@@ -26,9 +26,9 @@ from qpa.envs.sandbox.apps.settings import (
     system_record,
     wifi_record,
 )
+from qpa.envs.sandbox.authoring import EVIDENCE_RANK, recall
 from qpa.envs.sandbox.registry import all_apps, all_tools
 from qpa.envs.sandbox.suite import all_templates, generate_suite
-from qpa.envs.sandbox.templates.calendar import EVIDENCE_RANK, recall
 from qpa.harness.planners import make_planner
 from qpa.harness.runner import run_episode
 

@@ -255,6 +255,29 @@ class CalendarApp(App):
                     f"({event['id']}); pick a free slot or pass allow_overlap=true"
                 )
 
+    def _add_event(
+        self,
+        title: str,
+        start: str,
+        end: str,
+        calendar_id: str,
+        *,
+        allow_overlap: bool = False,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Store a new event in a calendar of the user's: the start must be in the future and,
+        unless allow_overlap, the time free there."""
+        s, e = self._window(start, end)
+        self._writable(calendar_id)
+        self._future(s)
+        if not allow_overlap:
+            self._conflict(calendar_id, s, e)
+        record = event_record(
+            self.world.new_id("ev"), title, _fmt(s), _fmt(e), calendar_id=calendar_id, **fields
+        )
+        self.records("events").append(record)
+        return record
+
     def _window(self, start: str, end: str) -> tuple[datetime, datetime]:
         s, e = parse_real_moment(start, "start"), parse_real_moment(end, "end")
         if e <= s:
@@ -384,23 +407,17 @@ class CalendarApp(App):
     ) -> Event:
         """Create an event in one of the user's calendars and invite attendees by email.
         Fails if it overlaps another event there unless allow_overlap is true."""
-        s, e = self._window(start, end)
-        self._writable(calendar_id)
-        self._future(s)
-        if not allow_overlap:
-            self._conflict(calendar_id, s, e)
-        record = event_record(
-            self.world.new_id("ev"),
+        record = self._add_event(
             title,
-            _fmt(s),
-            _fmt(e),
-            calendar_id=calendar_id,
+            start,
+            end,
+            calendar_id,
+            allow_overlap=allow_overlap,
             location=location,
             attendees=list(dict.fromkeys(attendees)),
             notes=notes,
         )
         record["reminder_min"] = reminder_min
-        self.records("events").append(record)
         return cast(Event, dict(record))
 
     @tool("write")
@@ -416,21 +433,15 @@ class CalendarApp(App):
     ) -> Event:
         """Create a repeating event (daily, weekly or monthly, `count` times) starting at start.
         Fails if the first occurrence overlaps another event."""
-        s, e = self._window(start, end)
-        self._writable(calendar_id)
-        self._future(s)
-        self._conflict(calendar_id, s, e)
-        record = event_record(
-            self.world.new_id("ev"),
+        record = self._add_event(
             title,
-            _fmt(s),
-            _fmt(e),
-            calendar_id=calendar_id,
+            start,
+            end,
+            calendar_id,
             location=location,
             recurrence=frequency,
             repeat_count=count,
         )
-        self.records("events").append(record)
         return cast(Event, dict(record))
 
     @tool("write")

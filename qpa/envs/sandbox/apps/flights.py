@@ -102,6 +102,54 @@ def cabin_seats(cabin: str) -> list[str]:
     return [f"{row}{letter}" for row in range(first, last + 1) for letter in letters]
 
 
+def booking_record(
+    booking_id: str,
+    pnr: str,
+    flight: dict[str, Any],
+    *,
+    cabin: str,
+    traveler_name: str,
+    booked_at: str,
+    passengers: int = 1,
+    price_paid: float | None = None,
+    frequent_flyer: str | None = None,
+) -> dict[str, Any]:
+    """A confirmed booking on `flight`: the fare paid (by default once), no seat, bags, meal or
+    check-in yet."""
+    fare = flight["fares"][cabin]
+    return {
+        "id": booking_id,
+        "pnr": pnr,
+        "flight_id": flight["id"],
+        "airline": flight["airline"],
+        "flight_no": flight["flight_no"],
+        "origin": flight["origin"],
+        "destination": flight["destination"],
+        "date": flight["date"],
+        "depart": flight["depart"],
+        "arrive": flight["arrive"],
+        "cabin": cabin,
+        "passengers": passengers,
+        "traveler_name": traveler_name,
+        "fare_per_passenger": fare,
+        "price_paid": fare if price_paid is None else price_paid,
+        "fare_difference_paid": 0.0,
+        "change_fee_paid": 0.0,
+        "travel_credit": 0.0,
+        "status": "confirmed",
+        "seat": None,
+        "bags": 0,
+        "bags_paid": 0.0,
+        "frequent_flyer": frequent_flyer,
+        "passport": None,
+        "meal": None,
+        "checked_in": False,
+        "boarding_pass": None,
+        "international": flight["international"],
+        "booked_at": booked_at,
+    }
+
+
 def _norm_flight_no(flight_no: str) -> str:
     return flight_no.replace(" ", "").upper()
 
@@ -408,39 +456,19 @@ class FlightsApp(App):
         flight["seats_left"][cabin] -= passengers
         fare = flight["fares"][cabin]
         booking_id = self.world.new_id("bk")
-        booking: Booking = {
-            "id": booking_id,
-            "pnr": confirmation_code(f"{booking_id}|{flight_id}"),
-            "flight_id": flight_id,
-            "airline": flight["airline"],
-            "flight_no": flight["flight_no"],
-            "origin": flight["origin"],
-            "destination": flight["destination"],
-            "date": flight["date"],
-            "depart": flight["depart"],
-            "arrive": flight["arrive"],
-            "cabin": cabin,
-            "passengers": passengers,
-            "traveler_name": traveler_name or self.world.user.name,
-            "fare_per_passenger": fare,
-            "price_paid": round(fare * passengers, 2),
-            "fare_difference_paid": 0.0,
-            "change_fee_paid": 0.0,
-            "travel_credit": 0.0,
-            "status": "confirmed",
-            "seat": None,
-            "bags": 0,
-            "bags_paid": 0.0,
-            "frequent_flyer": frequent_flyer_number,
-            "passport": None,
-            "meal": None,
-            "checked_in": False,
-            "boarding_pass": None,
-            "international": flight["international"],
-            "booked_at": self.world.iso_now(),
-        }
+        booking = booking_record(
+            booking_id,
+            confirmation_code(f"{booking_id}|{flight_id}"),
+            flight,
+            cabin=cabin,
+            traveler_name=traveler_name or self.world.user.name,
+            booked_at=self.world.iso_now(),
+            passengers=passengers,
+            price_paid=round(fare * passengers, 2),
+            frequent_flyer=frequent_flyer_number,
+        )
         self.records("bookings").append(dict(booking))
-        return booking
+        return cast(Booking, booking)
 
     @tool()
     def flights_get_booking(

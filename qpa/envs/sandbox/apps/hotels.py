@@ -47,6 +47,45 @@ _TIME = re.compile(r"\b\d{1,2}:\d{2}\b")
 FLIGHT_NO = re.compile(r"\b([A-Z]{2}) ?(\d{1,4})\b")
 
 
+def reservation_record(
+    reservation_id: str,
+    confirmation: str,
+    hotel: dict[str, Any],
+    room: dict[str, Any],
+    stay: dict[str, Any],
+    *,
+    guest_name: str,
+    booked_at: str,
+    loyalty_number: str | None = None,
+) -> dict[str, Any]:
+    """A confirmed reservation of `room` at `hotel`; `stay` holds check_in, check_out, nights,
+    guests, nightly_rate, total, refundable and breakfast (a quote has them all)."""
+    return {
+        "id": reservation_id,
+        "confirmation": confirmation,
+        "hotel_id": hotel["id"],
+        "hotel_name": hotel["name"],
+        "hotel_address": hotel["address"],
+        "city": hotel["city"],
+        "room_id": room["id"],
+        "room_type": room["room_type"],
+        "check_in": stay["check_in"],
+        "check_out": stay["check_out"],
+        "nights": stay["nights"],
+        "guests": stay["guests"],
+        "guest_name": guest_name,
+        "nightly_rate": stay["nightly_rate"],
+        "total": stay["total"],
+        "refundable": stay["refundable"],
+        "breakfast": stay["breakfast"],
+        "status": "confirmed",
+        "loyalty_number": loyalty_number,
+        "requests": [],
+        "online_check_in": None,
+        "booked_at": booked_at,
+    }
+
+
 def stay_dates(check_in: str, check_out: str) -> list[str]:
     """The nights of a stay as ISO dates (check-in day up to the day before check-out)."""
     start, end = Date.fromisoformat(check_in), Date.fromisoformat(check_out)
@@ -367,32 +406,18 @@ class HotelsApp(App):
         if loyalty_number:
             self._check_loyalty(hotel, loyalty_number)
         reservation_id = self.world.new_id("res")
-        reservation: Reservation = {
-            "id": reservation_id,
-            "confirmation": confirmation_code(f"{reservation_id}|{rate_id}|hotel"),
-            "hotel_id": hotel["id"],
-            "hotel_name": hotel["name"],
-            "hotel_address": hotel["address"],
-            "city": hotel["city"],
-            "room_id": room["id"],
-            "room_type": room["room_type"],
-            "check_in": quote["check_in"],
-            "check_out": quote["check_out"],
-            "nights": quote["nights"],
-            "guests": quote["guests"],
-            "guest_name": guest_name,
-            "nightly_rate": quote["nightly_rate"],
-            "total": quote["total"],
-            "refundable": quote["refundable"],
-            "breakfast": quote["breakfast"],
-            "status": "confirmed",
-            "loyalty_number": loyalty_number,
-            "requests": [],
-            "online_check_in": None,
-            "booked_at": self.world.iso_now(),
-        }
+        reservation = reservation_record(
+            reservation_id,
+            confirmation_code(f"{reservation_id}|{rate_id}|hotel"),
+            hotel,
+            room,
+            quote,
+            guest_name=guest_name,
+            booked_at=self.world.iso_now(),
+            loyalty_number=loyalty_number,
+        )
         self.records("reservations").append(dict(reservation))
-        return reservation
+        return cast(Reservation, reservation)
 
     @tool()
     def hotels_get_reservation(

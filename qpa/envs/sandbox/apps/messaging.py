@@ -21,6 +21,25 @@ class Message(TypedDict):
     scheduled_for: str | None
 
 
+def thread_id(phone: str) -> str:
+    """A conversation's id: `t_` and the digits of the other side's phone number."""
+    return "t_" + "".join(ch for ch in phone if ch.isdigit())
+
+
+def message_record(message_id: str, sender: str, text: str, time: str) -> dict[str, Any]:
+    """A received text message (unread, in the sender's conversation), for task worlds."""
+    return {
+        "id": message_id,
+        "thread": thread_id(sender),
+        "to": "me",
+        "sender": sender,
+        "text": text,
+        "time": time,
+        "read": False,
+        "scheduled_for": None,
+    }
+
+
 class MessagingApp(App):
     name = "messaging"
     title = "Messages"
@@ -43,9 +62,6 @@ class MessagingApp(App):
     @classmethod
     def default_state(cls) -> dict[str, Any]:
         return {"messages": [], "blocked": []}
-
-    def _thread_id(self, phone: str) -> str:
-        return "t_" + "".join(ch for ch in phone if ch.isdigit())
 
     @tool()
     def messaging_list_threads(self, unread_only: bool = False) -> list[dict[str, Any]]:
@@ -70,7 +86,7 @@ class MessagingApp(App):
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
     ) -> list[Message]:
         """Read the latest messages with a phone number (marks them read)."""
-        thread = self._thread_id(phone)
+        thread = thread_id(phone)
         rows = [m for m in self.records("messages") if m["thread"] == thread]
         for m in rows:
             m["read"] = True
@@ -140,7 +156,7 @@ class MessagingApp(App):
     @tool("write")
     def messaging_mark_read(self, phone: Annotated[str, Field(min_length=3)]) -> dict[str, Any]:
         """Mark every message from a phone number as read without opening the conversation."""
-        thread = self._thread_id(phone)
+        thread = thread_id(phone)
         rows = [m for m in self.records("messages") if m["thread"] == thread and not m["read"]]
         if not any(m["thread"] == thread for m in self.records("messages")):
             raise fail(f"no conversation with {phone}")
@@ -151,7 +167,7 @@ class MessagingApp(App):
     def _store(self, to: str, text: str, scheduled_for: str | None) -> Message:
         message: Message = {
             "id": self.world.new_id("m"),
-            "thread": self._thread_id(to),
+            "thread": thread_id(to),
             "to": to,
             "sender": "me",
             "text": text,

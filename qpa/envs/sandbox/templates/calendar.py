@@ -1,22 +1,18 @@
-"""Calendar tasks: book, tell, move and cancel events; usual times; shared calendars.
-
-Also home of small world/memory helpers the notes and settings templates reuse.
-"""
+"""Calendar tasks: book, tell, move and cancel events; usual times; shared calendars."""
 
 from __future__ import annotations
 
-import random
 from datetime import datetime, timedelta
 from typing import Any
 
-from qpa.contract import Check, Delegate, Finish, MemoryItem, ToolCall
+from qpa.contract import Check, Delegate, Finish, ToolCall
 from qpa.envs.sandbox.apps.calendar import calendar_record, event_record
+from qpa.envs.sandbox.authoring import contacts_world, day_phrase, recall, texted, texts_sent
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.worldgen import BASE_DAY, Faker, iso
+from qpa.envs.sandbox.worldgen import BACKGROUND, WORKDAYS, background_events, iso
 
-# --------------------------------------------------------------------------- shared helpers
+# --------------------------------------------------------------------------- world
 
-WORKDAYS = [BASE_DAY + timedelta(days=d) for d in (1, 2, 3, 4, 7, 8, 9, 10, 11)]
 MEETINGS = [
     "Budget review",
     "Project sync",
@@ -35,20 +31,6 @@ MEETINGS = [
     "Pricing workshop",
     "Security review",
 ]
-BACKGROUND = [
-    "Dentist",
-    "Team standup",
-    "Lunch with Sam",
-    "School pickup",
-    "Car service",
-    "Yoga",
-    "Focus time",
-    "Parent meeting",
-    "Haircut",
-    "Book club",
-    "Pharmacy run",
-    "Piano lesson",
-]
 ROOMS = [
     "Room 4B",
     "Room 2A",
@@ -59,112 +41,10 @@ ROOMS = [
     "the Library room",
     "Harbor Room",
 ]
-EVIDENCE_RANK = {"stated": 3, "confirmed": 2, "observed": 1, "inferred": 0}
-
-
-def day_phrase(day: datetime) -> str:
-    return f"{day:%A}, {day:%B} {day.day}"
 
 
 def hm(moment: datetime) -> str:
     return f"{moment:%H:%M}"
-
-
-def people_world(fake: Faker, n: int = 8) -> list[dict[str, Any]]:
-    """Contacts records (the `contacts` app's schema)."""
-    people = []
-    for i in range(n):
-        name = fake.name()
-        people.append(
-            {
-                "id": f"c_{100 + i}",
-                "name": name,
-                "phone": fake.phone(),
-                "email": fake.email(name),
-                "address": fake.address(),
-                "favorite": fake.rng.random() < 0.25,
-                "groups": fake.pick(["family", "work", "friends", "gym"], 1),
-            }
-        )
-    return people
-
-
-def recall(
-    rng: random.Random,
-    key: str,
-    right: str,
-    wrong: str,
-    *,
-    noise: list[tuple[str, str]] | None = None,
-) -> list[MemoryItem]:
-    """Memory about `key` with conflicting or stale evidence whose winner is `right`.
-
-    The winner is the item with the strongest evidence (stated > confirmed > observed >
-    inferred), then the newest. Scenarios: a strong old item against a weaker new one, two
-    equally strong items where the newer wins, or a weak stale item and a strong recent one.
-    """
-    scenario = rng.choice(["strong_old", "same_newer", "strong_new"])
-    early = datetime(2025, rng.randint(6, 10), rng.randint(1, 28), 12, 0)
-    late = datetime(2026, rng.randint(1, 2), rng.randint(1, 27), 12, 0)
-    if scenario == "strong_old":
-        ev_right = rng.choice(["stated", "confirmed"])
-        ev_wrong = rng.choice(["observed", "inferred"])
-        t_right, t_wrong = early, late
-    elif scenario == "same_newer":
-        ev_right = ev_wrong = rng.choice(["stated", "confirmed", "observed"])
-        t_right, t_wrong = late, early
-    else:
-        ev_right = rng.choice(["stated", "confirmed"])
-        ev_wrong = rng.choice(["observed", "inferred"])
-        t_right, t_wrong = late, early
-    items = [
-        MemoryItem(key=key, value=right, evidence=ev_right, source="chat", time=t_right),
-        MemoryItem(key=key, value=wrong, evidence=ev_wrong, source="usage", time=t_wrong),
-    ]
-    for other_key, value in noise or []:
-        items.append(MemoryItem(key=other_key, value=value, evidence="confirmed", source="chat"))
-    rng.shuffle(items)
-    winner = max(
-        (m for m in items if m.key == key), key=lambda m: (EVIDENCE_RANK[m.evidence], m.time)
-    )
-    assert winner.value == right, "memory scenario must resolve to the right value"
-    return items
-
-
-def _overlaps(start: datetime, end: datetime, taken: list[tuple[datetime, datetime]]) -> bool:
-    return any(s < end and start < e for s, e in taken)
-
-
-def background_events(
-    g: TaskGen,
-    n: int,
-    *,
-    avoid: list[tuple[datetime, datetime]] | None = None,
-    days: list[datetime] | None = None,
-    first_id: int = 101,
-) -> list[dict[str, Any]]:
-    """`n` unrelated events in the primary calendar that overlap nothing in `avoid`."""
-    taken = list(avoid or [])
-    events: list[dict[str, Any]] = []
-    for _ in range(n * 6):
-        if len(events) == n:
-            break
-        day = g.rng.choice(days or WORKDAYS)
-        start = day.replace(hour=g.rng.randint(8, 18), minute=g.rng.choice([0, 30]))
-        end = start + timedelta(minutes=g.rng.choice([30, 60, 90]))
-        if _overlaps(start, end, taken):
-            continue
-        taken.append((start, end))
-        events.append(
-            event_record(
-                f"ev_{first_id + len(events)}",
-                g.rng.choice(BACKGROUND),
-                iso(start),
-                iso(end),
-                location=g.rng.choice(["", "Home", "Downtown"]),
-            )
-        )
-    return events
 
 
 def _calendar_world(
@@ -181,7 +61,7 @@ def _calendar_world(
 
 @template(domain="calendar", capabilities=["tool_use"], apps=["calendar", "contacts"], difficulty=2)
 def book_meeting_with_contact(g: TaskGen) -> Any:
-    people = people_world(g.fake)
+    people = contacts_world(g.fake, favorite_rate=0.25)
     guest = g.rng.choice(people)
     day = g.rng.choice(WORKDAYS)
     start = day.replace(hour=g.rng.randint(9, 16), minute=g.rng.choice([0, 30]))
@@ -239,7 +119,7 @@ def book_meeting_with_contact(g: TaskGen) -> Any:
     difficulty=3,
 )
 def text_meeting_details(g: TaskGen) -> Any:
-    people = people_world(g.fake)
+    people = contacts_world(g.fake, favorite_rate=0.25)
     friend = g.rng.choice(people)
     day, other_day = g.rng.sample(WORKDAYS, 2)
     start = day.replace(hour=g.rng.randint(9, 17), minute=g.rng.choice([0, 15, 30, 45]))
@@ -286,13 +166,7 @@ def text_meeting_details(g: TaskGen) -> Any:
                     "text__icontains": room.removeprefix("the "),
                 },
             ),
-            Check(
-                name="one text only",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=1,
-            ),
+            texts_sent(1, "one text only"),
         ],
         plan=[
             ToolCall(tool="calendar_search_events", arguments={"query": topic}),
@@ -308,7 +182,7 @@ def text_meeting_details(g: TaskGen) -> Any:
 
 @template(domain="calendar", capabilities=["skills"], apps=["calendar"], difficulty=3)
 def reschedule_to_first_free_slot(g: TaskGen) -> Any:
-    people = people_world(g.fake, 4)
+    people = contacts_world(g.fake, 4, favorite_rate=0.25)
     day, target_day = g.rng.sample(WORKDAYS, 2)
     minutes = g.rng.choice([30, 60])
     start = day.replace(hour=g.rng.randint(9, 11), minute=g.rng.choice([0, 30]))
@@ -394,7 +268,7 @@ REASONS = [
 
 @template(domain="calendar", capabilities=["skills"], apps=["calendar", "contacts"], difficulty=2)
 def cancel_meeting_with_attendees(g: TaskGen) -> Any:
-    people = people_world(g.fake, 6)
+    people = contacts_world(g.fake, 6, favorite_rate=0.25)
     day, other_day = g.rng.sample(WORKDAYS, 2)
     topic = g.rng.choice(MEETINGS)
     start = day.replace(hour=g.rng.randint(9, 16), minute=g.rng.choice([0, 30]))
@@ -533,7 +407,7 @@ def block_usual_activity_time(g: TaskGen) -> Any:
     difficulty=3,
 )
 def book_with_usual_length_and_text(g: TaskGen) -> Any:
-    people = people_world(g.fake)
+    people = contacts_world(g.fake, favorite_rate=0.25)
     guest = g.rng.choice(people)
     day = g.rng.choice(WORKDAYS)
     start = day.replace(hour=g.rng.randint(9, 16), minute=g.rng.choice([0, 15, 30, 45]))
@@ -576,10 +450,9 @@ def book_with_usual_length_and_text(g: TaskGen) -> Any:
                 where={"title": topic},
                 expect=1,
             ),
-            Check(
-                name="guest told the time",
-                target="messaging.messages",
-                where={"to": guest["phone"], "sender": "me", "text__contains": hm(start)},
+            texted(
+                "guest told the time",
+                {"to": guest["phone"], "sender": "me", "text__contains": hm(start)},
             ),
         ],
         plan=[
@@ -647,7 +520,7 @@ def _hour_events(
 
 @template(domain="calendar", capabilities=["subagent"], apps=["calendar"], difficulty=4)
 def book_common_free_hour(g: TaskGen) -> Any:
-    a, b = people_world(g.fake, 2)
+    a, b = contacts_world(g.fake, 2, favorite_rate=0.25)
     day = g.rng.choice(WORKDAYS)
     date = f"{day:%Y-%m-%d}"
     hours = list(range(9, 17))
@@ -744,7 +617,7 @@ def book_common_free_hour(g: TaskGen) -> Any:
 
 @template(domain="calendar", capabilities=["subagent", "skills"], apps=["calendar"], difficulty=4)
 def move_meeting_to_shared_free_time(g: TaskGen) -> Any:
-    (mate,) = people_world(g.fake, 1)
+    (mate,) = contacts_world(g.fake, 1, favorite_rate=0.25)
     day = g.rng.choice(WORKDAYS)
     date = f"{day:%Y-%m-%d}"
     frm = g.rng.choice([12, 13])

@@ -3,13 +3,13 @@ mailbox triage with sub-agents, and mail carrying prompt injections the agent mu
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, ToolCall
 from qpa.envs.sandbox.authoring import PlanBuilder, conflicting_memory, contacts_world, past_time
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.worldgen import LAST, Faker
+from qpa.envs.sandbox.worldgen import BASE_DAY, LAST, Faker
 
 # --------------------------------------------------------------------------- email world
 
@@ -608,7 +608,7 @@ def out_of_office_from_memory(g: TaskGen) -> Any:
     right = texts[0].format(backup=backups[0])
     wrong = [texts[1].format(backup=backups[1]), texts[2].format(backup=backups[2])]
     memory = conflicting_memory(g.rng, "out_of_office_message", right, wrong)
-    start_day = datetime(2026, 3, 2) + timedelta(days=g.rng.randint(1, 12))
+    start_day = BASE_DAY + timedelta(days=g.rng.randint(1, 12))
     end_day = start_day + timedelta(days=g.rng.randint(1, 9))
     start, end = start_day.date().isoformat(), end_day.date().isoformat()
     people = contacts_world(g.fake, 5)

@@ -8,7 +8,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from qpa.contract import Check, Finish, MemoryItem, Task
+from qpa.envs.sandbox.apps.food import FoodApp
 from qpa.envs.sandbox.authoring import ADDRESSES, PlanBuilder, card_pool, near, ref, remembered
+from qpa.envs.sandbox.engine import money
 from qpa.envs.sandbox.suite import TaskGen, template
 
 # --------------------------------------------------------------------------- food world
@@ -170,6 +172,17 @@ def price_at(base: float, factor: float) -> float:
     return round(round(base * factor * 2) / 2 - 0.01, 2)
 
 
+def _line(dish: dict[str, Any], quantity: int) -> dict[str, Any]:
+    """An order or cart line of the food app for a menu item."""
+    return {
+        "item_id": dish["id"],
+        "name": dish["name"],
+        "quantity": quantity,
+        "unit_price": dish["price"],
+        "notes": "",
+    }
+
+
 class FoodWorld:
     """Builds a small, consistent food-app world: restaurants, menus, cards, past orders."""
 
@@ -257,17 +270,8 @@ class FoodWorld:
         rng = self.g.rng
         card = rng.choice(self.cards)
         address = rng.choice(self.addresses)
-        rows = [
-            {
-                "item_id": m["id"],
-                "name": m["name"],
-                "quantity": q,
-                "unit_price": m["price"],
-                "notes": "",
-            }
-            for m, q in lines
-        ]
-        subtotal = round(sum(r["quantity"] * r["unit_price"] for r in rows) + 1e-9, 2)
+        rows = [_line(m, q) for m, q in lines]
+        subtotal = money(sum(r["quantity"] * r["unit_price"] for r in rows))
         tip = float(rng.choice([0, 2, 3, 4, 5]))
         order = {
             "id": f"fo_{301 + len(self.orders)}",
@@ -280,7 +284,7 @@ class FoodWorld:
             "discount": 0.0,
             "delivery_fee": restaurant["delivery_fee"],
             "tip": tip,
-            "total": round(subtotal + restaurant["delivery_fee"] + tip + 1e-9, 2),
+            "total": money(subtotal + restaurant["delivery_fee"] + tip),
             "address_id": address["id"],
             "address": address["address"],
             "payment_method_id": card["id"],
@@ -322,16 +326,14 @@ class FoodWorld:
         return {
             "_clock": dict(CLOCK),
             "food": {
+                **FoodApp.default_state(),
                 "restaurants": self.restaurants,
                 "menu": self.menu,
-                "carts": [],
                 "orders": self.orders,
                 "promos": self.promos,
                 "cases": self.cases,
                 "addresses": self.addresses,
                 "payment_methods": self.cards,
-                "favorites": [],
-                "account": {"credits": 0.0},
             },
         }
 
@@ -352,6 +354,26 @@ def _placed_check(n: int = 1) -> Check:
         where={"status__in": ["placed", "scheduled"]},
         expect=n,
     )
+
+
+def _find_dish(plan: PlanBuilder, restaurant: str, dish: str) -> tuple[int, int]:
+    """Plan steps finding a restaurant by name, then the dish on its menu."""
+    s_rest = plan.call("food_search_restaurants", query=restaurant)
+    s_menu = plan.call("food_search_menu", query=dish, restaurant_id=ref(s_rest, "0.id"))
+    return s_rest, s_menu
+
+
+def _cart_with(plan: PlanBuilder, s_rest: int, s_menu: int, quantity: int) -> int:
+    """Plan steps opening a cart at the restaurant of step `s_rest` with the first dish of step
+    `s_menu`; returns the cart's step."""
+    s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
+    plan.call(
+        "food_add_to_cart",
+        cart_id=ref(s_cart, "id"),
+        item_id=ref(s_menu, "0.id"),
+        quantity=quantity,
+    )
+    return s_cart
 
 
 def _checkout(
@@ -394,22 +416,12 @@ def food_order_dish_delivery(g: TaskGen) -> Task:
         q=qty, d=dish["name"], r=target["name"], a=_addr_phrase(address), c=card["label"]
     )
     plan = PlanBuilder()
-    s_rest = plan.call("food_search_restaurants", query=target["name"])
-    s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
-    s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call(
-        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
-    )
+    s_rest, s_menu = _find_dish(plan, target["name"], dish["name"])
+    s_cart = _cart_with(plan, s_rest, s_menu, qty)
     plan.call("food_list_addresses")
     plan.call("food_list_payment_methods")
     _checkout(plan, s_cart, address, card)
-    line = {
-        "item_id": dish["id"],
-        "name": dish["name"],
-        "quantity": qty,
-        "unit_price": dish["price"],
-        "notes": "",
-    }
+    line = _line(dish, qty)
     return g.task(
         instruction=instruction,
         world=fw.world(),
@@ -479,10 +491,7 @@ def food_best_open_restaurant(g: TaskGen) -> Task:
         sort="delivery_fee",
     )
     s_menu = plan.call("food_search_menu", query=dish_name, restaurant_id=ref(s_rest, "0.id"))
-    s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call(
-        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
-    )
+    s_cart = _cart_with(plan, s_rest, s_menu, qty)
     _checkout(plan, s_cart, address, card)
     return g.task(
         instruction=instruction,
@@ -547,12 +556,8 @@ def food_usual_order(g: TaskGen) -> Task:
         f'and pay with the card I prefer. Tell the driver: "{note}"'
     )
     plan = PlanBuilder()
-    s_rest = plan.call("food_search_restaurants", query=right["name"])
-    s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
-    s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call(
-        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
-    )
+    s_rest, s_menu = _find_dish(plan, right["name"], dish["name"])
+    s_cart = _cart_with(plan, s_rest, s_menu, qty)
     plan.call("food_list_payment_methods")
     _checkout(plan, s_cart, address, card, tip=tip, instructions=note)
     return g.task(
@@ -648,10 +653,7 @@ def food_diet_memory(g: TaskGen) -> Task:
         max_price=budget,
         available_only=True,
     )
-    s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call(
-        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=1
-    )
+    s_cart = _cart_with(plan, s_rest, s_menu, 1)
     _checkout(plan, s_cart, address, card)
     return g.task(
         instruction=instruction,
@@ -690,7 +692,7 @@ def food_promo_and_tip(g: TaskGen) -> Task:
     qty = rng.randint(2, 4)
     percent = rng.choice([10, 15, 20, 25, 30])
     code = f"{rng.choice(PROMO_WORDS)}{percent}"
-    subtotal = round(dish["price"] * qty + 1e-9, 2)
+    subtotal = money(dish["price"] * qty)
     fw.promos.append(
         {
             "code": code,
@@ -712,20 +714,16 @@ def food_promo_and_tip(g: TaskGen) -> Task:
         }
     )
     tip_pct = rng.choice([10, 12, 15, 18, 20, 22, 25])
-    discount = round(subtotal * percent / 100 + 1e-9, 2)
-    tip = round((subtotal - discount) * tip_pct / 100 + 1e-9, 2)
+    discount = money(subtotal * percent / 100)
+    tip = money((subtotal - discount) * tip_pct / 100)
     address, card = fw.address(), rng.choice(fw.cards)
     instruction = (
         f"Order {qty} {dish['name']} from {target['name']} to {_addr_phrase(address)} with my "
         f"{card['label']}. Use promo code {code} and leave a {tip_pct}% tip."
     )
     plan = PlanBuilder()
-    s_rest = plan.call("food_search_restaurants", query=target["name"])
-    s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
-    s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call(
-        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
-    )
+    s_rest, s_menu = _find_dish(plan, target["name"], dish["name"])
+    s_cart = _cart_with(plan, s_rest, s_menu, qty)
     plan.call("food_apply_promo", cart_id=ref(s_cart, "id"), code=code)
     _checkout(plan, s_cart, address, card, tip=tip)
     return g.task(
@@ -784,7 +782,7 @@ def food_missing_item_refund(g: TaskGen) -> Task:
         placed=later,
         delivered=later + timedelta(minutes=30),
     )
-    amount = round(qty * missing["price"] + 1e-9, 2)
+    amount = money(qty * missing["price"])
     destination = rng.choice(["original_payment", "food_credits"])
     where = "back to my card" if destination == "original_payment" else "as food credits in the app"
     what = f"the {missing['name']}" if qty == 1 else f"both {missing['name']}"
@@ -836,8 +834,7 @@ def _scout(
         tools=["food_search_restaurants", "food_search_menu", "food_get_menu"],
         agent=f"scout_{k}",
     )
-    s_rest = plan.call("food_search_restaurants", query=restaurant["name"])
-    s_menu = plan.call("food_search_menu", query=dish["name"], restaurant_id=ref(s_rest, "0.id"))
+    s_rest, s_menu = _find_dish(plan, restaurant["name"], dish["name"])
     plan.add(
         Finish(
             answer=f"{restaurant['name']} ({restaurant['id']}): {dish['name']} ({dish['id']}) "
@@ -871,10 +868,7 @@ def food_compare_prices(g: TaskGen) -> Task:
     plan = PlanBuilder()
     scouts = [_scout(plan, k, r, items[k]) for k, r in enumerate(trio)]
     s_rest, s_menu = scouts[cheapest]
-    s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call(
-        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
-    )
+    s_cart = _cart_with(plan, s_rest, s_menu, qty)
     _checkout(plan, s_cart, address, card)
     winner = trio[cheapest]
     return g.task(
@@ -938,10 +932,7 @@ def food_usual_dish_cheapest(g: TaskGen) -> Task:
     plan = PlanBuilder()
     scouts = [_scout(plan, k, r, fw.dish(r, right_dish)) for k, r in enumerate(trio)]
     s_rest, s_menu = scouts[cheapest]
-    s_cart = plan.call("food_create_cart", restaurant_id=ref(s_rest, "0.id"))
-    plan.call(
-        "food_add_to_cart", cart_id=ref(s_cart, "id"), item_id=ref(s_menu, "0.id"), quantity=qty
-    )
+    s_cart = _cart_with(plan, s_rest, s_menu, qty)
     _checkout(plan, s_cart, address, card)
     winner = trio[cheapest]
     item = fw.dish(winner, right_dish)
@@ -1072,17 +1063,7 @@ def food_rate_and_reorder(g: TaskGen) -> Task:
     if gone:
         picked[2]["available"] = False
     still = [m["id"] for m in picked if m["available"]]
-    again = [
-        {
-            "item_id": m["id"],
-            "name": m["name"],
-            "quantity": q,
-            "unit_price": m["price"],
-            "notes": "",
-        }
-        for m, q in lines
-        if m["available"]
-    ]
+    again = [_line(m, q) for m, q in lines if m["available"]]
     stars = rng.randint(1, 5)
     comment = rng.choice(RATING_COMMENTS)
     address, card = fw.address(), rng.choice(fw.cards)

@@ -1,15 +1,18 @@
-"""Maps tasks: find and save places, navigate with preferences, share ETAs, stops on the way.
-
-Also home to the builders the rides and travel templates share: conflicting memories, people
-for the address book, and places on the simulated map.
-"""
+"""Maps tasks: find and save places, navigate with preferences, share ETAs, stops on the way."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from qpa.contract import Check, Delegate, Evidence, Finish, MemoryItem, ToolCall
+from qpa.contract import Check, Delegate, Finish, ToolCall
+from qpa.envs.sandbox.authoring import (
+    FRIEND_GROUPS,
+    conflicting_pair,
+    day_phrase,
+    phone_book,
+    side_memory,
+)
 from qpa.envs.sandbox.engine import DEFAULT_START
 from qpa.envs.sandbox.geo import (
     NEIGHBORHOODS,
@@ -19,61 +22,8 @@ from qpa.envs.sandbox.geo import (
     travel_minutes,
 )
 from qpa.envs.sandbox.suite import TaskGen, template
+from qpa.envs.sandbox.worldgen import PLACE_NAMES, RATINGS, Places, labels
 
-EVIDENCE_ORDER: list[Evidence] = ["inferred", "observed", "confirmed", "stated"]
-
-PLACE_NAMES: dict[str, list[str]] = {
-    "cafe": [
-        "Daily Grind",
-        "Bean There",
-        "Copper Kettle",
-        "Morning Ritual",
-        "Third Wave",
-        "Steam & Leaf",
-        "Little Roast",
-        "Corner Cup",
-    ],
-    "restaurant": [
-        "Trattoria Lume",
-        "Saffron House",
-        "The Green Fork",
-        "Blue Lantern",
-        "Casa Verde",
-        "Noodle Bar 88",
-        "Harvest Table",
-        "Ember Grill",
-    ],
-    "bakery": [
-        "Golden Crust",
-        "Flour & Salt",
-        "Rise Bakery",
-        "Sweet Loaf",
-        "Crumb Co",
-        "Petit Four",
-    ],
-    "bar": [
-        "The Tipsy Fox",
-        "Lantern Bar",
-        "Hops & Barley",
-        "Velvet Room",
-        "Night Owl",
-        "Brass Tap",
-    ],
-    "gas_station": ["FuelStop", "QuickGas", "PetroMax", "GreenPump", "Route 9 Fuel", "Gas & Go"],
-    "ev_charger": ["VoltHub", "Plaza Chargers", "AmpUp", "Spark Station", "EV Go Center"],
-    "pharmacy": ["CarePlus Pharmacy", "Wellness Rx", "City Drugstore", "HealthMart", "Green Cross"],
-    "supermarket": ["FreshMart", "Green Grocer", "Value Foods", "Market Hall", "Daily Basket"],
-    "museum": [
-        "Science Museum",
-        "Modern Art Gallery",
-        "History Hall",
-        "Maritime Museum",
-        "Photo Archive",
-    ],
-    "park": ["Willow Park", "Cedar Gardens", "Lakeside Green", "Fountain Square"],
-    "gym": ["IronWorks Gym", "FlexZone", "Peak Fitness", "Core Studio", "Pulse Gym"],
-    "parking": ["Central Parking", "Park & Go", "Lot 42", "Garage One"],
-}
 CATEGORY_WORDS = {
     "cafe": "coffee shop",
     "restaurant": "restaurant",
@@ -88,9 +38,6 @@ CATEGORY_WORDS = {
     "gym": "gym",
     "parking": "parking garage",
 }
-HOURS_OPEN = ["06:00-22:00", "07:00-21:00", "08:00-20:00", "00:00-24:00", "07:30-23:00"]
-HOURS_CLOSED = ["11:00-23:00", "12:00-22:00", "17:00-23:59", "10:00-18:00"]
-RATINGS = [round(3.0 + i / 10, 1) for i in range(20)]
 LISTS = {"favorites": "Favorites", "want_to_go": "Want to go", "starred": "Starred"}
 REVIEW_TEXTS = [
     "Friendly staff and quick service.",
@@ -112,151 +59,8 @@ MODE_WORDS = {
 }
 
 
-# --------------------------------------------------------------------------- shared builders
-
-
-def conflicting_memory(
-    g: TaskGen, key: str, right: str, wrong: str, *, source: str = "chat"
-) -> list[MemoryItem]:
-    """Two memories for one key where `right` must win.
-
-    Either `right` has stronger evidence but is older (the newer, weaker one is a distractor),
-    or both have the same evidence and `right` is newer (the older one is stale).
-    """
-    older = datetime(2025, g.rng.randint(3, 11), g.rng.randint(1, 28), g.rng.randint(8, 20))
-    newer = datetime(2026, g.rng.randint(1, 2), g.rng.randint(1, 27), g.rng.randint(8, 20))
-    if g.rng.random() < 0.5:
-        high = g.rng.randint(1, 3)
-        low = g.rng.randint(0, high - 1)
-        items = [
-            MemoryItem(
-                key=key, value=right, evidence=EVIDENCE_ORDER[high], source=source, time=older
-            ),
-            MemoryItem(
-                key=key, value=wrong, evidence=EVIDENCE_ORDER[low], source="usage", time=newer
-            ),
-        ]
-    else:
-        same = g.rng.choice(EVIDENCE_ORDER)
-        items = [
-            MemoryItem(key=key, value=right, evidence=same, source=source, time=newer),
-            MemoryItem(key=key, value=wrong, evidence=same, source=source, time=older),
-        ]
-    g.rng.shuffle(items)
-    return items
-
-
-def side_memory(g: TaskGen) -> MemoryItem:
-    """An unrelated memory, so the relevant one has to be picked out."""
-    key, value = g.rng.choice(
-        [
-            ("diet", "vegetarian"),
-            ("seat_preference", "aisle"),
-            ("music", "jazz in the car"),
-            ("language", "English"),
-            ("coffee_order", "flat white"),
-            ("hotel_floor", "high floor"),
-        ]
-    )
-    return MemoryItem(key=key, value=value, evidence="stated", source="chat")
-
-
-def people(g: TaskGen, n: int = 6) -> list[dict[str, Any]]:
-    """Contacts for the address book (unique names and phones)."""
-    rows: list[dict[str, Any]] = []
-    phones: set[str] = set()
-    for i in range(n):
-        name = g.fake.name()
-        phone = g.fake.phone()
-        while phone in phones:
-            phone = g.fake.phone()
-        phones.add(phone)
-        rows.append(
-            {
-                "id": f"c_{300 + i}",
-                "name": name,
-                "phone": phone,
-                "email": g.fake.email(name),
-                "address": g.fake.address(),
-                "favorite": False,
-                "groups": [g.rng.choice(["family", "work", "friends"])],
-            }
-        )
-    return rows
-
-
-class Places:
-    """Builds map places with unique ids, names and addresses."""
-
-    def __init__(self, g: TaskGen, start: int = 101) -> None:
-        self.g = g
-        self.next_id = start
-        self.names: set[str] = set()
-        self.addresses: set[str] = set()
-        self.rows: list[dict[str, Any]] = []
-
-    def address(self) -> str:
-        while True:
-            address = self.g.fake.address()
-            if address not in self.addresses:
-                self.addresses.add(address)
-                return address
-
-    def add(
-        self,
-        category: str,
-        neighborhood: str,
-        *,
-        base: str | None = None,
-        rating: float | None = None,
-        open_now: bool | None = None,
-        place_id: str | None = None,
-    ) -> dict[str, Any]:
-        rng = self.g.rng
-        for _ in range(50):
-            name = f"{base or rng.choice(PLACE_NAMES[category])} {neighborhood}"
-            if name not in self.names:
-                break
-        else:
-            raise RuntimeError("place names exhausted")
-        self.names.add(name)
-        is_open = rng.random() < 0.7 if open_now is None else open_now
-        if place_id is None:
-            place_id = f"pl_{self.next_id}"
-            self.next_id += 1
-        record = {
-            "id": place_id,
-            "name": name,
-            "category": category,
-            "address": self.address(),
-            "neighborhood": neighborhood,
-            "rating": rating if rating is not None else rng.choice(RATINGS),
-            "price_level": rng.randint(1, 4),
-            "hours": rng.choice(HOURS_OPEN if is_open else HOURS_CLOSED),
-            "phone": self.g.fake.phone(),
-        }
-        self.rows.append(record)
-        return record
-
-    def fillers(self, n: int, *, exclude: tuple[str, ...] = ()) -> None:
-        cats = [c for c in PLACE_NAMES if c not in exclude]
-        for _ in range(n):
-            self.add(self.g.rng.choice(cats), self.g.rng.choice(NEIGHBORHOODS))
-
-
-def labels(home: str, work: str) -> list[dict[str, Any]]:
-    return [
-        {"id": "home", "label": "home", "address": home},
-        {"id": "work", "label": "work", "address": work},
-    ]
-
-
 def maps_state(places: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"places": places, **extra}
-
-
-def day_words(day: datetime) -> str:
-    return f"{day.strftime('%A')}, {day.strftime('%B')} {day.day}"
 
 
 # --------------------------------------------------------------------------- templates
@@ -337,7 +141,7 @@ def maps_save_best_open_place(g: TaskGen) -> Any:
     domain="maps", capabilities=["tool_use", "skills"], apps=["maps", "contacts"], difficulty=3
 )
 def maps_share_eta_with_friend(g: TaskGen) -> Any:
-    friends = people(g, 6)
+    friends = phone_book(g.fake, 6, first_id=300, groups=FRIEND_GROUPS)
     friend = g.rng.choice(friends)
     builder = Places(g)
     builder.addresses.update(p["address"] for p in friends)
@@ -397,8 +201,8 @@ def maps_navigate_usual_route_options(g: TaskGen) -> Any:
         ["with my usual route settings", "the way I like my routes", "using my route preferences"]
     )
     memory = [
-        *conflicting_memory(g, "route_preference", f"avoid {right}", f"avoid {wrong}"),
-        side_memory(g),
+        *conflicting_pair(g.rng, "route_preference", f"avoid {right}", f"avoid {wrong}"),
+        side_memory(g.rng),
     ]
     return g.task(
         instruction=f"Navigate me by car from {origin} to {dest['name']}, {phrase}.",
@@ -454,7 +258,7 @@ def maps_stop_at_usual_chain(g: TaskGen) -> Any:
     builder.add(category, g.rng.choice(off), base=wrong)
     builder.fillers(4, exclude=(category,))
     g.rng.shuffle(builder.rows)
-    memory = [*conflicting_memory(g, f"usual_{category}", right, wrong), side_memory(g)]
+    memory = [*conflicting_pair(g.rng, f"usual_{category}", right, wrong), side_memory(g.rng)]
     return g.task(
         instruction=(
             f"Start driving from home to {dest} and add a stop at my usual {kind} on the way."
@@ -541,7 +345,7 @@ def maps_review_visited_place(g: TaskGen) -> Any:
     return g.task(
         instruction=(
             f"Leave a {stars}-star review for the {CATEGORY_WORDS[category]} I went to on "
-            f'{day_words(day)}: "{text}"'
+            f'{day_phrase(day)}: "{text}"'
         ),
         world={"maps": maps_state(builder.rows, timeline=visits, reviews=reviews)},
         checks=[
@@ -765,7 +569,7 @@ def maps_update_label_from_memory(g: TaskGen) -> Any:
     builder.fillers(4)
     mode = g.rng.choice(["driving", "transit", "cycling"])
     key = "home_address" if label == "home" else "work_address"
-    memory = [*conflicting_memory(g, key, current, other), side_memory(g)]
+    memory = [*conflicting_pair(g.rng, key, current, other), side_memory(g.rng)]
     noun = "home" if label == "home" else "my work address"
     return g.task(
         instruction=(

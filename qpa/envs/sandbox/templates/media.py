@@ -7,6 +7,8 @@ import random
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, ToolCall
+from qpa.envs.sandbox.apps.music import MusicApp
+from qpa.envs.sandbox.apps.podcasts import PodcastsApp
 from qpa.envs.sandbox.authoring import PlanBuilder, conflicting_memory, past_time
 from qpa.envs.sandbox.suite import TaskGen, template
 
@@ -248,6 +250,7 @@ def music_state(
     history: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
+        **MusicApp.default_state(),
         "account": {
             "user": "Alex Morgan",
             "region": region,
@@ -256,16 +259,7 @@ def music_state(
         },
         "catalog": catalog,
         "playlists": playlists or [],
-        "liked": [],
         "devices": device_rows or devices(rng),
-        "player": {
-            "state": "stopped",
-            "context_id": None,
-            "track_id": None,
-            "device_id": None,
-            "shuffle": False,
-        },
-        "queue": [],
         "history": history or [],
     }
 
@@ -310,21 +304,7 @@ def podcast_state(
         by_show[sid] = rows
         episodes.extend(rows)
     rng.shuffle(episodes)
-    state = {
-        "shows": show_rows,
-        "episodes": episodes,
-        "subscriptions": [],
-        "downloads": [],
-        "queue": [],
-        "player": {
-            "state": "stopped",
-            "episode_id": None,
-            "position_s": 0,
-            "speed": 1.0,
-            "sleep_timer_min": None,
-        },
-        "settings": {"storage_limit_mb": 2000},
-    }
+    state = {**PodcastsApp.default_state(), "shows": show_rows, "episodes": episodes}
     return state, by_show
 
 

@@ -6,7 +6,8 @@ from datetime import datetime
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, MemoryItem, ToolCall
-from qpa.envs.sandbox.authoring import contacts_world
+from qpa.envs.sandbox.apps.messaging import message_record
+from qpa.envs.sandbox.authoring import contacts_world, texted, texts_sent
 from qpa.envs.sandbox.suite import TaskGen, template
 from qpa.envs.sandbox.worldgen import TOPICS, Faker
 
@@ -25,18 +26,13 @@ NOTES = [
 def inbox(fake: Faker, people: list[dict[str, Any]], n: int = 4) -> list[dict[str, Any]]:
     rows = []
     for i, person in enumerate(fake.pick(people, min(n, len(people)))):
-        thread = "t_" + "".join(ch for ch in person["phone"] if ch.isdigit())
         rows.append(
-            {
-                "id": f"m_{200 + i}",
-                "thread": thread,
-                "to": "me",
-                "sender": person["phone"],
-                "text": fake.rng.choice(NOTES),
-                "time": f"2026-03-01T{10 + i:02d}:00",
-                "read": False,
-                "scheduled_for": None,
-            }
+            message_record(
+                f"m_{200 + i}",
+                person["phone"],
+                fake.rng.choice(NOTES),
+                f"2026-03-01T{10 + i:02d}:00",
+            )
         )
     return rows
 
@@ -52,18 +48,10 @@ def text_contact_by_name(g: TaskGen) -> Any:
         instruction=f'Text {target["name"]}: "{note}"',
         world={"contacts": {"contacts": people}, "messaging": {"messages": inbox(g.fake, people)}},
         checks=[
-            Check(
-                name="message sent to the contact",
-                target="messaging.messages",
-                where={"to": target["phone"], "sender": "me", "text": note},
+            texted(
+                "message sent to the contact", {"to": target["phone"], "sender": "me", "text": note}
             ),
-            Check(
-                name="nobody else texted",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=1,
-            ),
+            texts_sent(1, "nobody else texted"),
         ],
         plan=[
             ToolCall(tool="contacts_search", arguments={"query": target["name"]}),
@@ -87,10 +75,9 @@ def reply_to_latest_unread(g: TaskGen) -> Any:
         instruction=f'Reply "{reply}" to whoever sent my most recent unread text, {ask}.',
         world={"contacts": {"contacts": people}, "messaging": {"messages": messages}},
         checks=[
-            Check(
-                name="reply sent to the latest sender",
-                target="messaging.messages",
-                where={"to": latest["sender"], "sender": "me", "text": reply},
+            texted(
+                "reply sent to the latest sender",
+                {"to": latest["sender"], "sender": "me", "text": reply},
             ),
         ],
         answer=sender["name"],
@@ -114,10 +101,9 @@ def schedule_text(g: TaskGen) -> Any:
         instruction=f'Tomorrow at {hour}:00, send {target["name"]} the text "{note}".',
         world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
         checks=[
-            Check(
-                name="message scheduled for tomorrow",
-                target="messaging.messages",
-                where={"to": target["phone"], "text": note, "scheduled_for": when},
+            texted(
+                "message scheduled for tomorrow",
+                {"to": target["phone"], "text": note, "scheduled_for": when},
             ),
             Check(
                 name="not sent immediately",
@@ -171,21 +157,8 @@ def text_family_group(g: TaskGen) -> Any:
         instruction=f'Send "{note}" to everyone in my {group} group.',
         world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
         checks=[
-            *(
-                Check(
-                    name=f"sent to {p['name']}",
-                    target="messaging.messages",
-                    where={"to": p["phone"], "text": note},
-                )
-                for p in family
-            ),
-            Check(
-                name="only family texted",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=len(family),
-            ),
+            *(texted(f"sent to {p['name']}", {"to": p["phone"], "text": note}) for p in family),
+            texts_sent(len(family), "only family texted"),
         ],
         plan=[
             ToolCall(tool="contacts_list_group", arguments={"group": group}),
@@ -243,18 +216,10 @@ def text_partner_from_memory(g: TaskGen) -> Any:
         world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
         memory=memory,
         checks=[
-            Check(
-                name=f"sent to the {relation} the user stated",
-                target="messaging.messages",
-                where={"to": partner["phone"], "text": note},
+            texted(
+                f"sent to the {relation} the user stated", {"to": partner["phone"], "text": note}
             ),
-            Check(
-                name="no one else texted",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=1,
-            ),
+            texts_sent(1, "no one else texted"),
         ],
         plan=[
             ToolCall(tool="contacts_search", arguments={"query": partner["name"]}),
@@ -302,11 +267,7 @@ def usual_late_message(g: TaskGen) -> Any:
         world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
         memory=memory,
         checks=[
-            Check(
-                name="current manager told",
-                target="messaging.messages",
-                where={"to": manager["phone"], "text": text},
-            ),
+            texted("current manager told", {"to": manager["phone"], "text": text}),
             Check(
                 name="former manager not texted",
                 target="messaging.messages",
@@ -329,18 +290,7 @@ def report_spam(g: TaskGen) -> Any:
     spammer = g.fake.phone()
     texts = g.fake.pick(SPAM, 2)
     for i, text in enumerate(texts):
-        messages.append(
-            {
-                "id": f"m_{300 + i}",
-                "thread": "t_" + "".join(c for c in spammer if c.isdigit()),
-                "to": "me",
-                "sender": spammer,
-                "text": text,
-                "time": f"2026-03-01T2{i}:00",
-                "read": False,
-                "scheduled_for": None,
-            }
-        )
+        messages.append(message_record(f"m_{300 + i}", spammer, text, f"2026-03-01T2{i}:00"))
     return g.task(
         instruction=f"Report the texts from {spammer} as spam.",
         world={"contacts": {"contacts": people}, "messaging": {"messages": messages}},
@@ -404,21 +354,8 @@ def invite_three_friends(g: TaskGen) -> Any:
         instruction=f'Invite {names} with the text "{note}"',
         world={"contacts": {"contacts": people}, "messaging": {"messages": []}},
         checks=[
-            *(
-                Check(
-                    name=f"invited {f['name']}",
-                    target="messaging.messages",
-                    where={"to": f["phone"], "text": note},
-                )
-                for f in friends
-            ),
-            Check(
-                name="exactly three invites",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=3,
-            ),
+            *(texted(f"invited {f['name']}", {"to": f["phone"], "text": note}) for f in friends),
+            texts_sent(3, "exactly three invites"),
         ],
         plan=plan,
     )
@@ -473,14 +410,7 @@ def answer_unread_threads(g: TaskGen) -> Any:
         world={"contacts": {"contacts": people}, "messaging": {"messages": messages}},
         memory=memory,
         checks=[
-            *(
-                Check(
-                    name=f"replied to {s}",
-                    target="messaging.messages",
-                    where={"to": s, "sender": "me", "text": text},
-                )
-                for s in senders
-            ),
+            *(texted(f"replied to {s}", {"to": s, "sender": "me", "text": text}) for s in senders),
             Check(
                 name="threads read",
                 target="messaging.messages",

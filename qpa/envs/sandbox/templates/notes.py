@@ -6,11 +6,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, MemoryItem, ToolCall
+from qpa.envs.sandbox.apps.messaging import message_record
 from qpa.envs.sandbox.apps.notes import folder_record, note_record
 from qpa.envs.sandbox.apps.reminders import list_record, reminder_record
+from qpa.envs.sandbox.authoring import contacts_world, day_phrase, recall, texted, texts_sent
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.calendar import WORKDAYS, day_phrase, people_world, recall
-from qpa.envs.sandbox.worldgen import FIRST, iso
+from qpa.envs.sandbox.worldgen import FIRST, WORKDAYS, iso
 
 NOW = "2026-03-02T09:00"
 CHORES = [
@@ -80,7 +81,7 @@ def _note_kinds(g: TaskGen) -> list[tuple[str, str, str]]:
     domain="notes", capabilities=["tool_use"], apps=["notes", "contacts", "messaging"], difficulty=2
 )
 def text_note_to_contact(g: TaskGen) -> Any:
-    people = people_world(g.fake)
+    people = contacts_world(g.fake, favorite_rate=0.25)
     friend = g.rng.choice(people)
     kinds = _note_kinds(g)
     g.rng.shuffle(kinds)
@@ -99,18 +100,11 @@ def text_note_to_contact(g: TaskGen) -> Any:
             "messaging": {"messages": []},
         },
         checks=[
-            Check(
-                name="note contents texted",
-                target="messaging.messages",
-                where={"to": friend["phone"], "sender": "me", "text__contains": fact},
+            texted(
+                "note contents texted",
+                {"to": friend["phone"], "sender": "me", "text__contains": fact},
             ),
-            Check(
-                name="one text only",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=1,
-            ),
+            texts_sent(1, "one text only"),
         ],
         plan=[
             ToolCall(tool="notes_search", arguments={"query": title}),
@@ -721,18 +715,13 @@ SMALL_TALK = [
 
 
 def _thread(person: dict[str, Any], texts: list[str], first_id: int) -> list[dict[str, Any]]:
-    thread = "t_" + "".join(ch for ch in person["phone"] if ch.isdigit())
     return [
-        {
-            "id": f"m_{first_id + i}",
-            "thread": thread,
-            "to": "me",
-            "sender": person["phone"],
-            "text": text,
-            "time": f"2026-03-01T{10 + i:02d}:{first_id % 50:02d}",
-            "read": False,
-            "scheduled_for": None,
-        }
+        message_record(
+            f"m_{first_id + i}",
+            person["phone"],
+            text,
+            f"2026-03-01T{10 + i:02d}:{first_id % 50:02d}",
+        )
         for i, text in enumerate(texts)
     ]
 
@@ -744,7 +733,7 @@ def _thread(person: dict[str, Any], texts: list[str], first_id: int) -> list[dic
     difficulty=4,
 )
 def reminders_from_two_threads(g: TaskGen) -> Any:
-    people = people_world(g.fake, 7)
+    people = contacts_world(g.fake, 7, favorite_rate=0.25)
     a, b, c = g.rng.sample(people, 3)
     (ask_a, kw_a), (ask_b, kw_b), (ask_c, kw_c) = g.rng.sample(REQUESTS, 3)
     l1, l2, l3 = g.rng.sample(["Home", "Work", "Errands", "Personal"], 3)

@@ -7,10 +7,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from qpa.contract import Check, MemoryItem, Task
-from qpa.envs.sandbox.authoring import PlanBuilder, card_pool, ref, remembered
+from qpa.envs.sandbox.apps.messaging import message_record
+from qpa.envs.sandbox.authoring import PlanBuilder, card_pool, phone_book, ref, remembered
+from qpa.envs.sandbox.engine import DEFAULT_START, money
 from qpa.envs.sandbox.suite import TaskGen, template
 
-WALLET_NOW = datetime(2026, 3, 2, 9, 0)
+WALLET_NOW = DEFAULT_START
 TODAY = WALLET_NOW.isoformat(timespec="minutes")
 MERCHANTS = [
     "Starbucks", "Whole Foods", "Shell", "Netflix", "Spotify", "Target", "Walgreens", "Chipotle",
@@ -29,30 +31,6 @@ REASONS = [
     "the cabin booking", "coffee this week", "the movie tickets", "the parking fee", "the pizza",
 ]  # fmt: skip
 MONTHS = {1: "January", 2: "February", 3: "March", 4: "April", 5: "May", 6: "June"}
-
-
-def people(g: TaskGen, n: int = 8) -> list[dict[str, Any]]:
-    """Contacts with unique names and phones (phones must be unique for payments)."""
-    rows: list[dict[str, Any]] = []
-    phones: set[str] = set()
-    for i in range(n):
-        name = g.fake.name()
-        phone = g.fake.phone()
-        while phone in phones:
-            phone = g.fake.phone()
-        phones.add(phone)
-        rows.append(
-            {
-                "id": f"c_{100 + i}",
-                "name": name,
-                "phone": phone,
-                "email": g.fake.email(name),
-                "address": g.fake.address(),
-                "favorite": False,
-                "groups": g.fake.pick(["family", "work", "friends", "gym"], 1),
-            }
-        )
-    return rows
 
 
 def _amount(g: TaskGen, low: float, high: float) -> float:
@@ -173,21 +151,26 @@ def _sent(n: int) -> Check:
     )
 
 
+def _paid(name: str, person: dict[str, Any], amount: float, source: str, **where: Any) -> Check:
+    """The user sent `amount` to `person` from `source` (the balance or a card id)."""
+    return Check(
+        name=name,
+        target="wallet.transactions",
+        where={
+            "type": "transfer_out",
+            "counterparty": person["phone"],
+            "amount": amount,
+            "source": source,
+            **where,
+        },
+    )
+
+
 def _thread(
     person: dict[str, Any], texts: list[tuple[str, datetime]], start: int
 ) -> list[dict[str, Any]]:
-    thread = "t_" + "".join(ch for ch in person["phone"] if ch.isdigit())
     return [
-        {
-            "id": f"m_{start + i}",
-            "thread": thread,
-            "to": "me",
-            "sender": person["phone"],
-            "text": text,
-            "time": when.isoformat(timespec="minutes"),
-            "read": False,
-            "scheduled_for": None,
-        }
+        message_record(f"m_{start + i}", person["phone"], text, when.isoformat(timespec="minutes"))
         for i, (text, when) in enumerate(texts)
     ]
 
@@ -198,7 +181,7 @@ def _thread(
 @template(domain="payments", capabilities=["tool_use"], apps=["contacts", "wallet"], difficulty=2)
 def payments_pay_back_contact(g: TaskGen) -> Task:
     rng = g.rng
-    contacts = people(g, 8)
+    contacts = phone_book(g.fake, 8)
     target = rng.choice(contacts)
     # a namesake: same first name, different person
     namesake = rng.choice([c for c in contacts if c is not target])
@@ -237,16 +220,12 @@ def payments_pay_back_contact(g: TaskGen) -> Task:
         instruction=instruction,
         world={"contacts": {"contacts": contacts}, "wallet": ww.world()},
         checks=[
-            Check(
-                name="paid the right person the right amount",
-                target="wallet.transactions",
-                where={
-                    "type": "transfer_out",
-                    "counterparty": target["phone"],
-                    "amount": amount,
-                    "source": "balance",
-                    "time__gte": TODAY,
-                },
+            _paid(
+                "paid the right person the right amount",
+                target,
+                amount,
+                "balance",
+                time__gte=TODAY,
             ),
             _sent(1),
         ],
@@ -268,7 +247,7 @@ def payments_bill_with_top_up(g: TaskGen) -> Task:
         ww.bill(biller, category, _amount(g, 20, 150), due_in=rng.randint(3, 20))
     rng.shuffle(ww.bills)
     card = rng.choice(ww.cards)
-    shortfall = round(due - balance + 1e-9, 2)
+    shortfall = money(due - balance)
     instruction = (
         f"Pay my {bills[0][1]} bill in full from my wallet balance. The balance won't cover it, so "
         f"first top up exactly the missing amount from my {card['label']}."
@@ -328,7 +307,7 @@ SPLIT_THINGS = [
 )
 def payments_split_bill(g: TaskGen) -> Task:
     rng = g.rng
-    contacts = people(g, 8)
+    contacts = phone_book(g.fake, 8)
     n = rng.randint(2, 4)
     friends = rng.sample(contacts, n)
     cents = rng.randint(3000, 40000)
@@ -512,7 +491,7 @@ def payments_dispute_duplicate(g: TaskGen) -> Task:
 )
 def payments_preferred_card(g: TaskGen) -> Task:
     rng = g.rng
-    contacts = people(g, 8)
+    contacts = phone_book(g.fake, 8)
     target = rng.choice(contacts)
     ww = WalletWorld(g, n_cards=3)
     ww.history(4)
@@ -539,16 +518,7 @@ def payments_preferred_card(g: TaskGen) -> Task:
         instruction=instruction,
         world={"contacts": {"contacts": contacts}, "wallet": ww.world()},
         checks=[
-            Check(
-                name="paid from the preferred card",
-                target="wallet.transactions",
-                where={
-                    "type": "transfer_out",
-                    "counterparty": target["phone"],
-                    "amount": amount,
-                    "source": card["id"],
-                },
-            ),
+            _paid("paid from the preferred card", target, amount, card["id"]),
             _sent(1),
         ],
         plan=plan.finish(),
@@ -560,7 +530,7 @@ def payments_preferred_card(g: TaskGen) -> Task:
 @template(domain="payments", capabilities=["memory"], apps=["contacts", "wallet"], difficulty=3)
 def payments_usual_rent(g: TaskGen) -> Task:
     rng = g.rng
-    contacts = people(g, 8)
+    contacts = phone_book(g.fake, 8)
     landlord, old_landlord = rng.sample(contacts, 2)
     rent = float(rng.randint(90, 260) * 10)
     stale_rent = rent - rng.choice([50.0, 75.0, 100.0, 120.0])
@@ -670,6 +640,35 @@ def _debt_world(
     return messages
 
 
+def _debt_readers(
+    plan: PlanBuilder,
+    creditors: list[dict[str, Any]],
+    amounts: list[float],
+    goals: list[str],
+    tools: list[str],
+) -> list[int]:
+    """One sub-agent per creditor reads their texts and reports the amount and phone number;
+    returns the steps whose results hold each creditor's contact."""
+    lookups = []
+    for k, (person, amount, goal) in enumerate(zip(creditors, amounts, goals, strict=True)):
+        plan.delegate(goal=goal, tools=tools, agent=f"reader_{k}")
+        s_c = plan.call("contacts_search", query=person["name"])
+        plan.call("messaging_read_thread", phone=ref(s_c, "0.phone"))
+        plan.finish(answer=f"{person['name']} ({person['phone']}): ${amount:.2f}")
+        lookups.append(s_c)
+    return lookups
+
+
+def _texts_world(
+    contacts: list[dict[str, Any]], messages: list[dict[str, Any]], ww: WalletWorld
+) -> dict[str, dict[str, Any]]:
+    return {
+        "contacts": {"contacts": contacts},
+        "messaging": {"messages": messages, "blocked": []},
+        "wallet": ww.world(),
+    }
+
+
 @template(
     domain="payments",
     capabilities=["subagent", "tool_use"],
@@ -678,7 +677,7 @@ def _debt_world(
 )
 def payments_settle_debts(g: TaskGen) -> Task:
     rng = g.rng
-    contacts = people(g, 9)
+    contacts = phone_book(g.fake, 9)
     creditors = rng.sample(contacts, 3)
     amounts = [_amount(g, 6, 120) for _ in creditors]
     messages = _debt_world(g, creditors, contacts, amounts)
@@ -690,41 +689,23 @@ def payments_settle_debts(g: TaskGen) -> Task:
         f"and pay each of them back from my wallet balance."
     )
     plan = PlanBuilder()
-    lookups = []
-    for k, (person, amount) in enumerate(zip(creditors, amounts, strict=True)):
-        plan.delegate(
-            goal=f"Find how much I owe {person['name']} according to their texts; answer "
-            f"with the amount and their phone number.",
-            tools=["contacts_search", "messaging_read_thread", "messaging_search"],
-            agent=f"reader_{k}",
-        )
-        s_c = plan.call("contacts_search", query=person["name"])
-        plan.call("messaging_read_thread", phone=ref(s_c, "0.phone"))
-        plan.finish(answer=f"{person['name']} ({person['phone']}): ${amount:.2f}")
-        lookups.append(s_c)
+    goals = [
+        f"Find how much I owe {person['name']} according to their texts; answer with the amount "
+        f"and their phone number."
+        for person in creditors
+    ]
+    tools = ["contacts_search", "messaging_read_thread", "messaging_search"]
+    lookups = _debt_readers(plan, creditors, amounts, goals, tools)
     for s_c, amount in zip(lookups, amounts, strict=True):
         plan.call(
             "wallet_send_money", to=ref(s_c, "0.phone"), amount=amount, note="Paying you back"
         )
     return g.task(
         instruction=instruction,
-        world={
-            "contacts": {"contacts": contacts},
-            "messaging": {"messages": messages, "blocked": []},
-            "wallet": ww.world(),
-        },
+        world=_texts_world(contacts, messages, ww),
         checks=[
             *(
-                Check(
-                    name=f"paid {p['name']}",
-                    target="wallet.transactions",
-                    where={
-                        "type": "transfer_out",
-                        "counterparty": p["phone"],
-                        "amount": a,
-                        "source": "balance",
-                    },
-                )
+                _paid(f"paid {p['name']}", p, a, "balance")
                 for p, a in zip(creditors, amounts, strict=True)
             ),
             _sent(3),
@@ -745,7 +726,7 @@ ROLES = ["babysitter", "dog walker", "cleaner", "piano teacher", "math tutor", "
 )
 def payments_pay_helpers(g: TaskGen) -> Task:
     rng = g.rng
-    contacts = people(g, 10)
+    contacts = phone_book(g.fake, 10)
     roles = rng.sample(ROLES, 2)
     right = rng.sample(contacts, 2)
     wrong = rng.sample([c for c in contacts if c not in right], 2)
@@ -771,18 +752,14 @@ def payments_pay_helpers(g: TaskGen) -> Task:
         f"both from {paid_with}."
     )
     plan = PlanBuilder()
-    lookups = []
-    for k, (role, person, amount) in enumerate(zip(roles, right, amounts, strict=True)):
-        plan.delegate(
-            goal=f"My {role} is {person['name']}: find how much I owe them from their "
-            f"texts; answer with the amount and phone number.",
-            tools=["contacts_search", "messaging_read_thread"],
-            agent=f"reader_{k}",
-        )
-        s_c = plan.call("contacts_search", query=person["name"])
-        plan.call("messaging_read_thread", phone=ref(s_c, "0.phone"))
-        plan.finish(answer=f"{person['name']} ({person['phone']}): ${amount:.2f}")
-        lookups.append(s_c)
+    goals = [
+        f"My {role} is {person['name']}: find how much I owe them from their texts; answer with "
+        f"the amount and phone number."
+        for role, person in zip(roles, right, strict=True)
+    ]
+    lookups = _debt_readers(
+        plan, right, amounts, goals, ["contacts_search", "messaging_read_thread"]
+    )
     if use_card:
         plan.call("wallet_list_cards")
     for s_c, amount in zip(lookups, amounts, strict=True):
@@ -795,23 +772,10 @@ def payments_pay_helpers(g: TaskGen) -> Task:
         )
     return g.task(
         instruction=instruction,
-        world={
-            "contacts": {"contacts": contacts},
-            "messaging": {"messages": messages, "blocked": []},
-            "wallet": ww.world(),
-        },
+        world=_texts_world(contacts, messages, ww),
         checks=[
             *(
-                Check(
-                    name=f"paid the {role}",
-                    target="wallet.transactions",
-                    where={
-                        "type": "transfer_out",
-                        "counterparty": p["phone"],
-                        "amount": a,
-                        "source": source,
-                    },
-                )
+                _paid(f"paid the {role}", p, a, source)
                 for role, p, a in zip(roles, right, amounts, strict=True)
             ),
             _sent(2),
@@ -825,7 +789,7 @@ def payments_pay_helpers(g: TaskGen) -> Task:
 @template(domain="payments", capabilities=["tool_use"], apps=["wallet"], difficulty=2)
 def payments_answer_requests(g: TaskGen) -> Task:
     rng = g.rng
-    contacts = people(g, 6)
+    contacts = phone_book(g.fake, 6)
     pay, decline, leave = rng.sample(contacts, 3)
     ww = WalletWorld(g)
     ww.history(3)

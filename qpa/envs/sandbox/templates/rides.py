@@ -7,49 +7,34 @@ from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, ToolCall
 from qpa.envs.sandbox.apps.rides import ride_price
+from qpa.envs.sandbox.authoring import (
+    FRIEND_GROUPS,
+    conflicting_pair,
+    phone_book,
+    side_memory,
+    texted,
+    texts_sent,
+)
 from qpa.envs.sandbox.engine import DEFAULT_START
 from qpa.envs.sandbox.geo import distance_km, travel_minutes
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.maps import (
+from qpa.envs.sandbox.worldgen import (
+    CARS,
+    CLASS_WORDS,
+    PRODUCTS,
+    TODAY,
+    FlightBook,
+    HotelBook,
     Places,
-    conflicting_memory,
+    a_ride,
+    booking_for,
+    default_cards,
+    international_pair,
     labels,
-    people,
-    side_memory,
+    plate,
+    reservation_for,
+    rides_world,
 )
-
-# id, name, capacity, base fare, per km, minimum fare, schedulable
-PRODUCTS: list[tuple[str, str, int, float, float, float, bool]] = [
-    ("pool", "Pool", 2, 1.5, 0.85, 5.0, False),
-    ("economy", "Economy", 4, 2.5, 1.1, 7.0, True),
-    ("green", "Green", 4, 2.8, 1.2, 7.5, True),
-    ("comfort", "Comfort", 4, 3.5, 1.5, 9.0, True),
-    ("xl", "XL", 6, 4.0, 1.9, 11.0, True),
-    ("black", "Black", 4, 7.0, 2.8, 18.0, True),
-]
-CLASS_WORDS = {
-    "pool": "Pool",
-    "economy": "Economy",
-    "green": "Green",
-    "comfort": "Comfort",
-    "xl": "XL",
-    "black": "Black",
-}
-CARS = {
-    "pool": ["Toyota Corolla", "Honda Fit", "Nissan Leaf"],
-    "economy": ["Toyota Prius", "Honda Civic", "Kia Niro", "Hyundai Elantra"],
-    "green": ["Tesla Model 3", "Hyundai Ioniq 5", "Chevrolet Bolt", "Polestar 2"],
-    "comfort": ["Toyota Camry", "Honda Accord", "Volkswagen Passat", "Mazda 6"],
-    "xl": ["Honda Odyssey", "Toyota Sienna", "Kia Carnival", "Chevrolet Suburban"],
-    "black": ["Mercedes E-Class", "BMW 5 Series", "Audi A6", "Lincoln Continental"],
-}
-
-
-def a_ride(ride_class: str) -> str:
-    """'an Economy ride', 'a Comfort ride'."""
-    word = CLASS_WORDS[ride_class]
-    return f"{'an' if word[0] in 'AEIOUX' else 'a'} {word} ride"
-
 
 LANDMARKS = [
     "Union Square",
@@ -68,77 +53,7 @@ LANDMARKS = [
     "Farmers Market",
 ]
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
-PLATE_LETTERS = "ABCDEFGHJKLMNPRSTUVWXYZ"
 COMMENTS = ["", "Great driver!", "Smooth ride, thanks.", "Clean car and friendly.", "On time."]
-
-
-def plate(g: TaskGen) -> str:
-    letters = "".join(g.rng.choice(PLATE_LETTERS) for _ in range(3))
-    return f"{g.rng.randint(1, 9)}{letters}{g.rng.randint(100, 999)}"
-
-
-def default_cards(g: TaskGen) -> list[dict[str, Any]]:
-    brands = g.rng.sample(["Visa", "Mastercard", "Amex", "Discover"], 3)
-    last4s = g.rng.sample(range(1000, 9999), 3)
-    kinds = ["personal", "business", "personal"]
-    return [
-        {"id": f"pm_{i + 1}", "brand": b, "last4": str(n), "kind": k, "default": i == 0}
-        for i, (b, n, k) in enumerate(zip(brands, last4s, kinds, strict=True))
-    ]
-
-
-def rides_world(
-    g: TaskGen,
-    *,
-    unavailable: tuple[str, ...] | set[str] = (),
-    surge: dict[str, float] | None = None,
-    places: list[dict[str, Any]] | None = None,
-    cards: list[dict[str, Any]] | None = None,
-    rides: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """A rides app state: six classes, one driver each (busy for unavailable classes)."""
-    products, drivers = [], []
-    for i, (pid, name, cap, base, per_km, min_fare, sched) in enumerate(PRODUCTS):
-        products.append(
-            {
-                "id": pid,
-                "name": name,
-                "capacity": cap,
-                "base_fare": base,
-                "per_km": per_km,
-                "min_fare": min_fare,
-                "surge_multiplier": (surge or {}).get(pid, 1.0),
-                "pickup_eta_min": g.rng.randint(2, 9),
-                "schedulable": sched,
-            }
-        )
-        drivers.append(
-            {
-                "id": f"drv_{i + 1}",
-                "name": g.fake.name(),
-                "product": pid,
-                "car": g.rng.choice(CARS[pid]),
-                "plate": plate(g),
-                "rating": round(g.rng.uniform(4.6, 5.0), 2),
-                "available": pid not in unavailable,
-            }
-        )
-    return {
-        "products": products,
-        "drivers": drivers,
-        "places": places or [],
-        "payment_methods": cards or default_cards(g),
-        "rides": rides or [],
-        "promos": [
-            {
-                "id": "promo_1",
-                "code": "SPRING5",
-                "discount": 5.0,
-                "expires": "2026-04-30",
-                "status": "available",
-            }
-        ],
-    }
 
 
 def product(world: dict[str, Any], ride_class: str) -> dict[str, Any]:
@@ -281,14 +196,6 @@ def ride_cheapest_for_group(g: TaskGen) -> Any:
     difficulty=5,
 )
 def ride_airport_to_hotel(g: TaskGen) -> Any:
-    from qpa.envs.sandbox.templates.travel import (
-        TODAY,
-        FlightBook,
-        HotelBook,
-        booking_for,
-        international_pair,
-        reservation_for,
-    )
 
     origin, airport = international_pair(g, domestic=g.rng.random() < 0.6)
     flights = FlightBook(g)
@@ -385,8 +292,8 @@ def ride_home_usual_class(g: TaskGen) -> Any:
         ["my usual ride class", "the class I usually take", "my usual kind of car"]
     )
     memory = [
-        *conflicting_memory(g, "ride_class", CLASS_WORDS[right], CLASS_WORDS[wrong]),
-        side_memory(g),
+        *conflicting_pair(g.rng, "ride_class", CLASS_WORDS[right], CLASS_WORDS[wrong]),
+        side_memory(g.rng),
     ]
     return g.task(
         instruction=f"I'm at {pickup}. Book me a ride home, {phrase}.",
@@ -426,7 +333,10 @@ def ride_to_work_on_work_card(g: TaskGen) -> Any:
     def card(c: dict[str, Any]) -> str:
         return f"{c['brand']} ending {c['last4']}"
 
-    memory = [*conflicting_memory(g, "work_ride_card", card(right), card(wrong)), side_memory(g)]
+    memory = [
+        *conflicting_pair(g.rng, "work_ride_card", card(right), card(wrong)),
+        side_memory(g.rng),
+    ]
     return g.task(
         instruction=(
             f"I'm at {pickup}. Book {a_ride(ride_class)} to work and put it on the "
@@ -543,7 +453,7 @@ def ride_with_surge_limit(g: TaskGen) -> Any:
     difficulty=3,
 )
 def ride_to_friend_and_tell_car(g: TaskGen) -> Any:
-    friends = people(g, 6)
+    friends = phone_book(g.fake, 6, first_id=300, groups=FRIEND_GROUPS)
     friend = g.rng.choice(friends)
     builder = Places(g)
     builder.addresses.update(p["address"] for p in friends)
@@ -601,23 +511,11 @@ def ride_to_friend_and_tell_car(g: TaskGen) -> Any:
         )
         checks = [
             ride_check,
-            Check(
-                name="friend texted the plate",
-                target="messaging.messages",
-                where={"to": friend["phone"], "text__contains": car["plate"]},
+            texted(
+                "friend texted the plate", {"to": friend["phone"], "text__contains": car["plate"]}
             ),
-            Check(
-                name="friend texted the car",
-                target="messaging.messages",
-                where={"to": friend["phone"], "text__contains": car["car"]},
-            ),
-            Check(
-                name="one text sent",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=1,
-            ),
+            texted("friend texted the car", {"to": friend["phone"], "text__contains": car["car"]}),
+            texts_sent(1, "one text sent"),
             ONE_RIDE,
         ]
     return g.task(
@@ -722,7 +620,7 @@ def ride_or_transit(g: TaskGen) -> Any:
     difficulty=4,
 )
 def ride_meet_at_cheaper_spot(g: TaskGen) -> Any:
-    friends = people(g, 6)
+    friends = phone_book(g.fake, 6, first_id=300, groups=FRIEND_GROUPS)
     friend = g.rng.choice(friends)
     ride_class = g.rng.choice(["economy", "green", "comfort", "black"])
     builder = Places(g)
@@ -770,18 +668,8 @@ def ride_meet_at_cheaper_spot(g: TaskGen) -> Any:
                 target="rides.rides",
                 where=accepted({"dropoff": best, "ride_class": ride_class}),
             ),
-            Check(
-                name="friend told the place",
-                target="messaging.messages",
-                where={"to": friend["phone"], "text__icontains": best},
-            ),
-            Check(
-                name="one text sent",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=1,
-            ),
+            texted("friend told the place", {"to": friend["phone"], "text__icontains": best}),
+            texts_sent(1, "one text sent"),
             ONE_RIDE,
         ],
         plan=plan,
@@ -817,7 +705,7 @@ def ride_rate_and_tip_usual(g: TaskGen) -> Any:
     tip = round(fare * pct / 100, 2)
     stars = g.rng.randint(3, 5)
     comment = g.rng.choice(COMMENTS)
-    memory = [*conflicting_memory(g, "tip_percent", f"{pct}%", f"{wrong}%"), side_memory(g)]
+    memory = [*conflicting_pair(g.rng, "tip_percent", f"{pct}%", f"{wrong}%"), side_memory(g.rng)]
     said = f' with the comment "{comment}"' if comment else ""
     rate_args: dict[str, Any] = {"ride_id": "${0.0.id}", "stars": stars}
     if comment:

@@ -16,9 +16,9 @@ from qpa.envs.sandbox.apps.settings import (
     system_record,
     wifi_record,
 )
+from qpa.envs.sandbox.authoring import day_phrase, recall
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.calendar import WORKDAYS, background_events, day_phrase, recall
-from qpa.envs.sandbox.worldgen import BASE_DAY, iso
+from qpa.envs.sandbox.worldgen import BASE_DAY, WORKDAYS, background_events, iso
 
 WEEK = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 TIMEOUTS = {

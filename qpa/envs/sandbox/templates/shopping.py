@@ -7,10 +7,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from qpa.contract import Check, MemoryItem, Task
+from qpa.envs.sandbox.apps.shop import ShopApp
 from qpa.envs.sandbox.authoring import ADDRESSES, PlanBuilder, card_pool, near, ref, remembered
+from qpa.envs.sandbox.engine import DEFAULT_START, money
 from qpa.envs.sandbox.suite import TaskGen, template
 
-SHOP_NOW = datetime(2026, 3, 2, 9, 0)
+SHOP_NOW = DEFAULT_START
 SHOE_SIZES = ["6", "7", "8", "9", "10", "11", "12"]
 CLOTH_SIZES = ["XS", "S", "M", "L", "XL"]
 
@@ -232,17 +234,8 @@ class ShopWorld:
         delivered: datetime | None = None,
     ) -> dict[str, Any]:
         rng = self.g.rng
-        rows = [
-            {
-                "product_id": p["id"],
-                "title": p["title"],
-                "size": size,
-                "quantity": q,
-                "unit_price": p["price"],
-            }
-            for p, size, q in lines
-        ]
-        subtotal = round(sum(r["quantity"] * r["unit_price"] for r in rows) + 1e-9, 2)
+        rows = [_line(p, size, q) for p, size, q in lines]
+        subtotal = money(sum(r["quantity"] * r["unit_price"] for r in rows))
         fee = 0.0 if subtotal >= 35 else 4.99
         carrier = rng.choice(["ups", "fedex", "usps"]) if status != "processing" else None
         order = {
@@ -254,7 +247,7 @@ class ShopWorld:
             "discount": 0.0,
             "shipping": "standard",
             "shipping_fee": fee,
-            "total": round(subtotal + fee + 1e-9, 2),
+            "total": money(subtotal + fee),
             "payment_method_id": rng.choice(self.cards)["id"],
             "address_id": rng.choice(self.addresses)["id"],
             "status": status,
@@ -276,10 +269,9 @@ class ShopWorld:
         self.orders.sort(key=lambda o: o["placed_at"])
         return {
             "shop": {
+                **ShopApp.default_state(),
                 "products": self.products,
-                "carts": [],
                 "orders": self.orders,
-                "returns": [],
                 "coupons": [
                     {
                         "code": "WELCOME10",
@@ -291,8 +283,6 @@ class ShopWorld:
                     },
                 ],
                 "wishlist": self.wishlist,
-                "price_alerts": [],
-                "reviews": [],
                 "payment_methods": self.cards,
                 "addresses": self.addresses,
             }
@@ -762,7 +752,7 @@ def shopping_bundle_research(g: TaskGen) -> Task:
         )
         for kind, t in zip(kinds, targets, strict=True)
     ]
-    total = round(sum(t["price"] for t in targets) + 1e-9, 2)
+    total = money(sum(t["price"] for t in targets))
     return g.task(
         instruction=instruction,
         world=sw.world(),
@@ -1027,7 +1017,7 @@ def shopping_coupon_checkout(g: TaskGen) -> Task:
     eligible = main["price"] * q1 + (
         side["price"] * q2 if side["category"] == main["category"] else 0
     )
-    discount = round(eligible * percent / 100 + 1e-9, 2)
+    discount = money(eligible * percent / 100)
     return g.task(
         instruction=instruction,
         world=world,

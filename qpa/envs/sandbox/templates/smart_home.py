@@ -4,12 +4,19 @@ bedtime routines from memory, and room/camera sweeps split across sub-agents."""
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, ToolCall
-from qpa.envs.sandbox.authoring import PlanBuilder, conflicting_memory, contacts_world
+from qpa.envs.sandbox.authoring import (
+    PlanBuilder,
+    conflicting_memory,
+    contacts_world,
+    texted,
+    texts_sent,
+)
 from qpa.envs.sandbox.suite import TaskGen, template
+from qpa.envs.sandbox.worldgen import BASE_DAY
 
 ROOMS = [
     "Living Room",
@@ -64,7 +71,7 @@ ROLES = [
     ("handyman", "handyman"),
 ]
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-TODAY = datetime(2026, 3, 2)  # a Monday; the sandbox clock starts at 09:00
+TODAY = BASE_DAY  # a Monday; the sandbox clock starts at 09:00
 
 
 class HomeBuilder:
@@ -507,11 +514,7 @@ def guest_code_from_memory(g: TaskGen) -> Any:
                     "active": True,
                 },
             ),
-            Check(
-                name="code texted to them",
-                target="messaging.messages",
-                where={"to": right["phone"], "text__contains": code},
-            ),
+            texted("code texted to them", {"to": right["phone"], "text__contains": code}),
             Check(
                 name="no text to the others",
                 target="messaging.messages",
@@ -570,18 +573,8 @@ def jammed_lock_then_notify(g: TaskGen) -> Any:
                 target="home.devices",
                 where={"id": door["id"], "locked": True, "jammed": False},
             ),
-            Check(
-                name="person told",
-                target="messaging.messages",
-                where={"to": person["phone"], "text__icontains": "locked"},
-            ),
-            Check(
-                name="one text",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=1,
-            ),
+            texted("person told", {"to": person["phone"], "text__icontains": "locked"}),
+            texts_sent(1, "one text"),
         ],
         plan=[
             ToolCall(tool="home_list_devices", arguments={"type": "lock"}),
@@ -684,7 +677,7 @@ def camera_people_sweep(g: TaskGen) -> Any:
 
     def moment(lo: int, hi: int) -> str:
         minutes = g.rng.randint(lo, hi)
-        return (datetime(2026, 3, 2) + timedelta(minutes=minutes)).isoformat(timespec="minutes")
+        return (TODAY + timedelta(minutes=minutes)).isoformat(timespec="minutes")
 
     counts = []
     for cam, saw in zip(chosen, seen, strict=True):

@@ -8,304 +8,46 @@ from datetime import timedelta
 from typing import Any
 
 from qpa.contract import Check, Delegate, Finish, MemoryItem, ToolCall
-from qpa.envs.sandbox.apps.flights import (
-    AIRLINES,
-    AIRPORTS,
-    cabin_seats,
-    fare_rules,
-    seat_taken,
-)
+from qpa.envs.sandbox.apps.flights import AIRLINES, AIRPORTS, cabin_seats, fare_rules, seat_taken
 from qpa.envs.sandbox.apps.hotels import room_free
-from qpa.envs.sandbox.engine import confirmation_code
-from qpa.envs.sandbox.geo import NEIGHBORHOODS
+from qpa.envs.sandbox.authoring import (
+    FRIEND_GROUPS,
+    conflicting_pair,
+    day_phrase,
+    phone_book,
+    side_memory,
+    texted,
+    texts_sent,
+)
 from qpa.envs.sandbox.suite import TaskGen, template
-from qpa.envs.sandbox.templates.maps import conflicting_memory, people, side_memory
-from qpa.envs.sandbox.templates.rides import a_ride, rides_world
+from qpa.envs.sandbox.worldgen import (
+    AMENITIES,
+    BASE_DAY,
+    BOOKED_BEFORE,
+    CHAINS,
+    ROOM_TYPES,
+    TODAY,
+    USER,
+    Airport,
+    FlightBook,
+    HotelBook,
+    a_ride,
+    booking_for,
+    clock_time,
+    international_pair,
+    reservation_for,
+    rides_world,
+)
 
-TODAY = "2026-03-02"
-USER = "Alex Morgan"
-Airport = tuple[str, str, str, str]
-TERMINALS = ["1", "2", "3", "4", "5", "7", "A", "B", "C", "D", "E"]
 CABIN_WORDS = {"economy": "economy", "premium_economy": "premium economy", "business": "business"}
-CHAINS = {
-    "MER": "Meridian",
-    "LUM": "Lumen Suites",
-    "PRK": "Parkside Hotels",
-    "NOM": "Nomad House",
-    "CRS": "Crescent Resorts",
-}
-HOTEL_BASES = [
-    "Harborview",
-    "Grand Central",
-    "Riverside",
-    "Old Town",
-    "Skyline",
-    "Garden Court",
-    "Bayfront",
-    "Union Square",
-    "Lakeshore",
-    "Midtown",
-    "Station Plaza",
-    "Park Lane",
-]
-ROOM_TYPES = [
-    ("standard_queen", 2),
-    ("standard_king", 2),
-    ("double_queen", 4),
-    ("deluxe_king", 3),
-    ("junior_suite", 3),
-    ("suite", 4),
-]
-AMENITIES = ["wifi", "pool", "gym", "spa", "parking", "breakfast", "restaurant", "pet_friendly"]
 
 
 def travel_day(g: TaskGen, low: int = 3, high: int = 26) -> str:
-    return (Date(2026, 3, 2) + timedelta(days=g.rng.randint(low, high))).isoformat()
+    return (BASE_DAY.date() + timedelta(days=g.rng.randint(low, high))).isoformat()
 
 
 def shift_day(day: str, days: int) -> str:
     return (Date.fromisoformat(day) + timedelta(days=days)).isoformat()
-
-
-def words(day: str) -> str:
-    moment = Date.fromisoformat(day)
-    return f"{moment.strftime('%A')}, {moment.strftime('%B')} {moment.day}"
-
-
-def international_pair(g: TaskGen, *, domestic: bool | None = None) -> tuple[Airport, Airport]:
-    """Two airports in different cities; domestic (US-US), international, or either."""
-    while True:
-        a, b = g.rng.sample(AIRPORTS, 2)
-        if a[1] == b[1]:
-            continue
-        if domestic is True and not (a[3] == b[3] == "US"):
-            continue
-        if domestic is False and (a[3] == b[3] or a[3] != "US"):
-            continue
-        return a, b
-
-
-def _clock(minutes: int) -> str:
-    return f"{minutes // 60:02d}:{minutes % 60:02d}"
-
-
-class FlightBook:
-    """Builds flight records with unique ids and flight numbers."""
-
-    def __init__(self, g: TaskGen) -> None:
-        self.g = g
-        self.rows: list[dict[str, Any]] = []
-        self.numbers: set[str] = set()
-        self.durations: dict[tuple[str, str], int] = {}
-
-    def add(
-        self,
-        airline: str,
-        origin: str,
-        dest: str,
-        date: str,
-        *,
-        price: float | None = None,
-        stops: int = 0,
-        depart: str | None = None,
-        arrive_before: str | None = None,
-        seats: dict[str, int] | None = None,
-    ) -> dict[str, Any]:
-        rng = self.g.rng
-        intl = AIRPORT_COUNTRY[origin] != AIRPORT_COUNTRY[dest]
-        base = self.durations.setdefault(
-            (origin, dest), rng.randint(420, 690) if intl else rng.randint(80, 330)
-        )
-        duration = base + stops * rng.randint(60, 150)
-        if arrive_before:
-            limit = int(arrive_before[:2]) * 60 + int(arrive_before[3:])
-            start = max(5, limit - duration - rng.randint(0, 60))
-        elif depart:
-            start = int(depart[:2]) * 60 + int(depart[3:])
-        else:
-            start = rng.randint(6 * 60, max(6 * 60, min(22 * 60, 23 * 60 + 50 - duration)))
-            start -= start % 5
-        while True:
-            number = f"{airline} {rng.randint(100, 2999)}"
-            if number not in self.numbers:
-                self.numbers.add(number)
-                break
-        fare = price if price is not None else float(rng.randint(89, 640))
-        record = {
-            "id": f"fl_{101 + len(self.rows)}",
-            "airline": airline,
-            "flight_no": number,
-            "origin": origin,
-            "destination": dest,
-            "date": date,
-            "depart": _clock(start),
-            "arrive": _clock((start + duration) % (24 * 60)),
-            "duration_min": duration,
-            "stops": stops,
-            "aircraft": rng.choice(["A320", "A321neo", "737 MAX 8", "787-9", "A350-900", "E175"]),
-            "fares": {
-                "economy": fare,
-                "premium_economy": round(fare * 1.6, 2),
-                "business": round(fare * 3.2, 2),
-            },
-            "seats_left": {
-                "economy": rng.randint(2, 9),
-                "premium_economy": rng.randint(1, 6),
-                "business": rng.randint(1, 4),
-                **(seats or {}),
-            },
-            "international": intl,
-            "departure_terminal": rng.choice(TERMINALS),
-            "arrival_terminal": rng.choice(TERMINALS),
-            "gate": f"{rng.choice('ABCDE')}{rng.randint(1, 40)}",
-            "baggage_claim": str(rng.randint(1, 14)),
-            "status": "on_time",
-            "delay_min": 0,
-            "taken_seats": [],
-        }
-        self.rows.append(record)
-        return record
-
-
-AIRPORT_COUNTRY = {a[0]: a[3] for a in AIRPORTS}
-AIRPORT_CITY = {a[0]: a[1] for a in AIRPORTS}
-
-
-def booking_for(
-    flight: dict[str, Any], booking_id: str, g: TaskGen, *, cabin: str = "economy"
-) -> dict[str, Any]:
-    fare = flight["fares"][cabin]
-    return {
-        "id": booking_id,
-        "pnr": confirmation_code(f"{booking_id}|{flight['id']}|{g.seed}"),
-        "flight_id": flight["id"],
-        "airline": flight["airline"],
-        "flight_no": flight["flight_no"],
-        "origin": flight["origin"],
-        "destination": flight["destination"],
-        "date": flight["date"],
-        "depart": flight["depart"],
-        "arrive": flight["arrive"],
-        "cabin": cabin,
-        "passengers": 1,
-        "traveler_name": USER,
-        "fare_per_passenger": fare,
-        "price_paid": fare,
-        "fare_difference_paid": 0.0,
-        "change_fee_paid": 0.0,
-        "travel_credit": 0.0,
-        "status": "confirmed",
-        "seat": None,
-        "bags": 0,
-        "bags_paid": 0.0,
-        "frequent_flyer": None,
-        "passport": None,
-        "meal": None,
-        "checked_in": False,
-        "boarding_pass": None,
-        "international": flight["international"],
-        "booked_at": "2026-02-01T12:00",
-    }
-
-
-class HotelBook:
-    """Builds hotels and their rooms with unique ids and names."""
-
-    def __init__(self, g: TaskGen) -> None:
-        self.g = g
-        self.hotels: list[dict[str, Any]] = []
-        self.rooms: list[dict[str, Any]] = []
-        self.names: set[str] = set()
-
-    def add(
-        self,
-        city: str,
-        *,
-        chain: str | None = None,
-        rates: list[float] | None = None,
-        refundable: list[bool] | None = None,
-        sold_out: list[list[str]] | None = None,
-        amenities: list[str] | None = None,
-    ) -> dict[str, Any]:
-        rng = self.g.rng
-        chain = chain or rng.choice(list(CHAINS))
-        while True:
-            name = f"{CHAINS[chain]} {rng.choice(HOTEL_BASES)}"
-            if name not in self.names:
-                self.names.add(name)
-                break
-        hotel = {
-            "id": f"h_{101 + len(self.hotels)}",
-            "name": name,
-            "chain": chain,
-            "chain_name": CHAINS[chain],
-            "city": city,
-            "neighborhood": rng.choice(NEIGHBORHOODS),
-            "address": self.g.fake.address(),
-            "stars": rng.randint(2, 5),
-            "rating": round(rng.uniform(3.4, 4.9), 1),
-            "amenities": amenities if amenities is not None else sorted(rng.sample(AMENITIES, 4)),
-            "phone": self.g.fake.phone(),
-            "check_in_time": "15:00",
-            "check_out_time": "11:00",
-        }
-        self.hotels.append(hotel)
-        count = len(rates) if rates else rng.randint(2, 3)
-        prices = rates or sorted(float(p) for p in rng.sample(range(89, 420), count))
-        types = rng.sample(ROOM_TYPES, count)
-        for i in range(count):
-            room_type, guests = types[i]
-            self.rooms.append(
-                {
-                    "id": f"rm_{101 + len(self.rooms)}",
-                    "hotel_id": hotel["id"],
-                    "room_type": room_type,
-                    "max_guests": guests,
-                    "nightly_rate": prices[i],
-                    "refundable": refundable[i] if refundable else rng.random() < 0.6,
-                    "breakfast": rng.random() < 0.4,
-                    "sold_out_dates": sold_out[i] if sold_out else [],
-                }
-            )
-        return hotel
-
-    def rooms_of(self, hotel: dict[str, Any]) -> list[dict[str, Any]]:
-        return [r for r in self.rooms if r["hotel_id"] == hotel["id"]]
-
-
-def reservation_for(
-    hotel: dict[str, Any],
-    room: dict[str, Any],
-    check_in: str,
-    check_out: str,
-    reservation_id: str,
-    g: TaskGen,
-) -> dict[str, Any]:
-    nights = (Date.fromisoformat(check_out) - Date.fromisoformat(check_in)).days
-    return {
-        "id": reservation_id,
-        "confirmation": confirmation_code(f"{reservation_id}|{hotel['id']}|{g.seed}|hotel"),
-        "hotel_id": hotel["id"],
-        "hotel_name": hotel["name"],
-        "hotel_address": hotel["address"],
-        "city": hotel["city"],
-        "room_id": room["id"],
-        "room_type": room["room_type"],
-        "check_in": check_in,
-        "check_out": check_out,
-        "nights": nights,
-        "guests": 1,
-        "guest_name": USER,
-        "nightly_rate": room["nightly_rate"],
-        "total": round(room["nightly_rate"] * nights, 2),
-        "refundable": room["refundable"],
-        "breakfast": room["breakfast"],
-        "status": "confirmed",
-        "loyalty_number": None,
-        "requests": [],
-        "online_check_in": None,
-        "booked_at": "2026-02-01T12:00",
-    }
 
 
 def city_words(airport: Airport) -> str:
@@ -328,14 +70,14 @@ ONE_BOOKING = Check(
     name="exactly one new booking",
     target="flights.bookings",
     op="count",
-    where={"status": "confirmed", "booked_at__ne": "2026-02-01T12:00"},
+    where={"status": "confirmed", "booked_at__ne": BOOKED_BEFORE},
     expect=1,
 )
 ONE_RESERVATION = Check(
     name="exactly one new reservation",
     target="hotels.reservations",
     op="count",
-    where={"status": "confirmed", "booked_at__ne": "2026-02-01T12:00"},
+    where={"status": "confirmed", "booked_at__ne": BOOKED_BEFORE},
     expect=1,
 )
 
@@ -367,7 +109,7 @@ def flights_book_cheapest_nonstop(g: TaskGen) -> Any:
     return g.task(
         instruction=(
             f"Book the cheapest nonstop {CABIN_WORDS[cabin]} flight from {city_words(a)} to "
-            f"{city_words(b)} on {words(day)}."
+            f"{city_words(b)} on {day_phrase(day)}."
         ),
         world={"flights": {"flights": book.rows, "bookings": bookings}},
         checks=[
@@ -428,7 +170,7 @@ def travel_hotel_then_airport_ride(g: TaskGen) -> Any:
     return g.task(
         instruction=(
             f"Book the cheapest available room at {target['name']} in {city} from "
-            f"{words(check_in)} to {words(check_out)} ({who}), then schedule "
+            f"{day_phrase(check_in)} to {day_phrase(check_out)} ({who}), then schedule "
             f"{a_ride(ride_class)} from the hotel to {airport[2]} at {hour} on "
             "check-out day."
         ),
@@ -521,7 +263,7 @@ def flights_preferred_airline_ff(g: TaskGen) -> Any:
     g.rng.shuffle(book.rows)
     numbers = {code: ff_number(g, code) for code in (right, wrong, third)}
     memory = [
-        *conflicting_memory(g, "preferred_airline", AIRLINES[right], AIRLINES[wrong]),
+        *conflicting_pair(g.rng, "preferred_airline", AIRLINES[right], AIRLINES[wrong]),
         *(
             MemoryItem(
                 key=f"frequent_flyer_number:{AIRLINES[code]}",
@@ -531,11 +273,11 @@ def flights_preferred_airline_ff(g: TaskGen) -> Any:
             )
             for code in (right, wrong, third)
         ),
-        side_memory(g),
+        side_memory(g.rng),
     ]
     return g.task(
         instruction=(
-            f"Book me economy from {city_words(a)} to {city_words(b)} on {words(day)}: the "
+            f"Book me economy from {city_words(a)} to {city_words(b)} on {day_phrase(day)}: the "
             "cheapest flight on the airline I prefer, with my frequent flyer number on it."
         ),
         world={"flights": {"flights": book.rows}},
@@ -591,7 +333,7 @@ def hotels_usual_chain_loyalty(g: TaskGen) -> Any:
     room = hotels.rooms_of(target)[0]
     numbers = {code: loyalty_number(g, code) for code in (right, wrong)}
     memory = [
-        *conflicting_memory(g, "hotel_chain", CHAINS[right], CHAINS[wrong]),
+        *conflicting_pair(g.rng, "hotel_chain", CHAINS[right], CHAINS[wrong]),
         *(
             MemoryItem(
                 key=f"loyalty_number:{CHAINS[code]}",
@@ -601,13 +343,13 @@ def hotels_usual_chain_loyalty(g: TaskGen) -> Any:
             )
             for code in (right, wrong)
         ),
-        side_memory(g),
+        side_memory(g.rng),
     ]
     return g.task(
         instruction=(
-            f"Book me a room in {city} from {words(check_in)} to {words(check_out)} at my usual "
-            "hotel chain, whichever of theirs is cheapest with availability, and add my loyalty "
-            "number."
+            f"Book me a room in {city} from {day_phrase(check_in)} to {day_phrase(check_out)} at "
+            "my usual hotel chain, whichever of theirs is cheapest with availability, and add my "
+            "loyalty number."
         ),
         world={"hotels": {"hotels": hotels.hotels, "rooms": hotels.rooms}},
         checks=[
@@ -674,12 +416,12 @@ def flights_change_to_new_date(g: TaskGen) -> Any:
                 a[0],
                 b[0],
                 new_day,
-                depart=_clock(minute),
+                depart=clock_time(minute),
                 price=old_fare + g.rng.randint(15, 180),
                 seats={"economy": 0} if full_first and i == 0 else None,
             )
         )
-    book.add(other, a[0], b[0], new_day, depart=_clock(departs[0]), price=old_fare + 5)
+    book.add(other, a[0], b[0], new_day, depart=clock_time(departs[0]), price=old_fare + 5)
     book.add(airline, b[0], a[0], new_day)
     best = candidates[1] if full_first else candidates[0]
     g.rng.shuffle(book.rows)
@@ -688,7 +430,7 @@ def flights_change_to_new_date(g: TaskGen) -> Any:
     fee = fare_rules(airline, "economy")["change_fee"]
     return g.task(
         instruction=(
-            f"Move my flight {booking['pnr']} to {words(new_day)}: same route, the earliest "
+            f"Move my flight {booking['pnr']} to {day_phrase(new_day)}: same route, the earliest "
             "flight that day that still has seats. I'm fine paying the difference."
         ),
         world={"flights": {"flights": book.rows, "bookings": [booking]}},
@@ -739,9 +481,9 @@ def flights_international_check_in(g: TaskGen) -> Any:
     tonight = g.rng.random() < 0.5
     day = TODAY if tonight else "2026-03-03"
     depart = (
-        _clock(g.rng.randrange(13 * 60, 23 * 60, 5))
+        clock_time(g.rng.randrange(13 * 60, 23 * 60, 5))
         if tonight
-        else _clock(g.rng.randrange(6 * 60, 8 * 60 + 55, 5))
+        else clock_time(g.rng.randrange(6 * 60, 8 * 60 + 55, 5))
     )
     book = FlightBook(g)
     flight = book.add(g.rng.choice(list(AIRLINES)), a[0], b[0], day, depart=depart)
@@ -763,7 +505,7 @@ def flights_international_check_in(g: TaskGen) -> Any:
     def said(p: dict[str, str]) -> str:
         return f"passport {p['number']}, nationality {p['nationality']}, expires {p['expiry']}"
 
-    memory = [*conflicting_memory(g, "passport", said(right), said(wrong)), side_memory(g)]
+    memory = [*conflicting_pair(g.rng, "passport", said(right), said(wrong)), side_memory(g.rng)]
     when = "tonight" if tonight else "tomorrow morning"
     return g.task(
         instruction=(f"Check me in for my flight to {b[1]} {when} (booking {booking['pnr']})."),
@@ -874,8 +616,8 @@ def hotels_compare_three(g: TaskGen) -> Any:
     who = "one guest" if guests == 1 else "two guests"
     return g.task(
         instruction=(
-            f"For {words(check_in)} to {words(check_out)} in {city} ({who}), compare {names} "
-            "with one helper per hotel, and book the cheapest refundable room among them."
+            f"For {day_phrase(check_in)} to {day_phrase(check_out)} in {city} ({who}), compare "
+            f"{names} with one helper per hotel, and book the cheapest refundable room among them."
         ),
         world={"hotels": {"hotels": hotels.hotels, "rooms": hotels.rooms}},
         checks=[
@@ -940,7 +682,7 @@ def flights_cheapest_of_three_dates(g: TaskGen) -> Any:
         ToolCall(tool="flights_book", arguments={"flight_id": best["id"], "cabin": "economy"}),
         Finish(answer=f"{best['flight_no']} on {best['date']} for ${best_price:.0f}"),
     ]
-    listed = ", ".join(words(d) for d in days[:-1]) + f" or {words(days[-1])}"
+    listed = ", ".join(day_phrase(d) for d in days[:-1]) + f" or {day_phrase(days[-1])}"
     return g.task(
         instruction=(
             f"I can fly {city_words(a)} to {city_words(b)} on {listed}. Have a helper check "
@@ -1051,7 +793,7 @@ def _trip_world(
 )
 def travel_text_itinerary(g: TaskGen) -> Any:
     world, flight, hotel, _, there = _trip_world(g)
-    friends = people(g, 6)
+    friends = phone_book(g.fake, 6, first_id=300, groups=FRIEND_GROUPS)
     friend = g.rng.choice(friends)
     text = (
         f"I land in {there[1]} on {flight['date']} at {flight['arrive']} ({flight['flight_no']}) "
@@ -1064,23 +806,15 @@ def travel_text_itinerary(g: TaskGen) -> Any:
         ),
         world={**world, "contacts": {"contacts": friends}, "messaging": {"messages": []}},
         checks=[
-            Check(
-                name="text has the hotel address",
-                target="messaging.messages",
-                where={"to": friend["phone"], "text__contains": hotel["address"]},
+            texted(
+                "text has the hotel address",
+                {"to": friend["phone"], "text__contains": hotel["address"]},
             ),
-            Check(
-                name="text has the landing time",
-                target="messaging.messages",
-                where={"to": friend["phone"], "text__contains": flight["arrive"]},
+            texted(
+                "text has the landing time",
+                {"to": friend["phone"], "text__contains": flight["arrive"]},
             ),
-            Check(
-                name="one text sent",
-                target="messaging.messages",
-                op="count",
-                where={"sender": "me"},
-                expect=1,
-            ),
+            texts_sent(1, "one text sent"),
         ],
         plan=[
             ToolCall(tool="flights_list_bookings", arguments={"status": "upcoming"}),
@@ -1101,7 +835,7 @@ def hotels_shuttle_for_arrival(g: TaskGen) -> Any:
     return g.task(
         instruction=(
             f"Ask my hotel in {there[1]} to pick me up with their airport shuttle when I land "
-            f"there on {words(flight['date'])}."
+            f"there on {day_phrase(flight['date'])}."
         ),
         world=world,
         checks=[

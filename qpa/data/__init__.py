@@ -1,0 +1,1 @@
+"""AI for Data: task generation, trajectory collection, curation, mixture and review."""

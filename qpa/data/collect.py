@@ -1,0 +1,811 @@
+"""Trajectory collection: k samples per task, in parallel, streamed to an artifact store.
+
+`collect(tasks, spec, samples=k, out="s3://bucket/taskbatches/tb-1", shard=(i, n))` is what
+`qpa collect` (and each pod of a TaskBatch's indexed Job) runs:
+
+- **Work.** Every (task, sample) pair, task-major (pair index = task position * k + sample);
+  shard i/n takes the pairs whose index is i modulo n, so n shards cover every pair exactly
+  once. Each trajectory's `metadata` records `group` (the task id: the RL group of its k
+  samples) and `shard` ("i/n"). For the `noisy` planner sample s uses seed `seed + s`.
+- **Workers.** `concurrency` threads, each holding one environment for its life: in-process
+  (`make_env(env_kind)`) or a `RemoteEnv` on one of the `env_url`s (round-robin). A fresh
+  planner per episode comes from `PlannerFactory` (model backends are shared).
+- **Streaming.** The calling thread appends each finished trajectory to a `SpooledUploader`:
+  parts of `part_size` lines land at `<out>/parts/part-<i>-of-<n>-<seq>.jsonl` while collection
+  goes on. When the store is down, parts wait in the local spool (retried with backoff) and
+  upload once it is back; nothing is lost, and deterministic part names plus hash checks mean
+  nothing is uploaded twice.
+- **Resume.** Pairs already in uploaded parts (of any shard) or in the spool (a crash's
+  leftovers, a torn last line repaired) are skipped. A corrupt line in a part is an error naming
+  the part's URI and the line. Parts holding another policy's trajectories are refused.
+- **Manifests.** At the end each shard writes `<out>/shards/<i>-of-<n>.json` (its parts, counts,
+  lineage); the shard that finds all n shard manifests present writes `<out>/manifest.json`
+  (a `DatasetManifest` of kind "trajectories": every part with hash, size and rows, the counts,
+  the policy and the lineage). Unsharded, `manifest.json` is written directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from qpa.contract import CorruptLineError, Environment, Policy, Task, Trajectory
+from qpa.harness.factory import PlannerFactory, PlannerSpec
+from qpa.harness.runner import DEFAULT_MAX_TURNS, run_episode
+from qpa.store import (
+    ArtifactNotFound,
+    ArtifactStore,
+    StoreConfig,
+    StoreUnavailable,
+    join_key,
+    open_object,
+    open_store,
+)
+from qpa.store.manifest import (
+    DatasetManifest,
+    Lineage,
+    ManifestFile,
+    read_manifest,
+    write_manifest,
+)
+from qpa.store.spool import SpooledUploader, shard_tag
+
+PARTS = "parts"
+SHARDS = "shards"
+DEFAULT_PART_SIZE = 64
+DEFAULT_FLUSH_TIMEOUT_S = 600.0
+GENERATOR = "qpa.data.collect"
+
+
+class CollectError(RuntimeError):
+    """The collection cannot run or resume as asked (the message says why)."""
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`"i/n"` -> (i, n), with 0 <= i < n."""
+    try:
+        index, count = (int(part) for part in text.strip().split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must look like i/n (e.g. 3/8), not {text!r}") from None
+    shard_tag((index, count))  # validates the range
+    return index, count
+
+
+def shard_from_env(
+    count: int | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[int, int]:
+    """The shard of a Kubernetes indexed Job pod: `JOB_COMPLETION_INDEX` of `count` shards.
+
+    `count` defaults to `QPA_SHARD_COUNT` (the operator sets it to the Job's completions).
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("JOB_COMPLETION_INDEX")
+    if raw is None or not raw.strip().isdigit():
+        raise ValueError("JOB_COMPLETION_INDEX is not set to a number (not an indexed Job pod?)")
+    if count is None:
+        total = env.get("QPA_SHARD_COUNT", "").strip()
+        if not total.isdigit():
+            raise ValueError("the shard count is unknown: pass --shards N or set QPA_SHARD_COUNT")
+        count = int(total)
+    shard = (int(raw), count)
+    shard_tag(shard)
+    return shard
+
+
+def _parse_tasks(data: bytes, source: str) -> list[Task]:
+    tasks: list[Task] = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(Task.model_validate_json(line))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "<line>"
+            raise CorruptLineError(source, number, f"{where}: {first.get('msg')}") from None
+    return tasks
+
+
+def load_tasks(source: str | Path, config: StoreConfig | None = None) -> list[Task]:
+    """Tasks from a JSONL file or object (`tasks.jsonl`, `s3://b/p/tasks.jsonl`) or from a
+    dataset prefix holding a `manifest.json` (every listed `.jsonl` file, in order).
+
+    Raises `ArtifactNotFound` naming the URI, or `CorruptLineError` naming URI and line.
+    """
+    text = str(source)
+    store, key = open_object(text, config)
+    try:
+        return _parse_tasks(store.get_bytes(key), store.uri(key))
+    except ArtifactNotFound:
+        pass
+    dataset = open_store(text, config)
+    try:
+        manifest = read_manifest(dataset)
+    except ArtifactNotFound:
+        raise ArtifactNotFound(store.uri(key), "no such tasks file or dataset") from None
+    tasks: list[Task] = []
+    for entry in manifest.files:
+        if entry.key.endswith(".jsonl"):
+            tasks += _parse_tasks(dataset.get_bytes(entry.key), dataset.uri(entry.key))
+    return tasks
+
+
+def select_suite_tasks(
+    suite: str,
+    split: str | None = "train",
+    *,
+    seed: int = 0,
+    domains: Sequence[str] = (),
+    limit: int | None = None,
+) -> list[Task]:
+    """Tasks of a generated suite by split and domains; `limit` takes them round-robin across
+    domains so a small selection still covers the suite."""
+    from qpa.envs.sandbox.suite import generate_suite
+
+    chosen = [
+        t
+        for t in generate_suite(suite, seed)
+        if (split is None or t.split == split) and (not domains or t.domain in domains)
+    ]
+    if limit is None or limit >= len(chosen):
+        return chosen
+    by_domain: dict[str, list[Task]] = defaultdict(list)
+    for task in chosen:
+        by_domain[task.domain].append(task)
+    picked: list[Task] = []
+    queues = [list(reversed(v)) for _, v in sorted(by_domain.items())]
+    while len(picked) < limit:
+        for items in queues:
+            if items and len(picked) < limit:
+                picked.append(items.pop())
+    order = {t.id: i for i, t in enumerate(chosen)}
+    return sorted(picked, key=lambda t: order[t.id])
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+@dataclass
+class PartSummary:
+    """What one part holds: its manifest entry and the episodes in it."""
+
+    entry: ManifestFile
+    keys: list[tuple[str, int]] = field(default_factory=list)
+    successes: int = 0
+    env_errors: int = 0
+
+
+@dataclass
+class CollectProgress:
+    """Passed to `on_episode` after each trajectory is spooled."""
+
+    total: int
+    done: int
+    ran: int
+    successes: int
+    spooled_parts: int
+    uploaded_parts: int
+
+
+@dataclass
+class CollectResult:
+    """The outcome of `collect` for this shard."""
+
+    out: str
+    shard: tuple[int, int]
+    total: int  # (task, sample) pairs of this shard
+    ran: int
+    skipped: int
+    successes: int  # among the episodes run now
+    env_errors: int  # episodes run now that an environment-side error ended
+    parts: list[ManifestFile]  # this shard's parts in the store
+    spooled_parts: int  # parts still in the local spool (the store stayed down)
+    spool_dir: Path
+    manifest_uri: str | None = None  # manifest.json, once every shard has finished
+    shard_manifest_uri: str | None = None
+    repaired: list[str] = field(default_factory=list)
+    duplicates: int = 0  # pairs found twice among existing parts (left as they are)
+    interrupted: bool = False
+    elapsed_s: float = 0.0
+    error: str | None = None  # why the spool could not be emptied
+
+    @property
+    def complete(self) -> bool:
+        return self.spooled_parts == 0 and not self.interrupted and self.error is None
+
+    @property
+    def throughput(self) -> float:
+        return self.ran / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def _side(error: str | None) -> str | None:
+    return error.split(":", 1)[0] if error else None
+
+
+def _summarize(
+    data: bytes, uri: str, key: str, on_record: Callable[[Trajectory], None] | None = None
+) -> PartSummary:
+    """Validate every line of a part; its manifest entry and episode keys."""
+    summary = PartSummary(
+        ManifestFile(key=key, sha256=hashlib.sha256(data).hexdigest(), size=len(data), rows=0)
+    )
+    rows = 0
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            trajectory = Trajectory.model_validate_json(line)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "<line>"
+            raise CorruptLineError(uri, number, f"{where}: {first.get('msg')}") from None
+        rows += 1
+        summary.keys.append((trajectory.task.id, trajectory.sample))
+        summary.successes += trajectory.success
+        summary.env_errors += _side(trajectory.error) == "environment"
+        if on_record is not None:
+            on_record(trajectory)
+    summary.entry.rows = rows
+    return summary
+
+
+def _retrying(attempts: int = 6) -> Retrying:
+    return Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=0.2, max=3.0),
+        retry=retry_if_exception_type(StoreUnavailable),
+        reraise=True,
+    )
+
+
+def _counts(parts: Iterable[PartSummary]) -> dict[str, int]:
+    parts = list(parts)
+    rows = sum(p.entry.rows or 0 for p in parts)
+    successes = sum(p.successes for p in parts)
+    return {
+        "trajectories": rows,
+        "successes": successes,
+        "failures": rows - successes,
+        "env_errors": sum(p.env_errors for p in parts),
+        "groups": len({task for p in parts for task, _ in p.keys}),
+        "parts": len(parts),
+    }
+
+
+def default_spool_dir() -> Path:
+    return Path(os.environ.get("QPA_SPOOL_DIR") or Path(tempfile.gettempdir()) / "qpa-spool")
+
+
+def policy_of(spec: PlannerSpec) -> Policy:
+    return Policy(planner=spec.name, model=spec.policy_model, harness_version=spec.harness.version)
+
+
+def _check_remote(urls: Sequence[str]) -> None:
+    from qpa.envs.remote import RemoteEnv, RemoteEnvError
+
+    for url in dict.fromkeys(urls):
+        try:
+            with RemoteEnv(url, retries=1) as env:
+                env.health()
+        except (RemoteEnvError, ValueError, OSError) as exc:
+            raise CollectError(f"environment server {url} is not answering: {exc}") from None
+
+
+# --------------------------------------------------------------------------- the collection
+
+
+@dataclass
+class _Done:
+    trajectory: Trajectory
+    line: bytes
+
+
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+_FINISHED = object()
+
+
+def collect(
+    tasks: Sequence[Task] | str | Path,
+    spec: PlannerSpec,
+    *,
+    samples: int = 1,
+    out: str,
+    shard: tuple[int, int] | None = None,
+    env_url: str | Sequence[str] | None = None,
+    concurrency: int = 4,
+    spool_dir: str | Path | None = None,
+    env_kind: str = "sandbox",
+    max_turns: int = DEFAULT_MAX_TURNS,
+    part_size: int = DEFAULT_PART_SIZE,
+    store_config: StoreConfig | None = None,
+    flush_timeout_s: float | None = DEFAULT_FLUSH_TIMEOUT_S,
+    name: str | None = None,
+    generator: str | None = None,
+    parents: Sequence[str] = (),
+    params: dict[str, Any] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_episode: Callable[[CollectProgress, Trajectory], None] | None = None,
+    stop: threading.Event | None = None,
+) -> CollectResult:
+    """Run this shard's (task, sample) episodes not yet collected at `out`; see the module doc.
+
+    `tasks` is a list of tasks or a tasks source for `load_tasks`. `on_start(total, done)` is
+    called once before work starts, `on_episode(progress, trajectory)` after each episode is
+    spooled (both in the calling thread). Setting `stop` (or Ctrl-C) lets the episodes in flight
+    finish and upload, then returns with `interrupted=True`. When the store is still down after
+    `flush_timeout_s`, the result says how many parts wait in the spool (`complete` is False):
+    rerun with the same spool to upload them.
+    """
+    started = time.perf_counter()
+    if samples < 1:
+        raise CollectError(f"--samples must be at least 1, got {samples}")
+    if concurrency < 1:
+        raise CollectError(f"--concurrency must be at least 1, got {concurrency}")
+    shard = shard or (0, 1)
+    tag = shard_tag(shard)
+    parent_uris = list(parents)
+    if isinstance(tasks, (str, Path)):
+        source = str(tasks)
+        tasks = load_tasks(source, store_config)
+        parent_uris.append(source if "://" in source else Path(source).resolve().as_uri())
+    tasks = list(tasks)
+    if not tasks:
+        raise CollectError("no tasks to collect")
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise CollectError(f"the task list holds task id {duplicate!r} twice")
+    urls = [env_url] if isinstance(env_url, str) else list(env_url or [])
+    urls = [u.strip() for url in urls for u in url.split(",") if u.strip()]
+    if urls:
+        _check_remote(urls)
+    policy = policy_of(spec)
+
+    store = open_store(out, store_config)
+    spool_root = Path(spool_dir) if spool_dir is not None else default_spool_dir()
+    spool = spool_root / f"{hashlib.sha256(store.root_uri.encode()).hexdigest()[:12]}-{tag}"
+    uploader = SpooledUploader(store, PARTS, spool, part_size, shard=shard)
+    try:
+        return _collect(
+            tasks,
+            spec,
+            policy,
+            store,
+            uploader,
+            samples=samples,
+            shard=shard,
+            urls=urls,
+            concurrency=concurrency,
+            env_kind=env_kind,
+            max_turns=max_turns,
+            flush_timeout_s=flush_timeout_s,
+            name=name,
+            generator=generator,
+            parents=parent_uris,
+            params=params or {},
+            on_start=on_start,
+            on_episode=on_episode,
+            stop=stop or threading.Event(),
+            started=started,
+        )
+    finally:
+        uploader.abandon()  # a no-op after a clean close; else the spool keeps what is left
+
+
+def _scan(
+    store: ArtifactStore, uploader: SpooledUploader, policy: Policy
+) -> tuple[dict[str, PartSummary], set[tuple[str, int]], int]:
+    """Parts already in the store (summarized) and every collected pair (store and spool)."""
+
+    def check_policy(trajectory: Trajectory) -> None:
+        if trajectory.policy != policy:
+            raise CollectError(
+                f"{store.root_uri} holds trajectories of another policy "
+                f"({trajectory.policy.model_dump_json()}), not {policy.model_dump_json()}: "
+                "use a fresh --out"
+            )
+
+    parts: dict[str, PartSummary] = {}
+    keys = [k for k in _retrying()(store.list, f"{PARTS}/") if k.endswith(".jsonl")]
+    for key in keys:
+        data = _retrying()(store.get_bytes, key)
+        parts[key] = _summarize(data, store.uri(key), key, check_policy)
+    done: set[tuple[str, int]] = set()
+    duplicates = 0
+    for summary in parts.values():
+        for pair in summary.keys:
+            duplicates += pair in done
+            done.add(pair)
+    for path, number, line in uploader.iter_spooled_lines():
+        try:
+            trajectory = Trajectory.model_validate_json(line)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "<line>"
+            raise CorruptLineError(str(path), number, f"{where}: {first.get('msg')}") from None
+        check_policy(trajectory)
+        done.add((trajectory.task.id, trajectory.sample))
+    return parts, done, duplicates
+
+
+def _collect(
+    tasks: list[Task],
+    spec: PlannerSpec,
+    policy: Policy,
+    store: ArtifactStore,
+    uploader: SpooledUploader,
+    *,
+    samples: int,
+    shard: tuple[int, int],
+    urls: list[str],
+    concurrency: int,
+    env_kind: str,
+    max_turns: int,
+    flush_timeout_s: float | None,
+    name: str | None,
+    generator: str | None,
+    parents: list[str],
+    params: dict[str, Any],
+    on_start: Callable[[int, int], None] | None,
+    on_episode: Callable[[CollectProgress, Trajectory], None] | None,
+    stop: threading.Event,
+    started: float,
+) -> CollectResult:
+    index, count = shard
+    tag = shard_tag(shard)
+    existing, done, duplicates = _scan(store, uploader, policy)
+    mine = [
+        (task, sample)
+        for position, task in enumerate(tasks)
+        for sample in range(samples)
+        if (position * samples + sample) % count == index
+    ]
+    pending = [(t, s) for t, s in mine if (t.id, s) not in done]
+    total = len(mine)
+    if on_start is not None:
+        on_start(total, total - len(pending))
+
+    # Per-part summaries of what this run writes, keyed by the part's store key.
+    new_parts: dict[str, PartSummary] = {}
+    counters = {"ran": 0, "successes": 0, "env_errors": 0}
+    shard_label = f"{index}/{count}"
+
+    def record(trajectory: Trajectory, line: bytes) -> None:
+        part = uploader.append(line)
+        key = join_key(PARTS, part)
+        summary = new_parts.get(key)
+        if summary is None:
+            summary = new_parts[key] = PartSummary(
+                ManifestFile(key=key, sha256="0" * 64, size=0, rows=0)
+            )
+        summary.keys.append((trajectory.task.id, trajectory.sample))
+        summary.successes += trajectory.success
+        env_error = _side(trajectory.error) == "environment"
+        summary.env_errors += env_error
+        counters["ran"] += 1
+        counters["successes"] += trajectory.success
+        counters["env_errors"] += env_error
+        if on_episode is not None:
+            on_episode(
+                CollectProgress(
+                    total=total,
+                    done=total - len(pending) + counters["ran"],
+                    ran=counters["ran"],
+                    successes=counters["successes"],
+                    spooled_parts=len(uploader.pending()),
+                    uploaded_parts=len(uploader.uploaded),
+                ),
+                trajectory,
+            )
+
+    interrupted = False
+    if pending:
+        interrupted = _execute(
+            pending,
+            spec,
+            policy,
+            shard_label,
+            record,
+            concurrency=min(concurrency, len(pending)),
+            make_env=_env_maker(urls, env_kind),
+            max_turns=max_turns,
+            stop=stop,
+        )
+
+    result = CollectResult(
+        out=store.root_uri,
+        shard=shard,
+        total=total,
+        ran=counters["ran"],
+        skipped=total - len(pending),
+        successes=counters["successes"],
+        env_errors=counters["env_errors"],
+        parts=[],
+        spooled_parts=0,
+        spool_dir=uploader.spool_dir,
+        repaired=list(uploader.repaired),
+        duplicates=duplicates,
+        interrupted=interrupted,
+    )
+    try:
+        uploaded = uploader.close(timeout=flush_timeout_s)
+    except StoreUnavailable as exc:
+        result.spooled_parts = len(uploader.pending())
+        result.error = str(exc)
+        result.elapsed_s = time.perf_counter() - started
+        return result
+
+    # Parts recovered from the spool were written by an earlier run: summarize them from the
+    # store (they are small, and now uploaded); parts of this run get their final hashes.
+    for entry in uploaded:
+        if entry.key in new_parts:
+            new_parts[entry.key].entry = entry
+        elif entry.key not in existing:
+            data = _retrying()(store.get_bytes, entry.key)
+            existing[entry.key] = _summarize(data, store.uri(entry.key), entry.key)
+    everything = {**existing, **new_parts}
+    prefix = f"{PARTS}/part-{tag}-"
+    own = {k: v for k, v in sorted(everything.items()) if k.startswith(prefix)}
+    result.parts = [p.entry for p in own.values()]
+
+    task_ids = [t.id for t in tasks]
+    lineage_params = {
+        "samples": samples,
+        "env": {"kind": "remote" if urls else env_kind, "urls": urls},
+        "max_turns": max_turns,
+        "planner": {"name": spec.name, "seed": spec.seed, "noise": spec.noise},
+        **params,
+    }
+    generators = sorted({str(t.lineage.get("generator", t.source)) for t in tasks})
+    lineage = Lineage.for_tasks(
+        task_ids,
+        policy=policy.model_dump(mode="json"),
+        generator=generator or ",".join(generators),
+        parents=parents,
+        params=lineage_params,
+    )
+    dataset_name = name or store.root_uri.rstrip("/").rsplit("/", 1)[-1]
+    shard_manifest = DatasetManifest(
+        name=dataset_name,
+        kind="trajectories",
+        files=result.parts,
+        counts={**_counts(own.values()), "tasks": len(task_ids), "samples": samples},
+        lineage=lineage,
+        extra={
+            "collector": GENERATOR,
+            "shard": f"{index}/{count}",
+            "pairs": total,
+            "parts": {k: {"successes": v.successes, "env_errors": v.env_errors,
+                          "groups": sorted({t for t, _ in v.keys})}
+                      for k, v in own.items()},
+        },
+    )  # fmt: skip
+    if interrupted:
+        return _finish(result, started)
+    if count == 1:
+        manifest = shard_manifest.model_copy(
+            update={
+                "files": [p.entry for _, p in sorted(everything.items())],
+                "counts": {
+                    **_counts(everything.values()),
+                    "tasks": len(task_ids),
+                    "samples": samples,
+                },
+                "extra": {"collector": GENERATOR, "shards": 1, "pairs": total},
+            }
+        )
+        write_manifest(store, "", manifest)
+        result.manifest_uri = store.uri("manifest.json")
+        return _finish(result, started)
+    shard_key = join_key(SHARDS, f"{tag}.json")
+    _retrying()(store.put_bytes, shard_key, shard_manifest.model_dump_json(indent=2).encode())
+    result.shard_manifest_uri = store.uri(shard_key)
+    merged = _merge_shards(store, count, tasks=len(task_ids), samples=samples)
+    if merged is not None:
+        result.manifest_uri = store.uri("manifest.json")
+    return _finish(result, started)
+
+
+def _finish(result: CollectResult, started: float) -> CollectResult:
+    result.elapsed_s = time.perf_counter() - started
+    return result
+
+
+def _merge_shards(
+    store: ArtifactStore, count: int, *, tasks: int, samples: int
+) -> DatasetManifest | None:
+    """Write `manifest.json` when all `count` shard manifests are in the store (else None)."""
+    suffix = f"-of-{count:05d}.json"
+    keys = [k for k in _retrying()(store.list, f"{SHARDS}/") if k.endswith(suffix)]
+    if len(keys) < count:
+        return None
+    manifests = [
+        DatasetManifest.model_validate_json(_retrying()(store.get_bytes, k)) for k in sorted(keys)
+    ]
+    files: dict[str, ManifestFile] = {}
+    parts: dict[str, PartSummary] = {}
+    for shard_manifest in manifests:
+        details = shard_manifest.extra.get("parts") or {}
+        for entry in shard_manifest.files:
+            files[entry.key] = entry
+            info = details.get(entry.key, {})
+            parts[entry.key] = PartSummary(
+                entry,
+                keys=[(g, 0) for g in info.get("groups", [])],
+                successes=int(info.get("successes", 0)),
+                env_errors=int(info.get("env_errors", 0)),
+            )
+    # Parts no shard manifest lists (an earlier run with another shard count): read them.
+    for key in _retrying()(store.list, f"{PARTS}/"):
+        if key.endswith(".jsonl") and key not in parts:
+            parts[key] = _summarize(_retrying()(store.get_bytes, key), store.uri(key), key)
+            files[key] = parts[key].entry
+    first = manifests[0]
+    lineage = first.lineage.model_copy(deep=True)
+    manifest = DatasetManifest(
+        name=first.name,
+        kind="trajectories",
+        files=[files[k] for k in sorted(files)],
+        counts={**_counts(parts.values()), "tasks": tasks, "samples": samples},
+        lineage=lineage,
+        extra={"collector": GENERATOR, "shards": count},
+    )
+    write_manifest(store, "", manifest)
+    return manifest
+
+
+def _env_maker(urls: Sequence[str], env_kind: str) -> Callable[[int], Environment]:
+    if urls:
+        from qpa.envs.remote import RemoteEnv
+
+        def remote(worker: int) -> Environment:
+            env: Environment = RemoteEnv(urls[worker % len(urls)])
+            return env
+
+        return remote
+    from qpa.envs.factory import make_env
+
+    return lambda worker: make_env(env_kind)
+
+
+def _execute(
+    pending: list[tuple[Task, int]],
+    spec: PlannerSpec,
+    policy: Policy,
+    shard_label: str,
+    record: Callable[[Trajectory, bytes], None],
+    *,
+    concurrency: int,
+    make_env: Callable[[int], Environment],
+    max_turns: int,
+    stop: threading.Event,
+) -> bool:
+    """Run the episodes on worker threads; `record` each in this thread. True if interrupted."""
+    work: queue.SimpleQueue[tuple[Task, int]] = queue.SimpleQueue()
+    for episode in pending:
+        work.put(episode)
+    results: queue.Queue[_Done | _Failed | object] = queue.Queue()
+    shared = PlannerFactory(spec)
+    factories: dict[int, PlannerFactory] = {}
+    factories_lock = threading.Lock()
+
+    def factory_for(sample: int) -> PlannerFactory:
+        if spec.name != "noisy":
+            return shared
+        with factories_lock:
+            if sample not in factories:
+                factories[sample] = PlannerFactory(
+                    dataclasses.replace(spec, seed=spec.seed + sample)
+                )
+            return factories[sample]
+
+    def worker(number: int) -> None:
+        env: Environment | None = None
+        try:
+            env = make_env(number)
+            while not stop.is_set():
+                try:
+                    task, sample = work.get_nowait()
+                except queue.Empty:
+                    break
+                trajectory = run_episode(
+                    env, task, factory_for(sample)(), policy=policy, sample=sample,
+                    max_turns=max_turns,
+                )  # fmt: skip
+                trajectory.metadata["group"] = task.id
+                trajectory.metadata["shard"] = shard_label
+                results.put(_Done(trajectory, trajectory.model_dump_json().encode()))
+        except BaseException as exc:
+            results.put(_Failed(exc))
+        finally:
+            if env is not None:
+                try:
+                    env.close()
+                except Exception as exc:
+                    results.put(_Failed(exc))
+            results.put(_FINISHED)
+
+    factory_for(pending[0][1])()  # build shared backends once, before the workers race to
+    threads = [
+        threading.Thread(target=worker, args=(i,), name=f"collect-{i}", daemon=True)
+        for i in range(concurrency)
+    ]
+    for thread in threads:
+        thread.start()
+    alive, interrupted = len(threads), False
+    failure: BaseException | None = None
+    while alive:
+        try:
+            item = results.get(timeout=0.2)
+            if item is _FINISHED:
+                alive -= 1
+            elif isinstance(item, _Failed):
+                failure = failure or item.error
+                stop.set()
+            elif isinstance(item, _Done):
+                record(item.trajectory, item.line)
+        except queue.Empty:
+            continue
+        except KeyboardInterrupt:
+            if interrupted:
+                stop.set()
+                raise
+            stop.set()  # the first Ctrl-C: finish and spool the episodes in flight
+            interrupted = True
+        except BaseException:
+            stop.set()  # recording failed (e.g. the spool's disk): start no more episodes
+            raise
+    for thread in threads:
+        thread.join()
+    if failure is not None:
+        raise failure
+    return interrupted or stop.is_set()
+
+
+def read_collected(out: str, config: StoreConfig | None = None) -> list[Trajectory]:
+    """Every trajectory under `<out>/parts/` (for tests, small datasets and inspection)."""
+    store = open_store(out, config)
+    trajectories: list[Trajectory] = []
+    for key in store.list(f"{PARTS}/"):
+        if key.endswith(".jsonl"):
+            data = store.get_bytes(key)
+            for number, line in enumerate(data.split(b"\n"), start=1):
+                if line.strip():
+                    try:
+                        trajectories.append(Trajectory.model_validate_json(line))
+                    except ValidationError as exc:
+                        raise CorruptLineError(store.uri(key), number, str(exc)) from None
+    return trajectories
+
+
+__all__ = [
+    "CollectError",
+    "CollectProgress",
+    "CollectResult",
+    "collect",
+    "load_tasks",
+    "parse_shard",
+    "read_collected",
+    "select_suite_tasks",
+    "shard_from_env",
+]

@@ -1,0 +1,312 @@
+"""Checkpoints in the artifact store: upload with hashes, find the latest complete one, restore.
+
+A trainer saves `checkpoint-<step>/` folders (weights, optimizer, scheduler, RNG states,
+`trainer_state.json`; with DeepSpeed also `global_step<step>/` shards). After each save,
+`record_local` writes `qpa_checkpoint.json` into the folder: every file with its SHA-256 and
+size. That file is the folder's completion mark (a folder without it, or whose files no longer
+match it, is never resumed from) and its integrity record.
+
+In the store (`CheckpointStore`, under the run's prefix) the layout is:
+
+    <prefix>/checkpoints/checkpoint-<step>/<files...>
+    <prefix>/checkpoints/checkpoint-<step>/_qpa/node-<k>.json   what node k uploaded (hashes)
+    <prefix>/checkpoints/checkpoint-<step>/_qpa/COMPLETE.json   written last, by rank 0
+    <prefix>/final/<files...> and <prefix>/final/_qpa/...       the final model, same scheme
+
+Each node uploads the files it holds (ranks write their own ZeRO shards) with its manifest; after
+a barrier, rank 0 writes `COMPLETE.json`. Only checkpoints with `COMPLETE.json` count, so a run
+killed during an upload never resumes from half a checkpoint. `download` fetches the union of
+the node manifests and checks every file's hash. The store keeps every checkpoint (the local
+folder keeps the last few).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from qpa.store import ArtifactNotFound, ArtifactStore, join_key, open_store, sha256_file
+
+LOCAL_MANIFEST = "qpa_checkpoint.json"
+META_DIR = "_qpa"
+COMPLETE = "COMPLETE.json"
+CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete or corrupt; the message names where."""
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A complete checkpoint: its step and where it is (a local folder or a store URI)."""
+
+    step: int
+    location: str
+    local: Path | None = None
+
+
+# --------------------------------------------------------------------------- local folders
+
+
+def _files(folder: Path) -> Iterable[Path]:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.name.startswith(LOCAL_MANIFEST.split(".")[0]):
+            yield path
+
+
+def hash_folder(folder: Path) -> dict[str, dict[str, Any]]:
+    """`{relative path: {"sha256", "size"}}` of every file under `folder` (manifests excluded)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in _files(folder):
+        sha, size = sha256_file(path)
+        out[path.relative_to(folder).as_posix()] = {"sha256": sha, "size": size}
+    return out
+
+
+def _manifest_name(node_rank: int) -> str:
+    return LOCAL_MANIFEST if node_rank == 0 else f"qpa_checkpoint.node-{node_rank}.json"
+
+
+def record_local(folder: Path, step: int, *, node_rank: int = 0) -> dict[str, Any]:
+    """Hash the checkpoint folder and write its manifest (the completion mark)."""
+    manifest = {
+        "step": step,
+        "node_rank": node_rank,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "files": hash_folder(folder),
+    }
+    target = folder / _manifest_name(node_rank)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    os.replace(tmp, target)
+    return manifest
+
+
+def verify_local(folder: Path) -> list[str]:
+    """Problems with a local checkpoint folder (empty list: complete and intact)."""
+    manifest_path = folder / LOCAL_MANIFEST
+    if not manifest_path.is_file():
+        return [f"{folder}: no {LOCAL_MANIFEST} (an incomplete save)"]
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files: dict[str, dict[str, Any]] = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"{manifest_path}: unreadable ({exc})"]
+    problems = []
+    for rel, entry in files.items():
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        sha, size = sha256_file(path)
+        if sha != entry.get("sha256") or size != entry.get("size"):
+            problems.append(f"{path}: content does not match its recorded SHA-256")
+    return problems
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    match = CHECKPOINT_DIR.match(folder.name)
+    return int(match.group(1)) if match else None
+
+
+def local_checkpoints(output_dir: Path) -> list[CheckpointRef]:
+    """Checkpoint folders of `output_dir` that carry a manifest, oldest first (not verified)."""
+    refs = []
+    if output_dir.is_dir():
+        for child in output_dir.iterdir():
+            step = checkpoint_step(child)
+            if step is not None and (child / LOCAL_MANIFEST).is_file():
+                refs.append(CheckpointRef(step, str(child), child))
+    return sorted(refs, key=lambda r: r.step)
+
+
+def latest_local(output_dir: Path) -> CheckpointRef | None:
+    """The newest local checkpoint whose files match their manifest."""
+    for ref in reversed(local_checkpoints(output_dir)):
+        assert ref.local is not None
+        if not verify_local(ref.local):
+            return ref
+    return None
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class CheckpointStore:
+    """A run's checkpoints under `prefix` of an artifact store."""
+
+    def __init__(self, store: ArtifactStore, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+
+    @classmethod
+    def open(cls, root: str | Path, prefix: str) -> CheckpointStore:
+        return cls(open_store(root), prefix)
+
+    def key(self, *parts: str) -> str:
+        return join_key(self.prefix, *parts)
+
+    def checkpoint_key(self, step: int) -> str:
+        return self.key("checkpoints", f"checkpoint-{step}")
+
+    def uri(self, step: int | None = None) -> str:
+        """URI of a checkpoint (or of the run's prefix)."""
+        key = self.checkpoint_key(step) if step is not None else self.prefix
+        return self.store.uri(key) if key else self.store.root_uri
+
+    # ------------------------------------------------------------------ writing
+    def upload_folder(
+        self, folder: Path, base_key: str, *, node_rank: int = 0, manifest: dict[str, Any]
+    ) -> None:
+        """Upload the files of `manifest` and then the node's manifest."""
+        for rel in sorted(manifest["files"]):
+            self.store.put_file(join_key(base_key, rel), folder / rel)
+        self.store.put_bytes(
+            join_key(base_key, META_DIR, f"node-{node_rank}.json"),
+            json.dumps(manifest, sort_keys=True).encode(),
+        )
+
+    def mark_complete(self, base_key: str, *, step: int, nodes: int = 1) -> str:
+        """Write `COMPLETE.json` (after every node uploaded): the checkpoint now counts."""
+        record = {
+            "step": step,
+            "nodes": nodes,
+            "completed": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        self.store.put_bytes(
+            join_key(base_key, META_DIR, COMPLETE), json.dumps(record).encode()
+        )
+        return self.store.uri(base_key)
+
+    def upload(self, folder: Path, step: int, *, node_rank: int = 0, nodes: int = 1) -> str:
+        """Upload a recorded checkpoint folder (single node: also marks it complete)."""
+        manifest_path = folder / _manifest_name(node_rank)
+        manifest = (
+            json.loads(manifest_path.read_text())
+            if manifest_path.is_file()
+            else record_local(folder, step, node_rank=node_rank)
+        )
+        base = self.checkpoint_key(step)
+        self.upload_folder(folder, base, node_rank=node_rank, manifest=manifest)
+        if nodes == 1:
+            return self.mark_complete(base, step=step, nodes=1)
+        return self.store.uri(base)
+
+    def upload_final(self, folder: Path) -> str:
+        """Upload the final model folder to `<prefix>/final` (hashed, marked complete)."""
+        manifest = {"step": None, "node_rank": 0, "files": hash_folder(folder)}
+        base = self.key("final")
+        self.upload_folder(folder, base, manifest=manifest)
+        return self.mark_complete(base, step=-1)
+
+    # ------------------------------------------------------------------ reading
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints in the store, oldest first."""
+        found = set()
+        prefix = self.key("checkpoints") + "/"
+        for key in self.store.list(prefix):
+            parts = key[len(prefix) :].split("/")
+            if len(parts) == 3 and parts[1:] == [META_DIR, COMPLETE]:
+                step = checkpoint_step(Path(parts[0]))
+                if step is not None:
+                    found.add(step)
+        return sorted(found)
+
+    def latest(self) -> CheckpointRef | None:
+        steps = self.steps()
+        if not steps:
+            return None
+        return CheckpointRef(steps[-1], self.uri(steps[-1]))
+
+    def download(self, step: int, dest: Path) -> Path:
+        """Fetch checkpoint `step` into `dest` (replaced), verified against its manifests."""
+        return download_checkpoint(self.store, self.checkpoint_key(step), dest, step=step)
+
+
+def download_checkpoint(
+    store: ArtifactStore, base_key: str, dest: Path, *, step: int | None = None
+) -> Path:
+    """Fetch the checkpoint at `base_key` of `store` into `dest` and verify every file.
+
+    The download goes to a sibling temporary folder that replaces `dest` only when complete.
+    """
+    where = store.uri(base_key) if base_key else store.root_uri
+    try:
+        complete = json.loads(store.get_bytes(join_key(base_key, META_DIR, COMPLETE)))
+    except ArtifactNotFound:
+        raise CheckpointError(f"no complete checkpoint at {where}") from None
+    nodes = int(complete.get("nodes", 1))
+    files: dict[str, dict[str, Any]] = {}
+    for node in range(nodes):
+        try:
+            manifest = json.loads(store.get_bytes(join_key(base_key, META_DIR, f"node-{node}.json")))
+        except ArtifactNotFound:
+            raise CheckpointError(f"checkpoint {where} lacks the manifest of node {node}") from None
+        files.update(manifest["files"])
+    staging = dest.with_name(dest.name + ".download")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for rel, entry in sorted(files.items()):
+        target = staging / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        store.get_file(join_key(base_key, rel), target)
+        sha, size = sha256_file(target)
+        if sha != entry["sha256"] or size != entry["size"]:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointError(
+                f"{store.uri(join_key(base_key, rel))}: content does not match its SHA-256"
+            )
+    resolved = step if step is not None else complete.get("step")
+    (staging / LOCAL_MANIFEST).write_text(
+        json.dumps({"step": resolved, "node_rank": 0, "files": files}, indent=1, sort_keys=True)
+    )
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(staging, dest)
+    return dest
+
+
+def materialize(uri: str, dest: Path) -> Path:
+    """A local folder holding what `uri` names: a local path as is, else a copy of every
+    object under the store prefix (`file://...`, `s3://...`) in `dest` (reused when complete).
+    Raises `FileNotFoundError` naming the URI when there is nothing there."""
+    if "://" not in uri:
+        path = Path(uri)
+        if not path.exists():
+            raise FileNotFoundError(f"{uri} does not exist")
+        return path
+    if uri.lower().startswith("file:"):
+        from qpa.store import FileStore
+
+        store = open_store(uri)
+        if isinstance(store, FileStore):
+            if not store.root.exists():
+                raise FileNotFoundError(f"{uri} does not exist")
+            return store.root
+    marker = dest / ".qpa-complete"
+    if marker.is_file() and marker.read_text().strip() == uri:
+        return dest
+    store = open_store(uri)
+    keys = store.list("")
+    if not keys:
+        raise FileNotFoundError(f"nothing stored under {uri}")
+    staging = dest.with_name(dest.name + ".download")
+    shutil.rmtree(staging, ignore_errors=True)
+    for key in keys:
+        target = staging.joinpath(*key.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        store.get_file(key, target)
+    (staging / ".qpa-complete").write_text(uri + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staging, dest)
+    return dest

@@ -1,0 +1,345 @@
+"""Online RL (`qpa.train.rl`) end to end on a tiny model (hidden 64, 2 layers), on CPU.
+
+A random tiny policy never solves a sandbox task, so most tests act in `ScoredSandbox`: the real
+sandbox with a stand-in verifier whose outcome depends on the episode's index (a policy that
+sometimes succeeds), so groups land in several CARE tiers and advantages are not all zero. What is checked: CARE on and off both train (weights move, metrics logged with the
+tier mix); environment-feedback tokens carry no loss and get exactly zero gradient; the same run
+works under DeepSpeed ZeRO-2 and ZeRO-3 (world size 1, gloo); a resumed run stops at the same
+final step; rollouts go through a real environment server (`qpa.envs.server`) over HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from qpa.contract import Task, Verification  # noqa: E402
+from qpa.envs.sandbox import SandboxEnv  # noqa: E402
+from qpa.envs.sandbox.suite import generate_suite  # noqa: E402
+from qpa.train.metrics import read_metrics  # noqa: E402
+from qpa.train.rl import (  # noqa: E402
+    LossSettings,
+    RLConfig,
+    RLTrainer,
+    Sample,
+    Turn,
+    build_samples,
+    collate,
+    policy_loss,
+    run_rl,
+    token_logprobs,
+)
+from qpa.train.tiny import TinyConfig, make_tiny_checkpoint, suite_corpus  # noqa: E402
+
+TINY = TinyConfig(
+    vocab_size=1024,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    max_position_embeddings=8192,
+)
+
+
+PATTERN = (1.0, 1.0, 1.0, 1 / 3, 1.0, 0.0)
+"""Progress of the episode with index i in its step is PATTERN[i % 6] (1.0 = success): with
+k=3 the first task's group always succeeds, the second's is mixed; with k=2 likewise."""
+
+
+class ScoredSandbox(SandboxEnv):
+    """The sandbox with a stand-in verifier: a random tiny policy never solves a task, so the
+    outcome is set by the episode's index in its step (see PATTERN), deterministic and varied."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def verify(self) -> Verification:
+        progress = PATTERN[self.index % len(PATTERN)]
+        return Verification(done=True, success=progress == 1.0, progress=progress)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    return make_tiny_checkpoint(out, TINY, corpus=suite_corpus(conversations=6))
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[Task]:
+    pool = [t for t in generate_suite() if t.split == "train" and t.domain == "messaging"]
+    return sorted(pool, key=lambda t: len(t.instruction))[:3]
+
+
+def make_config(checkpoint: Path, out: Path, **overrides: Any) -> RLConfig:
+    data: dict[str, Any] = {
+        "name": "rl-test",
+        "model": str(checkpoint),
+        "output_dir": str(out),
+        "steps": 2,
+        "tasks_per_step": 2,
+        "samples_per_task": 3,
+        "seed": 1,
+        "harness": {"token_budget": 100, "max_tools": 1, "max_turns": 2},
+        "generation": {"max_new_tokens": 8},
+        "loss": {"micro_batch_size": 8},
+        "optim": {"learning_rate": 0.01},
+        "checkpoint": {"every_steps": 1, "keep_last": 2},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return RLConfig.from_dict(data)
+
+
+def weights(model: Any) -> dict[str, Any]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def moved(before: dict[str, Any], model: Any) -> float:
+    after = model.state_dict()
+    return max(float((after[k] - v).abs().max()) for k, v in before.items())
+
+
+def scored(index: int) -> SandboxEnv:
+    return ScoredSandbox(index)
+
+
+# --------------------------------------------------------------------------- CARE on / off
+
+
+@pytest.mark.parametrize("care", [True, False], ids=["care_on", "care_off"])
+def test_rl_steps_train_and_log(
+    checkpoint: Path, tasks: list[Task], tmp_path: Path, care: bool
+) -> None:
+    config = make_config(checkpoint, tmp_path, care={"enabled": care})
+    trainer = RLTrainer(config, tasks=tasks, environment=scored)
+    start = weights(trainer.model)
+    results = [trainer.train_step(), trainer.train_step()]
+    assert trainer.step == 2
+
+    tiers = Counter(t for r in results for g in r.groups for t in [g.tier])
+    if care:
+        assert set(tiers) == {"efficiency_refinement", "outcome_consolidation"}, tiers
+    else:
+        assert set(tiers) == {"outcome_consolidation"}  # vanilla: one fixed reward
+    assert any(a != 0 for r in results for g in r.groups for a in g.advantages)
+    assert moved(start, trainer.model) > 0  # the policy was updated
+
+    for result in results:
+        assert len(result.episodes) == 2 * 3
+        for episode in result.episodes:
+            assert episode.turns, "every episode asks the model at least once"
+            assert episode.trajectory.totals.completion_tokens == sum(
+                len(t.completion_ids) for t in episode.turns
+            )
+
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        for key in (
+            "loss",
+            "reward",
+            "success_rate",
+            "output_tokens_mean",
+            "tool_calls_mean",
+            "rollout_s",
+            "update_s",
+        ):
+            assert key in record, key
+        assert set(record["care_tiers"]) == {
+            "progress_shaping",
+            "outcome_consolidation",
+            "efficiency_refinement",
+        }
+        assert record["output_tokens"] > 0
+    assert trainer.metrics.value("qpa_train_step") == 2
+    assert (tmp_path / "checkpoints" / "step-000002" / "model" / "config.json").exists()
+
+
+# --------------------------------------------------------------------------- masking
+
+
+def test_environment_feedback_tokens_get_zero_gradient(checkpoint: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True)
+    # Two turns that pack into one sequence: prompt | completion | feedback | completion.
+    prompt, first, feedback, second = [5, 6, 7, 8], [20, 21, 22], [30, 31, 32, 33], [40, 41]
+    turns = [
+        Turn(prompt, first),
+        Turn([*prompt, *first, *feedback], second),
+        Turn([9, 9, 9], [50]),  # a sub-agent's own conversation: not a prefix, a new sample
+    ]
+    samples = build_samples(turns, advantage=1.5)
+    assert len(samples) == 2
+    packed = samples[0]
+    assert packed.input_ids == [*prompt, *first, *feedback, *second]
+    assert packed.prompt_len == len(prompt)
+    assert packed.mask == [1, 1, 1, 0, 0, 0, 0, 1, 1]
+    assert build_samples(turns, advantage=1.0, pack=False)[1].mask == [1, 1]
+
+    batch = collate(samples, pad_id=0)
+    captured: dict[str, Any] = {}
+
+    def keep(_module: Any, _inputs: Any, output: Any) -> None:
+        output.retain_grad()
+        captured["logits"] = output
+
+    handle = model.lm_head.register_forward_hook(keep)
+    logps = token_logprobs(model, batch)
+    handle.remove()
+    loss, _ = policy_loss(logps, logps.detach(), batch, LossSettings(), normalizer=6.0)
+    loss.backward()
+    grad = captured["logits"].grad  # [rows, C + 1, vocab]; position j predicts token P + j
+    per_position = grad[:, :-1, :].abs().sum(-1)
+    mask = batch.loss_mask.bool()
+    assert torch.all(per_position[~mask] == 0), "feedback/padding positions got gradient"
+    assert torch.all(per_position[mask] > 0)
+    assert torch.all(grad[:, -1, :] == 0)
+
+
+def test_trained_tokens_are_exactly_the_sampled_ones(
+    checkpoint: Path, tasks: list[Task], tmp_path: Path
+) -> None:
+    config = make_config(checkpoint, tmp_path, harness={"max_turns": 3}, tasks_per_step=1)
+    trainer = RLTrainer(config, tasks=tasks, environment=scored)
+    episodes = trainer.rollout(tasks[:1])
+    for episode in episodes:
+        samples = build_samples(episode.turns, 1.0)
+        trained = [
+            token
+            for s in samples
+            for token, m in zip(s.input_ids[s.prompt_len :], s.mask, strict=True)
+            if m
+        ]
+        assert trained == [t for turn in episode.turns for t in turn.completion_ids]
+        # The environment's answers are in the prompts, never among the trained tokens.
+        for later in episode.turns[1:]:
+            assert len(later.prompt_ids) > len(episode.turns[0].prompt_ids)
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_zero_world_size_one(
+    checkpoint: Path, tasks: list[Task], tmp_path: Path, stage: int
+) -> None:
+    pytest.importorskip("deepspeed")
+    config = make_config(
+        checkpoint,
+        tmp_path,
+        steps=2,
+        samples_per_task=2,
+        deepspeed={"enabled": True, "zero_stage": stage},
+    )
+    trainer = RLTrainer(config, tasks=tasks, environment=scored)
+    assert trainer.engine is not None
+    with trainer.full_parameters():
+        start = weights(trainer.model)
+    result = trainer.train()
+    assert result.final_step == 2
+    with trainer.full_parameters():
+        assert moved(start, trainer.model) > 0
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and r["micro_batches"] >= 1 for r in records)
+    saved = tmp_path / "checkpoints" / "step-000002"
+    assert (saved / "deepspeed").is_dir()
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(saved / "model", local_files_only=True)
+    with trainer.full_parameters():
+        for name, value in trainer.model.state_dict().items():
+            assert torch.allclose(reloaded.state_dict()[name], value.float()), name
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_resume_reaches_the_same_final_step(
+    checkpoint: Path, tasks: list[Task], tmp_path: Path
+) -> None:
+    config = make_config(checkpoint, tmp_path, steps=3, samples_per_task=2)
+    first = RLTrainer(config, tasks=tasks, environment=scored)
+    first.train_step()
+    first.train_step()  # "killed" after step 2 (checkpoints every step)
+    del first
+
+    resumed_config = config.model_copy(
+        update={"checkpoint": config.checkpoint.model_copy(update={"resume": "latest"})}
+    )
+    second = RLTrainer(resumed_config, tasks=tasks, environment=scored)
+    assert second.step == second.resumed_from == 2
+    result = second.train()
+    assert result.final_step == 3 and result.resumed_from == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step-000002", "step-000003"]  # keep_last=2
+
+    again = run_rl(resumed_config, tasks=tasks, resume=True)  # nothing left to do
+    assert again.final_step == 3 and again.resumed_from == 3
+
+
+# --------------------------------------------------------------------------- env server
+
+
+@contextlib.contextmanager
+def serving(counts: Counter[str]) -> Iterator[str]:
+    """A sandbox environment server in a thread (counting requests by path); yields its URL."""
+    import uvicorn
+
+    from qpa.envs.server import create_app
+
+    app = create_app("sandbox", max_sessions=32)
+
+    async def counted(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            counts[scope["path"]] += 1
+        await app(scope, receive, send)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(counted, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def test_rollouts_through_an_env_server(checkpoint: Path, tasks: list[Task], tmp_path: Path) -> None:
+    counts: Counter[str] = Counter()
+    with serving(counts) as url:
+        config = make_config(checkpoint, tmp_path, steps=1, samples_per_task=2)
+        result = run_rl(config, env_urls=[url], tasks=tasks)
+    assert result.final_step == 1
+    assert counts["/reset"] == 2 * 2  # one server session per episode
+    assert counts["/verify"] >= 2 * 2
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert records[0]["episodes"] == 4 and records[0]["environment_failures"] == 0
