@@ -22,7 +22,7 @@ $(STAMP_BASE): $(BIN)/python pyproject.toml setup.py
 
 $(STAMP_DEV): $(STAMP_BASE)
 	$(PIP) install -q --no-build-isolation deepspeed
-	$(PIP) install -q -e '.[dev,train,serve,operator]'
+	$(PIP) install -q -e '.[dev,data,train,serve,operator]'
 	touch $@
 
 demo: $(STAMP_BASE)

@@ -196,7 +196,11 @@ def _convert(
     if "type" not in out and not out.get("x-kubernetes-int-or-string") and _is_schema_node(node):
         # `Any`: a free-form value.
         out["x-kubernetes-preserve-unknown-fields"] = True
-    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+    if (
+        out.get("type") == "object"
+        and "properties" not in out
+        and "additionalProperties" not in out
+    ):
         out["x-kubernetes-preserve-unknown-fields"] = True
     return _sorted(out)
 
@@ -330,7 +334,10 @@ def resource_schema(resource: type[CustomResource]) -> dict[str, Any]:
             "type": "object",
             "required": ["spec"],
             "properties": {
-                "apiVersion": {"description": ROOT_FIELD_DESCRIPTIONS["apiVersion"], "type": "string"},
+                "apiVersion": {
+                    "description": ROOT_FIELD_DESCRIPTIONS["apiVersion"],
+                    "type": "string",
+                },
                 "kind": {"description": ROOT_FIELD_DESCRIPTIONS["kind"], "type": "string"},
                 "metadata": {"description": ROOT_FIELD_DESCRIPTIONS["metadata"], "type": "object"},
                 "spec": spec,
@@ -456,9 +463,9 @@ def _first_difference(path: Path, expected: str) -> str:
 
 _PLAIN = re.compile(r"^[A-Za-z_./][A-Za-z0-9_./()=+,;@ -]*$")
 _COLON_OK = re.compile(r":(?! |$)")
-_RESERVED = frozenset(
-    {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~", ""}
-)
+_RESERVED = frozenset({"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~", ""})
+# Characters YAML forbids even inside quotes (JSON escapes only those below 0x20).
+_NON_PRINTABLE = re.compile("[\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
 _NUMBER_LIKE = re.compile(r"^[-+]?(\.?[0-9]|\.(inf|nan))", re.IGNORECASE)
 
 
@@ -523,7 +530,10 @@ def _scalar(value: Any) -> str:
     if isinstance(value, list | tuple) and not value:
         return "[]"
     if isinstance(value, str):
-        return value if _is_plain(value) else json.dumps(value, ensure_ascii=False)
+        if _is_plain(value):
+            return value
+        quoted = json.dumps(value, ensure_ascii=False)
+        return _NON_PRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)
     raise TypeError(f"cannot render {type(value).__name__} as YAML")
 
 

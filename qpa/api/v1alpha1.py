@@ -23,14 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-GROUP = "qpa.ai"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+GROUP: Final = "qpa.ai"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = "qpa.ai/v1alpha1"  # GROUP/VERSION, spelled out for the Literal below
 CATEGORY = "qpa"
 
 # Longest metadata.name of every kind: children are named `<name>-<suffix>` (Jobs, Services,
@@ -135,9 +135,7 @@ class _Model(BaseModel):
 
 def _defaulted(model: type[_Model], description: str) -> Any:
     """A sub-object whose fields all have defaults: the server fills it in (`default: {}`)."""
-    return Field(
-        default_factory=model, description=description, json_schema_extra={"default": {}}
-    )
+    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
 
 
 def _list_set(description: str, **kwargs: Any) -> Any:
@@ -152,9 +150,7 @@ def _list_set(description: str, **kwargs: Any) -> Any:
 
 def _check_unique(*fields: str) -> Callable[[Any], bool]:
     def check(model: Any) -> bool:
-        return all(
-            len(set(getattr(model, name))) == len(getattr(model, name)) for name in fields
-        )
+        return all(len(set(getattr(model, name))) == len(getattr(model, name)) for name in fields)
 
     return check
 
@@ -258,9 +254,7 @@ class Condition(_Model):
     message: str = Field(
         default="", max_length=32768, description="Human-readable details of the transition."
     )
-    last_transition_time: datetime = Field(
-        description="When the status last changed (RFC 3339)."
-    )
+    last_transition_time: datetime = Field(description="When the status last changed (RFC 3339).")
     observed_generation: int | None = Field(
         default=None, ge=0, description="The .metadata.generation the condition was set for."
     )
@@ -619,9 +613,11 @@ class DeviceFilter(_Model):
             cel="!has(self.minAndroidVersion) || !has(self.maxAndroidVersion) || "
             "self.minAndroidVersion <= self.maxAndroidVersion",
             message="minAndroidVersion must not exceed maxAndroidVersion",
-            check=lambda m: m.min_android_version is None
-            or m.max_android_version is None
-            or m.min_android_version <= m.max_android_version,
+            check=lambda m: (
+                m.min_android_version is None
+                or m.max_android_version is None
+                or m.min_android_version <= m.max_android_version
+            ),
         ),
         CrossFieldRule(
             cel=None,  # the server enforces it through x-kubernetes-list-type: set
@@ -1242,9 +1238,7 @@ class TaskBatch(CustomResource):
             PrinterColumn(name="Tasks", type="integer", json_path=".status.tasks"),
             PrinterColumn(name="Trajectories", type="integer", json_path=".status.trajectories"),
             PrinterColumn(name="Successes", type="integer", json_path=".status.successes"),
-            PrinterColumn(
-                name="Output", type="string", json_path=".spec.outputUri", priority=1
-            ),
+            PrinterColumn(name="Output", type="string", json_path=".spec.outputUri", priority=1),
             AGE_COLUMN,
         ),
     )
@@ -1372,13 +1366,15 @@ RESOURCES: tuple[type[CustomResource], ...] = (
 
 
 def resource_for_kind(kind: str) -> type[CustomResource]:
-    """The model class of a kind name, plural or short name (`TrainingRun`, `trainingruns`, `tr`)."""
+    """The model class of a kind, plural or short name (`TrainingRun`, `trainingruns`, `tr`)."""
     wanted = kind.lower()
     for cls in RESOURCES:
         info = cls.info
         if wanted in (info.kind.lower(), info.plural, info.singular, *info.short_names):
             return cls
-    raise KeyError(f"unknown qpa.ai kind {kind!r}; known: {', '.join(c.info.kind for c in RESOURCES)}")
+    raise KeyError(
+        f"unknown qpa.ai kind {kind!r}; known: {', '.join(c.info.kind for c in RESOURCES)}"
+    )
 
 
 def parse_resource(obj: dict[str, Any]) -> CustomResource:

@@ -224,7 +224,11 @@ def publish_command(
     """Publish a dataset once its review gates pass (or the gate is automatic)."""
     from qpa.data.review import open_batch, publish
 
-    result = _guard(lambda: publish(open_batch(dataset), _review_config(review_config)))
+    result = _guard(
+        lambda: publish(
+            open_batch(dataset), _review_config(review_config) if review_config else None
+        )
+    )
     if as_json:
         print_json(result.model_dump(mode="json"))
         return
@@ -305,8 +309,7 @@ def review_status(
     def run() -> Any:
         queue = load_queue(open_batch(batch))
         assert queue is not None
-        mode = _review_config(review_config).gate if review_config else None
-        return queue.status(mode)
+        return queue.status(_review_config(review_config) if review_config else None)
 
     status = _guard(run)
     if as_json:

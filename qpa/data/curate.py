@@ -68,6 +68,7 @@ from qpa.data.review import (
     put_json,
     put_jsonl,
     read_source,
+    start_batch,
 )
 from qpa.diagnose import Diagnosis, diagnose
 from qpa.envs.sandbox.suite import CANONICAL_SEED, generate_suite
@@ -146,6 +147,14 @@ class CurationResult:
             "failures_by_cause": dict(sorted(by_cause.items())),
             "rejected_by_reason": dict(sorted(reasons.items())),
         }
+
+
+def diagnosis_of(trajectory: Trajectory) -> Diagnosis | None:
+    """The `Diagnosis` curation attached to a failed trajectory (None for successes)."""
+    data = trajectory.metadata.get(DIAGNOSIS)
+    if not isinstance(data, dict) or "side" not in data:
+        return None
+    return Diagnosis.model_validate(data)
 
 
 # --------------------------------------------------------------------------- validity
@@ -466,6 +475,7 @@ def write_curated(
 ) -> DatasetManifest:
     """Write the sets, the summary, a review queue and the manifest to the store's root."""
     config = config or CurateConfig()
+    start_batch(store)
     files: list[ManifestFile] = []
     for key, items in (
         (SUCCESSES_KEY, result.successes),
@@ -522,6 +532,7 @@ __all__ = [
     "attribution",
     "curate",
     "dedupe",
+    "diagnosis_of",
     "environment_failure",
     "exercised_capabilities",
     "flag_turns",

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -56,6 +56,7 @@ from qpa.data.review import (
     put_json,
     put_jsonl,
     stable_hash,
+    start_batch,
 )
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import (
@@ -373,7 +374,7 @@ def plan_generation(
                 key = (
                     need,
                     -picked[tpl.name],
-                    -stable_hash(tpl.name, len(plan.picks)) % 997,
+                    stable_hash(tpl.name, len(plan.picks)),  # ties: spread, reproducibly
                     tpl.name,
                 )
                 if best is None or key > best:
@@ -548,7 +549,7 @@ class LLMRewriter:
             ChatMessage.user(user),
         ]
         completion = self.backend.complete(messages, [])
-        return parse_variants(completion.text)[: self.variants * 2]
+        return parse_variants(completion.text)[: max(10, 3 * self.variants)]
 
 
 # --------------------------------------------------------------------------- building
@@ -565,10 +566,8 @@ class GenerationResult:
     seed: int = 1
 
     def summary(self) -> dict[str, Any]:
-        by_cap: dict[str, int] = defaultdict(int)
-        for t in self.tasks:
-            for c in t.capabilities:
-                by_cap[c] += 1
+        by_cap = Counter(c for t in self.tasks for c in t.capabilities)
+        by_domain = Counter(t.domain for t in self.tasks)
         return {
             "seed": self.seed,
             "planned": len(self.plan.picks),
@@ -576,14 +575,7 @@ class GenerationResult:
             "dropped": len(self.dropped),
             "shortfall": dict(sorted(self.shortfall.items())),
             "by_capability": dict(sorted(by_cap.items())),
-            "by_domain": dict(
-                sorted(
-                    {
-                        d: sum(1 for t in self.tasks if t.domain == d)
-                        for d in {t.domain for t in self.tasks}
-                    }.items()
-                )
-            ),
+            "by_domain": dict(sorted(by_domain.items())),
         }
 
 
@@ -732,6 +724,7 @@ def write_generated(
     name: str | None = None,
 ) -> DatasetManifest:
     """Write `tasks.jsonl`, `generation.json`, a review queue and the manifest."""
+    start_batch(store)
     info, rows = put_jsonl(store, TASKS_KEY, result.tasks)
     plan_doc = {
         "summary": result.summary(),

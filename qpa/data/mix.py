@@ -46,7 +46,7 @@ from qpa.bench.scoring import Report
 from qpa.contract import CAPABILITIES, Trajectory
 from qpa.data.curate import CURATION, FAILURES_KEY, SUCCESSES_KEY
 from qpa.data.generate import check_capabilities, template_of_ids
-from qpa.data.render import Renderer
+from qpa.data.render import Renderer, RenderError
 from qpa.data.review import (
     DataError,
     ReviewConfig,
@@ -59,6 +59,7 @@ from qpa.data.review import (
     read_jsonl,
     rejected_refs,
     stable_hash,
+    start_batch,
 )
 from qpa.harness.agent import HarnessConfig
 from qpa.store import ArtifactStore
@@ -136,7 +137,12 @@ class MixConfig(BaseModel):
       env_kind: {sandbox: 1.0, llm_sim: 1.0, device: 2.0}
     adaptive: {weak_threshold: 0.7, weak_boost: 2.0, unstable_boost: 2.0, mastered_factor: 0.25}
     include_failures: false   # failed episodes with every turn from the mistake on masked
+    review_rows: false        # also sample the mix's rows into its own review queue
+    harness: {}               # the Harness version the rows are rendered for
     ```
+
+    The mixture's review gate is that of its inputs (curated samples, and through them the
+    generated tasks); `review_rows` adds a queue of drawn rows.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -146,6 +152,7 @@ class MixConfig(BaseModel):
     weights: Weights = Field(default_factory=Weights)
     adaptive: Adaptive = Field(default_factory=Adaptive)
     include_failures: bool = False
+    review_rows: bool = False
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
 
 
@@ -324,21 +331,38 @@ def plan_mixture(
     return MixPlan(items, weights, reasons, config.target_size)
 
 
-def _draw(items: list[Item], size: int, seed: int) -> None:
-    """Largest-remainder apportionment of `size` copies by share (ties broken by seed)."""
-    exact = [i.share * size for i in items]
-    for item, value in zip(items, exact, strict=True):
-        item.copies = math.floor(value)
-    left = size - sum(i.copies for i in items)
+def _apportion(size: int, shares: list[float], keys: list[str], seed: int) -> list[int]:
+    """Largest-remainder apportionment of `size` by `shares` (ties broken by seed and key)."""
+    total = sum(shares)
+    if size <= 0 or total <= 0:
+        return [0] * len(shares)
+    exact = [share / total * size for share in shares]
+    counts = [math.floor(value) for value in exact]
     order = sorted(
-        range(len(items)),
-        key=lambda k: (
-            -(exact[k] - items[k].copies),
-            stable_hash(seed, items[k].trajectory.id),
-        ),
+        range(len(shares)),
+        key=lambda k: (-(exact[k] - counts[k]), stable_hash(seed, keys[k])),
     )
-    for k in order[:left]:
-        items[k].copies += 1
+    for k in order[: size - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+def _draw(items: list[Item], size: int, seed: int) -> None:
+    """Copies per item: `size` split over strata by their mass, then over each stratum's items
+    by their share (so every stratum gets its exact proportion, up to one row)."""
+    strata: dict[tuple[str, int, str, str], list[Item]] = defaultdict(list)
+    for item in items:
+        strata[item.stratum].append(item)
+    names = sorted(strata)
+    masses = [sum(i.share for i in strata[name]) for name in names]
+    per_stratum = _apportion(size, masses, ["|".join(map(str, n)) for n in names], seed)
+    for name, copies in zip(names, per_stratum, strict=True):
+        members = strata[name]
+        counts = _apportion(
+            copies, [i.share for i in members], [i.trajectory.id for i in members], seed
+        )
+        for item, count in zip(members, counts, strict=True):
+            item.copies = count
 
 
 # --------------------------------------------------------------------------- rows
@@ -364,7 +388,10 @@ def build_rows(plan: MixPlan, renderer: Renderer) -> list[dict[str, Any]]:
     for item in plan.drawn:
         t = item.trajectory
         source = t if t.success else _masked_from_mistake(t)
-        conversations = renderer.conversations(source)
+        try:
+            conversations = renderer.conversations(source)
+        except (RenderError, ValueError, KeyError) as exc:
+            raise DataError(f"trajectory {t.id}: cannot be rendered: {exc}") from exc
         weight = round(item.share * n, 6)
         for conversation in conversations:
             if not conversation.trainable:
@@ -415,6 +442,23 @@ def to_dataset(rows: list[dict[str, Any]], seed: int = 0) -> Any:
 # --------------------------------------------------------------------------- the stage
 
 
+def _save_quietly(dataset: Any, folder: Path) -> None:
+    """`save_to_disk` without progress bars on stderr (restored afterwards)."""
+    from datasets.utils.logging import (
+        disable_progress_bar,
+        enable_progress_bar,
+        is_progress_bar_enabled,
+    )
+
+    enabled = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        dataset.save_to_disk(str(folder))
+    finally:
+        if enabled:
+            enable_progress_bar()
+
+
 @dataclass
 class MixResult:
     plan: MixPlan
@@ -459,24 +503,29 @@ def mix(
     if not rows:
         raise DataError("the mixture is empty: no drawn trajectory has a trainable turn")
     dataset = to_dataset(rows, config.seed)
+    start_batch(store)
+    for stale in store.list(f"{DATASET_DIR}/"):
+        store.delete(stale)
     files: list[ManifestFile] = []
     with tempfile.TemporaryDirectory(prefix="qpa-mix-") as scratch:
         folder = Path(scratch) / DATASET_DIR
-        dataset.save_to_disk(str(folder))
+        _save_quietly(dataset, folder)
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             key = f"{DATASET_DIR}/{path.relative_to(folder).as_posix()}"
             files.append(ManifestFile.of(store.put_file(key, path)))
-    candidates = [
-        ReviewItem(
-            id=f"row:{item.trajectory.id}",
-            kind="row",
-            ref=item.trajectory.id,
-            summary=f"{item.trajectory.task.instruction[:160]} (x{item.copies})",
-            details={"reasons": item.reasons, "stratum": list(item.stratum)},
-        )
-        for item in plan.drawn
-    ]
-    queue = create_queue(store, "mix", candidates, review or ReviewConfig())
+    queue = None
+    if config.review_rows:
+        candidates = [
+            ReviewItem(
+                id=f"row:{item.trajectory.id}",
+                kind="row",
+                ref=item.trajectory.id,
+                summary=f"{item.trajectory.task.instruction[:160]} (x{item.copies})",
+                details={"reasons": item.reasons, "stratum": list(item.stratum)},
+            )
+            for item in plan.drawn
+        ]
+        queue = create_queue(store, "mix", candidates, review or ReviewConfig())
     drawn = plan.drawn
     item_reasons = sorted({r for i in drawn for r in i.reasons})
     counts: dict[str, int] = {

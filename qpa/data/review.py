@@ -40,7 +40,13 @@ from qpa.store import (
     open_object,
     open_store,
 )
-from qpa.store.manifest import DatasetManifest, ManifestError, read_manifest, write_manifest
+from qpa.store.manifest import (
+    DatasetManifest,
+    ManifestError,
+    read_manifest,
+    verify_manifest,
+    write_manifest,
+)
 
 M = TypeVar("M", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -266,13 +272,15 @@ class ReviewQueue(_Model):
         known = ", ".join(i.id for i in self.items[:10]) or "none"
         raise ReviewError(f"review queue {self.batch}: no item {item_id!r} (items: {known})")
 
-    def status(self, mode: GateMode | None = None) -> GateStatus:
-        mode = mode or self.config.gate
+    def status(self, config: ReviewConfig | None = None) -> GateStatus:
+        """The gate by `config` (a reviewer's policy at publish time) or the queue's own."""
+        config = config or self.config
+        mode = config.gate
         counts = {s: sum(1 for i in self.items if i.status == s) for s in ("pending", "accepted")}
         rejected = sum(1 for i in self.items if i.status == "rejected")
         reviewed = counts["accepted"] + rejected
         rate = rejected / reviewed if reviewed else 0.0
-        limit = self.config.max_reject_rate
+        limit = config.max_reject_rate
         if mode == "automatic":
             passed, detail = True, "gate set to automatic: no review needed"
         elif counts["pending"]:
@@ -324,6 +332,12 @@ def create_queue(
     )
     save_queue(store, queue)
     return queue
+
+
+def start_batch(store: ArtifactStore) -> None:
+    """A stage is (re)writing this batch: an older review queue or publication no longer holds."""
+    for key in (PUBLISHED_KEY, REVIEW_KEY):
+        store.delete(key)
 
 
 def save_queue(store: ArtifactStore, queue: ReviewQueue) -> None:
@@ -404,7 +418,7 @@ def batch_of(uri: str) -> str:
 
 
 def gates_for(
-    store: ArtifactStore, config: ReviewConfig, *, max_depth: int = 6
+    store: ArtifactStore, config: ReviewConfig | None = None, *, max_depth: int = 6
 ) -> list[GateStatus]:
     """The gates a dataset must pass: its own review queue's and those of every batch it was
     built from (its manifest's `lineage.parents`, followed transitively)."""
@@ -425,7 +439,7 @@ def gates_for(
             except (ValueError, OSError, StoreError) as exc:
                 raise GateClosed(f"cannot read the review queue of {uri}: {exc}") from None
             if queue is not None:
-                gates.append(queue.status(config.gate))
+                gates.append(queue.status(config))
             try:
                 parents = read_manifest(batch).lineage.parents
             except (ArtifactNotFound, ManifestError):
@@ -440,13 +454,19 @@ def gates_for(
 def publish(store: ArtifactStore, config: ReviewConfig | None = None) -> PublishResult:
     """Publish the dataset at `store`'s root once every gate passes (or the gate is automatic).
 
-    Raises `GateClosed` saying which gate is closed and why; the manifest must exist
+    `config` is the review policy to apply (gate mode, reject rate); None applies each batch's
+    own. Raises `GateClosed` saying which gate is closed and why; the manifest must exist
     (`ArtifactNotFound` names it otherwise).
     """
-    config = config or ReviewConfig()
     manifest = read_manifest(store)
+    problems = verify_manifest(store)
+    if problems:
+        raise GateClosed(
+            f"{store.root_uri}: the dataset does not match its manifest: {'; '.join(problems[:5])}"
+        )
     gates = gates_for(store, config)
-    if config.gate != "automatic":
+    automatic = config is not None and config.gate == "automatic"
+    if not automatic:
         if not gates:
             raise GateClosed(
                 f"{store.root_uri}: nothing was reviewed: neither the dataset nor its inputs "
@@ -457,16 +477,19 @@ def publish(store: ArtifactStore, config: ReviewConfig | None = None) -> Publish
         if closed:
             detail = "; ".join(f"{g.batch}: {g.detail}" for g in closed)
             raise GateClosed(f"{store.root_uri}: the review gate has not passed: {detail}")
+    mode: GateMode = (
+        "automatic" if automatic or all(g.mode == "automatic" for g in gates) else "manual"
+    )
     result = PublishResult(
         dataset=store.root_uri,
         published_at=datetime.now(UTC),
-        mode=config.gate,
+        mode=mode,
         gates=gates,
         manifest_sha256=hashlib.sha256(manifest.model_dump_json().encode()).hexdigest(),
     )
     manifest.review = {
         "published": True,
-        "mode": config.gate,
+        "mode": mode,
         "published_at": result.published_at.isoformat(),
         "gates": [g.model_dump(mode="json") for g in gates],
     }
@@ -526,4 +549,5 @@ __all__ = [
     "sample_items",
     "save_queue",
     "stable_hash",
+    "start_batch",
 ]

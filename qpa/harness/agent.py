@@ -73,6 +73,7 @@ class _Context:
     messages: list[ChatMessage]
     tools: list[ToolSpec]
     pending_call: str | None = None  # id of the model's call awaiting a result
+    protocol: str = "native"  # how the model spoke last: native tool calls or the text protocol
     parent_call: str | None = None  # for sub-agents: the parent's delegate call id
     ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -142,6 +143,7 @@ class HarnessPlanner:
             detail = f"{exc}" + (f" (cause: {type(cause).__name__}: {cause})" if cause else "")
             raise EpisodeAborted(f"model endpoint failed: {detail}", side=exc.side) from exc
         context.messages.append(completion.to_message())
+        context.protocol = completion.protocol
         annotations: dict[str, Any] = {**self._pending_annotations, "model_output": completion.text}
         self._pending_annotations = {}
         parsed = parse_completion(completion, context.tools)
@@ -211,7 +213,8 @@ class HarnessPlanner:
 
     def _reply(self, context: _Context, last: Step, content: str) -> str:
         """Answer the model's last turn with `content`: a tool message when it made a native
-        tool call (ids must match), otherwise a user turn carrying the quoted result."""
+        tool call (ids must match) or spoke the text protocol (rendered as <tool_response>),
+        otherwise a user turn carrying the quoted result."""
         call_id = context.pending_call or context.call_id()
         context.pending_call = None
         assistant = context.messages[-1] if context.messages else None
@@ -221,5 +224,10 @@ class HarnessPlanner:
                 first.id = call_id
             context.messages.append(ChatMessage.tool(content, first.id, first.name))
             return first.id
+        if context.protocol == "text":
+            # the text protocol renders tool messages as <tool_response> blocks, as it promised
+            name = last.action.tool if isinstance(last.action, ToolCall) else last.action.type
+            context.messages.append(ChatMessage.tool(content, call_id, name))
+            return call_id
         context.messages.append(ChatMessage.user(content))
         return call_id

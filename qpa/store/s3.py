@@ -170,10 +170,10 @@ class S3Store:
             if self._bucket_ready:
                 return
             with self._mapped(None, "cannot create bucket for"):
-                if not self.client.bucket_exists(self.bucket):
+                if not self.client.bucket_exists(bucket_name=self.bucket):
                     with contextlib.suppress(S3Error):  # lost a race with another writer
-                        self.client.make_bucket(self.bucket)
-                    if not self.client.bucket_exists(self.bucket):
+                        self.client.make_bucket(bucket_name=self.bucket)
+                    if not self.client.bucket_exists(bucket_name=self.bucket):
                         raise StoreError(f"cannot create bucket {self.bucket!r}")
             self._bucket_ready = True
 
@@ -182,10 +182,10 @@ class S3Store:
         self._ensure_bucket()
         with self._mapped(key, "cannot write"):
             self.client.put_object(
-                self.bucket,
-                self._name(key),
-                stream,
-                size,
+                bucket_name=self.bucket,
+                object_name=self._name(key),
+                data=stream,
+                length=size,
                 metadata={SHA_META: sha},
                 part_size=self.config.part_size,
             )
@@ -211,7 +211,7 @@ class S3Store:
     def delete(self, key: str) -> None:
         with observed(BACKEND, "delete"), self._mapped(key, "cannot delete"):
             try:
-                self.client.remove_object(self.bucket, self._name(key))
+                self.client.remove_object(bucket_name=self.bucket, object_name=self._name(key))
             except S3Error as exc:
                 if exc.code not in _NOT_FOUND:
                     raise
@@ -225,7 +225,7 @@ class S3Store:
     def get_bytes(self, key: str) -> bytes:
         check_key(key)
         with observed(BACKEND, "get"), self._mapped(key, "cannot read"):
-            response = self.client.get_object(self.bucket, self._name(key))
+            response = self.client.get_object(bucket_name=self.bucket, object_name=self._name(key))
             try:
                 data = response.read()
                 expected = self._recorded_sha(response.headers)
@@ -247,7 +247,9 @@ class S3Store:
         size = 0
         try:
             with observed(BACKEND, "get"), self._mapped(key, "cannot read"):
-                response = self.client.get_object(self.bucket, self._name(key))
+                response = self.client.get_object(
+                    bucket_name=self.bucket, object_name=self._name(key)
+                )
                 digest = hashlib.sha256()
                 try:
                     expected = self._recorded_sha(response.headers)
@@ -275,7 +277,7 @@ class S3Store:
     def stat(self, key: str) -> ObjectInfo:
         check_key(key)
         with observed(BACKEND, "stat"), self._mapped(key, "cannot stat"):
-            info = self.client.stat_object(self.bucket, self._name(key))
+            info = self.client.stat_object(bucket_name=self.bucket, object_name=self._name(key))
         sha = self._recorded_sha(info.metadata) or ""
         return ObjectInfo(key, int(info.size or 0), sha)
 
@@ -294,7 +296,7 @@ class S3Store:
                 names = [
                     str(o.object_name)
                     for o in self.client.list_objects(
-                        self.bucket, prefix=base + prefix, recursive=True
+                        bucket_name=self.bucket, prefix=base + prefix, recursive=True
                     )
                     if not o.is_dir
                 ]

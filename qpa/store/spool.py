@@ -38,7 +38,13 @@ from typing import IO, Any
 
 import orjson
 from pydantic import BaseModel
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_when_event_set,
+    wait_exponential,
+)
 
 from qpa.contract import CorruptLineError
 from qpa.store.base import (
@@ -157,6 +163,7 @@ class SpooledUploader:
         self._wake = threading.Condition()
         self._idle = threading.Condition()
         self._stopping = False
+        self._stop_event = threading.Event()
         self._dirty = False
         self._fatal: StoreError | None = None
         self._thread: threading.Thread | None = None
@@ -218,11 +225,15 @@ class SpooledUploader:
     def _list_remote(self) -> list[str]:
         return self.store.list(join_key(self.prefix, f"part-{self.tag}-"))
 
+    def _backoff(self, seconds: float) -> None:
+        self._stop_event.wait(seconds)  # ends early when the uploader stops
+
     def _retrying(self, fn: Any) -> Any:
         retrying = Retrying(
-            stop=stop_after_attempt(self.attempts),
+            stop=stop_after_attempt(self.attempts) | stop_when_event_set(self._stop_event),
             wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
             retry=retry_if_exception_type(StoreUnavailable),
+            sleep=self._backoff,
             reraise=True,
         )
         return retrying(fn)
@@ -414,6 +425,7 @@ class SpooledUploader:
             self.seal()
         with self._wake:
             self._stopping = True
+            self._stop_event.set()
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)

@@ -58,6 +58,7 @@ benchmark (`benchmarks/rl_step.py`) compares it against plain `GRPOTrainer` per 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -93,7 +94,6 @@ from qpa.train.config import (
 
 Auto = Literal["auto"]
 STATE_FILE = "rl_state.json"
-COMPLETE_MARKER = "COMPLETE"
 
 
 # =========================================================================== settings
@@ -822,31 +822,15 @@ class StepResult:
 
 @dataclass
 class RunResult:
-    """What `run_rl` did: the last step reached, where it resumed from, the last checkpoint."""
+    """What `run_rl` did: the last step, where it resumed from, the last checkpoint, the final
+    model (folder and store URI), and each step's metrics."""
 
     final_step: int
     resumed_from: int
     checkpoint: Path | None
+    final_dir: Path | None
+    final_uri: str | None
     history: list[dict[str, float]]
-
-
-def _resolve_model_dir(location: str, cache: Path) -> Path:
-    """A local folder for a model given as a folder or a store URI (downloaded once)."""
-    if "://" not in location or location.startswith("file://"):
-        path = Path(location.removeprefix("file://"))
-        if not path.is_dir():
-            raise ConfigError(f"model: no checkpoint folder at {path}")
-        return path
-    from qpa.store import open_store
-
-    store = open_store(location)
-    target = cache / "base-model"
-    if not (target / COMPLETE_MARKER).exists():
-        target.mkdir(parents=True, exist_ok=True)
-        for key in store.list(""):
-            store.get_file(key, target / key)
-        (target / COMPLETE_MARKER).write_text("ok\n")
-    return target
 
 
 def _fill_auto(config: Any, values: Mapping[str, Any]) -> Any:
@@ -879,6 +863,8 @@ class RLTrainer:
         self.step = 0
         self.resumed_from = 0
         self.last_checkpoint: Path | None = None
+        self.final_uri: str | None = None
+        self.checkpoints: Any = None
         self.history: list[dict[str, float]] = []
         self._token_lock = threading.Lock()
         self._skills: SkillLibrary | None = None
@@ -892,8 +878,9 @@ class RLTrainer:
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        from qpa.train.checkpoint import CheckpointStore, materialize
         from qpa.train.metrics import TrainMetrics
 
         cfg = self.config
@@ -903,22 +890,48 @@ class RLTrainer:
             bool(self.cuda and torch.cuda.is_bf16_supported()) if cfg.bf16 == "auto" else cfg.bf16
         )
         torch.manual_seed(cfg.seed)
-        model_dir = _resolve_model_dir(cfg.model, self.run_dir / "cache")
+        try:
+            model_dir = materialize(cfg.model, self.run_dir / "cache" / "model")
+            tokenizer_dir = (
+                materialize(cfg.tokenizer, self.run_dir / "cache" / "tokenizer")
+                if cfg.tokenizer
+                else None
+            )
+        except FileNotFoundError as exc:
+            raise ConfigError(f"model: {exc}") from None
+        self.checkpoints = (
+            CheckpointStore.open(cfg.checkpoint.store, cfg.store_prefix)
+            if cfg.checkpoint.store
+            else None
+        )
         resume_dir = self._find_resume()
         weights_dir = (resume_dir / "model") if resume_dir is not None else model_dir
         self.model_dir = model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(
-            cfg.tokenizer or weights_dir, local_files_only=True
+            tokenizer_dir or weights_dir, local_files_only=True
         )
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "auto": "auto"}[
             cfg.model_dtype
         ]
+        self.device: Any = (
+            torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            if self.cuda
+            else torch.device("cpu")
+        )
+        hidden = getattr(AutoConfig.from_pretrained(weights_dir), "hidden_size", None)
+        if cfg.deepspeed.enabled:
+            self.ds_config = self._deepspeed_config(hidden or 1024)
+            if cfg.deepspeed.zero_stage == 3:
+                # Weights are loaded straight into ZeRO-3 partitions (zero.Init), never whole
+                # on every rank; the object must stay alive while models are loaded.
+                from transformers.integrations import HfDeepSpeedConfig
+
+                self._hf_deepspeed: Any = HfDeepSpeedConfig(self.ds_config)
         model: Any = AutoModelForCausalLM.from_pretrained(
             weights_dir, local_files_only=True, dtype=dtype
         )
-        hidden = getattr(model.config, "hidden_size", None)
         checkpointing = (
             (hidden is not None and hidden >= 1024)
             if cfg.gradient_checkpointing == "auto"
@@ -927,19 +940,13 @@ class RLTrainer:
         if checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = not checkpointing
-        self.device: Any = (
-            torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            if self.cuda
-            else torch.device("cpu")
-        )
         if cfg.loss.beta > 0:
-            ref: Any = AutoModelForCausalLM.from_pretrained(
-                model_dir, local_files_only=True, dtype=dtype
-            )
-            self.ref_model = ref.to(self.device)
-            self.ref_model.eval().requires_grad_(False)
+            self.ref_model = self._reference_model(model_dir, dtype)
         if cfg.deepspeed.enabled:
-            self._setup_deepspeed(model, hidden or 1024)
+            self._setup_deepspeed(model)
+            # zero.Init was for loading only: later `from_pretrained` calls in this process
+            # (evaluation, tests) must get whole models again.
+            self._hf_deepspeed = None
         else:
             self.model = model.to(self.device)
             self.optimizer = torch.optim.AdamW(
@@ -970,7 +977,9 @@ class RLTrainer:
         warmup = self.config.optim.warmup_steps
         return min(1.0, (step + 1) / warmup) if warmup else 1.0
 
-    def _setup_deepspeed(self, model: Any, hidden: int) -> None:
+    def _deepspeed_config(self, hidden: int) -> dict[str, Any]:
+        """The DeepSpeed JSON of `qpa.train.deepspeed` with its `"auto"` values filled in (the
+        Hugging Face integration's job in SFT) and caller-owned gradient accumulation."""
         import deepspeed
         import torch
 
@@ -995,20 +1004,54 @@ class RLTrainer:
             "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
             "stage3_param_persistence_threshold": 10 * hidden,
         }
-        ds_config = _fill_auto(deepspeed_config(cfg.deepspeed, cuda=self.cuda), values)
+        ds_config: dict[str, Any] = _fill_auto(
+            deepspeed_config(cfg.deepspeed, cuda=self.cuda), values
+        )
         # A step holds as many micro-batches as its rollouts need: the caller owns the boundary.
         ds_config["managed_gradient_accumulation"] = False
         ds_config["gradient_accumulation_steps"] = 1
-        self.ds_config = ds_config
+        return ds_config
+
+    def _setup_deepspeed(self, model: Any) -> None:
+        import deepspeed
+        import torch
+
         engine, optimizer, _, scheduler = deepspeed.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=ds_config,
+            config=self.ds_config,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, self._lr_lambda),
         )
         self.engine, self.optimizer, self.scheduler = engine, optimizer, scheduler
         self.model = engine.module
         self.device = engine.device
+
+    def _reference_model(self, model_dir: Path, dtype: Any) -> Any:
+        """The frozen starting policy for the KL term: a plain module, or under ZeRO-3 a
+        DeepSpeed inference engine over the same partitioning (as TRL prepares it)."""
+        from transformers import AutoModelForCausalLM
+
+        ref: Any = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True, dtype=dtype
+        )
+        ref.eval().requires_grad_(False)
+        if self.config.deepspeed.enabled and self.config.deepspeed.zero_stage == 3:
+            import deepspeed
+
+            config: dict[str, Any] = {
+                key: self.ds_config[key]
+                for key in ("train_micro_batch_size_per_gpu", "train_batch_size", "bf16", "fp16")
+                if key in self.ds_config
+            }
+            config["zero_optimization"] = {
+                k: v
+                for k, v in self.ds_config["zero_optimization"].items()
+                if not k.startswith("offload_optimizer")
+            }
+            engine, *_ = deepspeed.initialize(model=ref, config=config)
+            engine.eval()
+            return engine
+        return ref.to(self.device)
 
     def _setup_vllm(self) -> None:  # pragma: no cover - needs a GPU and a vLLM server
         from trl.generation.vllm_client import VLLMClient
@@ -1386,28 +1429,31 @@ class RLTrainer:
         """Run steps until `config.steps` (from where a resumed run left off)."""
         while self.step < self.config.steps:
             self.train_step()
-        return RunResult(self.step, self.resumed_from, self.last_checkpoint, self.history)
+        final = self.save_final()
+        return RunResult(
+            self.step, self.resumed_from, self.last_checkpoint, final, self.final_uri, self.history
+        )
 
     # ------------------------------------------------------------------ checkpoints
-    @property
-    def checkpoint_root(self) -> Path:
-        return self.run_dir / "checkpoints"
-
     def save_checkpoint(self) -> Path:
-        """Save weights (HF folder), optimizer state, step and RNG; upload when configured."""
+        """Save `checkpoint-<step>/` (see `qpa.train.checkpoint`): `model/` (Hugging Face
+        weights + tokenizer), optimizer state (`optimizer.pt`, or DeepSpeed's `deepspeed/`),
+        `rl_state.json`, RNG; hashed (`record_local`, the completion mark) and uploaded to the
+        store when one is configured. Older local folders beyond `keep_last` are removed."""
         import torch
 
-        folder = self.checkpoint_root / f"step-{self.step:06d}"
-        if folder.exists():
+        from qpa.train.checkpoint import record_local
+
+        folder = self.run_dir / f"checkpoint-{self.step}"
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank == 0 and folder.exists():
             shutil.rmtree(folder)
-        (folder / "model").mkdir(parents=True)
+        self._barrier()
         if self.engine is not None:
             self.engine.save_checkpoint(str(folder / "deepspeed"), tag="state")
         with self.full_parameters():
             if self.rank == 0:
-                state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-                self.model.save_pretrained(folder / "model", state_dict=state)
-                self.tokenizer.save_pretrained(folder / "model")
+                self._save_model(folder / "model")
         if self.rank == 0:
             if self.engine is None:
                 torch.save(
@@ -1417,90 +1463,106 @@ class RLTrainer:
                     },
                     folder / "optimizer.pt",
                 )
-            state_doc = {
-                "step": self.step,
-                "name": self.config.name,
-                "care": self.config.care.enabled,
-                "seed": self.config.seed,
-                "python_random": None,
-            }
-            (folder / STATE_FILE).write_text(json.dumps(state_doc, indent=2) + "\n")
+            state = {"step": self.step, "name": self.config.name, "care": self.config.care.enabled}
+            (folder / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
             torch.save({"torch": torch.get_rng_state()}, folder / "rng.pt")
-            (folder / COMPLETE_MARKER).write_text("ok\n")
+        self._barrier()
+        node, nodes = _node_topology()
+        if local_rank == 0:
+            record_local(folder, self.step, node_rank=node)
+            if self.checkpoints is not None:
+                self.checkpoints.upload(folder, self.step, node_rank=node, nodes=nodes)
+        if nodes > 1:
+            self._barrier()
+            if self.rank == 0 and self.checkpoints is not None:
+                base = self.checkpoints.checkpoint_key(self.step)
+                self.checkpoints.mark_complete(base, step=self.step, nodes=nodes)
+        if local_rank == 0:
             self._prune()
-            self._upload(folder)
         self.last_checkpoint = folder
         return folder
 
+    def _save_model(self, folder: Path) -> None:
+        """The policy's full weights and the tokenizer as a Hugging Face folder (rank 0)."""
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self.model.save_pretrained(folder, state_dict=state)
+        self.tokenizer.save_pretrained(folder)
+
+    def save_final(self) -> Path | None:
+        """`<output_dir>/final`: the trained model and tokenizer (uploaded to `<prefix>/final`)."""
+        if not self.config.checkpoint.save_final:
+            return None
+        folder = self.run_dir / "final"
+        with self.full_parameters():
+            if self.rank == 0:
+                if folder.exists():
+                    shutil.rmtree(folder)
+                self._save_model(folder)
+                if self.checkpoints is not None:
+                    self.final_uri = self.checkpoints.upload_final(folder)
+        self._barrier()
+        return folder
+
+    def _barrier(self) -> None:
+        import torch
+
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
     def _prune(self) -> None:
+        from qpa.train.checkpoint import local_checkpoints
+
         keep = self.config.checkpoint.keep_last
         if keep is None:
             return
-        complete = sorted(
-            p for p in self.checkpoint_root.glob("step-*") if (p / COMPLETE_MARKER).exists()
-        )
-        for old in complete[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def _upload(self, folder: Path) -> None:
-        root = self.config.checkpoint.store
-        if not root:
-            return
-        from qpa.store import open_store
-
-        store = open_store(root if "://" in root else Path(root))
-        prefix = f"{self.config.store_prefix}/checkpoints/{folder.name}"
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
-        for path in files:
-            store.put_file(f"{prefix}/{path.relative_to(folder).as_posix()}", path)
-        store.put_bytes(f"{prefix}/{COMPLETE_MARKER}", b"ok\n")  # last: marks it complete
+        for ref in local_checkpoints(self.run_dir)[:-keep]:
+            if ref.local is not None:
+                shutil.rmtree(ref.local, ignore_errors=True)
 
     def _find_resume(self) -> Path | None:
+        """The checkpoint folder to continue from (downloaded when it is in the store)."""
+        from qpa.store import open_store
+        from qpa.train.checkpoint import (
+            CheckpointError,
+            download_checkpoint,
+            latest_local,
+            verify_local,
+        )
+
         settings = self.config.checkpoint
-        if settings.resume_from:
-            return self._fetch_checkpoint(settings.resume_from)
+        explicit = settings.resume_from
+        if explicit:
+            if "://" not in explicit:
+                folder = Path(explicit)
+                if not (folder / STATE_FILE).is_file():
+                    raise ConfigError(f"resume checkpoint {explicit} has no {STATE_FILE}")
+                problems = verify_local(folder)
+                if problems:
+                    raise ConfigError(f"resume checkpoint {explicit}: {problems[0]}")
+                return folder
+            try:
+                dest = self.run_dir / f"resume-{hashlib.sha256(explicit.encode()).hexdigest()[:8]}"
+                return download_checkpoint(open_store(explicit), "", dest)
+            except (CheckpointError, ValueError) as exc:
+                raise ConfigError(f"resume checkpoint {explicit}: {exc}") from None
         if settings.resume == "never":
             return None
-        latest = latest_checkpoint(self.checkpoint_root)
-        if latest is None and settings.store:
-            latest = self._download_latest()
-        if latest is None and settings.resume == "latest":
-            raise ConfigError(f"checkpoint.resume=latest but no checkpoint in {self.run_dir}")
-        return latest
-
-    def _fetch_checkpoint(self, location: str) -> Path:
-        if "://" not in location or location.startswith("file://"):
-            path = Path(location.removeprefix("file://"))
-            if not (path / COMPLETE_MARKER).exists():
-                raise ConfigError(f"checkpoint.resume_from: {path} is not a complete checkpoint")
-            return path
-        from qpa.store import open_store
-
-        store = open_store(location)
-        target = self.checkpoint_root / Path(location.rstrip("/")).name
-        for key in store.list(""):
-            store.get_file(key, target / key)
-        return target
-
-    def _download_latest(self) -> Path | None:
-        root = self.config.checkpoint.store
-        assert root is not None
-        from qpa.store import open_store
-
-        store = open_store(root if "://" in root else Path(root))
-        prefix = f"{self.config.store_prefix}/checkpoints/"
-        keys = store.list(prefix)
-        done = sorted(
-            {k[len(prefix) :].split("/")[0] for k in keys if k.endswith(f"/{COMPLETE_MARKER}")}
-        )
-        if not done:
-            return None
-        name = done[-1]
-        target = self.checkpoint_root / name
-        for key in keys:
-            if key.startswith(f"{prefix}{name}/"):
-                store.get_file(key, target / key[len(prefix) + len(name) + 1 :])
-        return target
+        local = latest_local(self.run_dir)
+        remote = self.checkpoints.latest() if self.checkpoints is not None else None
+        if remote is not None and (local is None or remote.step > local.step):
+            assert self.checkpoints is not None
+            return self.checkpoints.download(
+                remote.step, self.run_dir / f"checkpoint-{remote.step}"
+            )
+        if local is not None:
+            assert local.local is not None
+            return local.local
+        if settings.resume == "latest":
+            where = [str(self.run_dir)]
+            if self.checkpoints is not None:
+                where.append(self.checkpoints.uri())
+            raise ConfigError(f"resume: no complete checkpoint in {' or '.join(where)}")
+        return None
 
     def _load_state(self, folder: Path) -> None:
         import torch
@@ -1536,12 +1598,12 @@ def trainable(episode: Episode) -> bool:
     return not (episode.trajectory.error or "").startswith("environment:")
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete `step-*` folder under `root` (None when there is none)."""
-    if not root.is_dir():
-        return None
-    complete = sorted(p for p in root.glob("step-*") if (p / COMPLETE_MARKER).exists())
-    return complete[-1] if complete else None
+def _node_topology() -> tuple[int, int]:
+    """(node rank, nodes) from the launcher's environment (as `qpa train launch` sets it)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("NPROC_PER_NODE", world)))
+    node = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
+    return node, max(1, world // max(1, local_world))
 
 
 def run_rl(
@@ -1558,8 +1620,8 @@ def run_rl(
         updates["care"] = config.care.model_copy(update={"enabled": care})
     if env_urls:
         updates["env"] = config.env.model_copy(update={"urls": list(env_urls)})
-    if resume and config.checkpoint.resume == "never":
-        updates["checkpoint"] = config.checkpoint.model_copy(update={"resume": "auto"})
+    if resume:
+        updates["checkpoint"] = config.checkpoint.model_copy(update={"resume": "latest"})
     if updates:
         config = config.model_copy(update=updates)
     trainer = RLTrainer(config, tasks=tasks)
@@ -1589,7 +1651,6 @@ __all__ = [
     "build_samples",
     "collate",
     "hf_generate",
-    "latest_checkpoint",
     "load_tasks",
     "policy_loss",
     "run_rl",

@@ -102,15 +102,16 @@ def oracle_conversations(
     tasks: Iterable[Task],
     *,
     compact: bool = False,
-    max_tool_chars: int = 200,
-    max_tools: int = 8,
+    max_tool_chars: int = 160,
+    max_tools: int = 6,
 ) -> list[tuple[Task, bool, list[dict[str, str]]]]:
     """Run the Harness on each task's reference plan; return (task, success, conversation).
 
     The conversation is exactly what a text-protocol model sees (system prompt with the tool
     protocol, `<tool_call>` turns, `<tool_response>` user turns). `compact` swaps the long
-    system prompt for one line naming (at most `max_tools` of) the tools and cuts tool responses
-    to `max_tool_chars` (short sequences for tiny models).
+    system prompt for one line naming (at most `max_tools` of) the tools, keeps only the
+    instruction in the first user turn and cuts tool responses to `max_tool_chars` (short
+    sequences for tiny models).
     """
     from qpa.envs.factory import make_env
     from qpa.harness.agent import HarnessPlanner
@@ -152,7 +153,8 @@ def oracle_conversations(
                 '<tool_call>{"name": ..., "arguments": {...}}</tool_call>; '
                 "end with <finish>answer</finish>."
             )
-            for message in conversation[1:]:
+            conversation[1]["content"] = task.instruction  # without the opening observation
+            for message in conversation[2:]:
                 if message["role"] == "user":
                     message["content"] = _shorten_results(message["content"], max_tool_chars)
         out.append((task, trajectory.success, conversation))

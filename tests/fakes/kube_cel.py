@@ -23,13 +23,21 @@ division truncates toward zero.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["CelError", "CelEvalError", "CelSyntaxError", "compile_rule", "evaluate", "uses_old_self"]
+__all__ = [
+    "CelError",
+    "CelEvalError",
+    "CelSyntaxError",
+    "compile_rule",
+    "evaluate",
+    "uses_old_self",
+]
 
 
 class CelError(Exception):
@@ -465,12 +473,8 @@ def _binary(op: str, left: Any, right: Any) -> Any:
             type(left) is type(right) and isinstance(left, str | bool)
         )
         if not comparable:
-            raise CelEvalError(
-                f"no such overload: {_type_name(left)} {op} {_type_name(right)}"
-            )
-        return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right}[
-            op
-        ]
+            raise CelEvalError(f"no such overload: {_type_name(left)} {op} {_type_name(right)}")
+        return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right}[op]
     if op == "+":
         if _is_number(left) and _is_number(right):
             return left + right
@@ -602,7 +606,7 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "lowerAscii": _string_method("lowerAscii", str.lower),
     "upperAscii": _string_method("upperAscii", str.upper),
     "trim": _string_method("trim", str.strip),
-    "isSorted": _list_method("isSorted", lambda v: all(a <= b for a, b in zip(v, v[1:]))),
+    "isSorted": _list_method("isSorted", lambda v: all(a <= b for a, b in itertools.pairwise(v))),
     "sum": _list_method("sum", lambda v: sum(v)),
     "min": _list_method("min", lambda v: _extreme(v, min)),
     "max": _list_method("max", lambda v: _extreme(v, max)),

@@ -132,7 +132,13 @@ class CustomResourceSchema:
         return unknown
 
     def _prune(
-        self, value: Any, schema: Mapping[str, Any], path: list[Any], unknown: list[str], *, root: bool
+        self,
+        value: Any,
+        schema: Mapping[str, Any],
+        path: list[Any],
+        unknown: list[str],
+        *,
+        root: bool,
     ) -> None:
         if isinstance(value, dict):
             props = schema.get("properties")
@@ -183,10 +189,15 @@ class CustomResourceSchema:
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> list[FieldError]:
+    def validate(
+        self, obj: Mapping[str, Any], old: Mapping[str, Any] | None = None
+    ) -> list[FieldError]:
         """Field errors of `obj` (after pruning and defaulting); `old` enables oldSelf rules."""
-        errors = [self._field_error(error) for error in self._validator.iter_errors(obj)]
-        errors = [error for group in errors for error in group]
+        errors = [
+            field_error
+            for error in self._validator.iter_errors(obj)
+            for field_error in self._field_error(error)
+        ]
         errors += list(self._list_types(obj, self.schema, []))
         if not errors:
             errors += list(self._cel(obj, self.schema, [], old, old is not None))
@@ -208,8 +219,8 @@ class CustomResourceSchema:
                 for name in missing
             ]
         if keyword == "type":
-            wanted = limit if isinstance(limit, str) else " or ".join(
-                t for t in limit if t != "null"
+            wanted = (
+                limit if isinstance(limit, str) else " or ".join(t for t in limit if t != "null")
             )
             return [
                 FieldError(
@@ -230,7 +241,9 @@ class CustomResourceSchema:
             ]
         schema = error.schema if isinstance(error.schema, Mapping) else {}
         if keyword == "minimum":
-            relation = "greater than" if schema.get("exclusiveMinimum") else "greater than or equal to"
+            relation = (
+                "greater than" if schema.get("exclusiveMinimum") else "greater than or equal to"
+            )
             return [self._invalid(path, value, f"should be {relation} {_num(limit)}")]
         if keyword == "maximum":
             relation = "less than" if schema.get("exclusiveMaximum") else "less than or equal to"
@@ -240,13 +253,19 @@ class CustomResourceSchema:
         if keyword == "minLength":
             return [self._invalid(path, value, f"should be at least {limit} chars long")]
         if keyword == "maxLength":
-            return [FieldError(path, "FieldValueTooLong", f"Too long: may not be more than {limit} bytes")]
+            return [
+                FieldError(
+                    path, "FieldValueTooLong", f"Too long: may not be more than {limit} bytes"
+                )
+            ]
         if keyword == "minItems":
             return [self._invalid(path, len(value), f"should have at least {limit} items")]
         if keyword == "maxItems":
             return [
                 FieldError(
-                    path, "FieldValueTooMany", f"Too many: {len(value)}: must have at most {limit} items"
+                    path,
+                    "FieldValueTooMany",
+                    f"Too many: {len(value)}: must have at most {limit} items",
                 )
             ]
         if keyword == "format":
@@ -258,15 +277,23 @@ class CustomResourceSchema:
                     f"{go_value(value)}",
                 )
             ]
-        return [FieldError(path, "FieldValueInvalid", f"Invalid value: {go_value(value)}: {error.message}")]
+        return [
+            FieldError(
+                path, "FieldValueInvalid", f"Invalid value: {go_value(value)}: {error.message}"
+            )
+        ]
 
     @staticmethod
     def _invalid(path: str, value: Any, relation: str) -> FieldError:
         return FieldError(
-            path, "FieldValueInvalid", f"Invalid value: {go_value(value)}: {path} in body {relation}"
+            path,
+            "FieldValueInvalid",
+            f"Invalid value: {go_value(value)}: {path} in body {relation}",
         )
 
-    def _list_types(self, value: Any, schema: Mapping[str, Any], path: list[Any]) -> Iterator[FieldError]:
+    def _list_types(
+        self, value: Any, schema: Mapping[str, Any], path: list[Any]
+    ) -> Iterator[FieldError]:
         if isinstance(value, dict):
             props = schema.get("properties") or {}
             extra = schema.get("additionalProperties")
@@ -279,19 +306,21 @@ class CustomResourceSchema:
             seen: list[Any] = []
             for index, item in enumerate(value):
                 if list_type == "set":
-                    key: Any = item
+                    identity: Any = item
                 elif list_type == "map":
                     keys = schema.get("x-kubernetes-list-map-keys") or []
-                    key = {k: item.get(k) for k in keys} if isinstance(item, dict) else item
+                    identity = {k: item.get(k) for k in keys} if isinstance(item, dict) else item
                 else:
-                    key = None
+                    identity = None
                 if list_type in ("set", "map"):
-                    if key in seen:
-                        shown = go_value(item) if list_type == "set" else _go_map(key)
+                    if identity in seen:
+                        shown = go_value(item) if list_type == "set" else _go_map(identity)
                         yield FieldError(
-                            format_path([*path, index]), "FieldValueDuplicate", f"Duplicate value: {shown}"
+                            format_path([*path, index]),
+                            "FieldValueDuplicate",
+                            f"Duplicate value: {shown}",
                         )
-                    seen.append(key)
+                    seen.append(identity)
                 items = schema.get("items")
                 if isinstance(items, Mapping):
                     yield from self._list_types(item, items, [*path, index])
@@ -363,7 +392,7 @@ def _map_key(schema: Mapping[str, Any], item: Any) -> Any:
 
 
 def _correlate(schema: Mapping[str, Any], old: Any) -> dict[Any, Any] | None:
-    """Old items by key, for transition rules inside list-type map/set lists (as the server does)."""
+    """Old items by key, for transition rules inside list-type map/set lists (as servers do)."""
     if not isinstance(old, list) or schema.get("x-kubernetes-list-type") not in ("map", "set"):
         return None
     return {_map_key(schema, item): item for item in old}

@@ -27,6 +27,7 @@ Register with `pytest_plugins = ["fakes.seaweed"]` in tests/conftest.py.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -241,7 +242,10 @@ class SeaweedS3:
             if not self.running:
                 raise RuntimeError(f"weed mini exited at start:\n{self.log_tail()}")
             try:
+                # Ready means writable: after a crash, reads answer before the volume server
+                # has re-registered, and writes would stall until it has.
                 if client.bucket_exists(self.bucket):
+                    client.put_object(self.bucket, ".ready", io.BytesIO(b"1"), 1)
                     return
             except Exception as exc:  # not up yet
                 last = exc

@@ -152,19 +152,6 @@ def test_missing_or_broken_checkpoint(tmp_path: Path) -> None:
     assert info.value.cause is not None and str(empty) in str(info.value)
 
 
-def test_gpu_when_there_is_one(checkpoint: Path) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU here")
-    backend = LocalBackend(checkpoint, device="cuda", max_new_tokens=16)
-    completion = backend.complete(MESSAGES, TOOLS)
-    assert completion.usage.completion_tokens > 0
-    assert next(backend._model.parameters()).device.type == "cuda"
-    cpu = LocalBackend(checkpoint, device="cpu", max_new_tokens=16).complete(MESSAGES, TOOLS)
-    assert completion.usage.prompt_tokens == cpu.usage.prompt_tokens
-    assert isinstance(parse_completion(completion, TOOLS), ParseFailure)
-
-
 def test_importing_the_harness_never_imports_torch(tmp_path: Path) -> None:
     code = (
         "import sys\n"

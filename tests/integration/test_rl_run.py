@@ -92,7 +92,7 @@ def make_config(checkpoint: Path, out: Path, **overrides: Any) -> RLConfig:
         "output_dir": str(out),
         "steps": 2,
         "tasks_per_step": 2,
-        "samples_per_task": 3,
+        "samples_per_task": 2,
         "seed": 1,
         "harness": {"token_budget": 100, "max_tools": 1, "max_turns": 2},
         "generation": {"max_new_tokens": 8},
@@ -143,7 +143,7 @@ def test_rl_steps_train_and_log(
     assert moved(start, trainer.model) > 0  # the policy was updated
 
     for result in results:
-        assert len(result.episodes) == 2 * 3
+        assert len(result.episodes) == 2 * 2
         for episode in result.episodes:
             assert episode.turns, "every episode asks the model at least once"
             assert episode.trajectory.totals.completion_tokens == sum(
@@ -170,7 +170,8 @@ def test_rl_steps_train_and_log(
         }
         assert record["output_tokens"] > 0
     assert trainer.metrics.value("qpa_train_step") == 2
-    assert (tmp_path / "checkpoints" / "step-000002" / "model" / "config.json").exists()
+    assert (tmp_path / "checkpoint-2" / "model" / "config.json").exists()
+    assert (tmp_path / "checkpoint-2" / "qpa_checkpoint.json").exists()  # hashed: complete
 
 
 # --------------------------------------------------------------------------- masking
@@ -246,9 +247,8 @@ def test_deepspeed_zero_world_size_one(
     config = make_config(
         checkpoint,
         tmp_path,
-        steps=2,
-        samples_per_task=2,
         deepspeed={"enabled": True, "zero_stage": stage},
+        loss={"beta": 0.05},  # with a reference model (under ZeRO-3: an inference engine)
     )
     trainer = RLTrainer(config, tasks=tasks, environment=scored)
     assert trainer.engine is not None
@@ -261,7 +261,8 @@ def test_deepspeed_zero_world_size_one(
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert all(math.isfinite(r["loss"]) and r["micro_batches"] >= 1 for r in records)
-    saved = tmp_path / "checkpoints" / "step-000002"
+    assert records[-1]["kl"] > 0  # the policy moved away from the reference
+    saved = tmp_path / "checkpoint-2"
     assert (saved / "deepspeed").is_dir()
     from transformers import AutoModelForCausalLM
 
@@ -277,7 +278,7 @@ def test_deepspeed_zero_world_size_one(
 def test_resume_reaches_the_same_final_step(
     checkpoint: Path, tasks: list[Task], tmp_path: Path
 ) -> None:
-    config = make_config(checkpoint, tmp_path, steps=3, samples_per_task=2)
+    config = make_config(checkpoint, tmp_path, steps=3)
     first = RLTrainer(config, tasks=tasks, environment=scored)
     first.train_step()
     first.train_step()  # "killed" after step 2 (checkpoints every step)
@@ -291,8 +292,9 @@ def test_resume_reaches_the_same_final_step(
     result = second.train()
     assert result.final_step == 3 and result.resumed_from == 2
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
-    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert kept == ["step-000002", "step-000003"]  # keep_last=2
+    kept = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert kept == ["checkpoint-2", "checkpoint-3"]  # keep_last=2
+    assert result.final_dir is not None and (result.final_dir / "config.json").exists()
 
     again = run_rl(resumed_config, tasks=tasks, resume=True)  # nothing left to do
     assert again.final_step == 3 and again.resumed_from == 3
@@ -336,7 +338,7 @@ def serving(counts: Counter[str]) -> Iterator[str]:
 def test_rollouts_through_an_env_server(checkpoint: Path, tasks: list[Task], tmp_path: Path) -> None:
     counts: Counter[str] = Counter()
     with serving(counts) as url:
-        config = make_config(checkpoint, tmp_path, steps=1, samples_per_task=2)
+        config = make_config(checkpoint, tmp_path, steps=1)
         result = run_rl(config, env_urls=[url], tasks=tasks)
     assert result.final_step == 1
     assert counts["/reset"] == 2 * 2  # one server session per episode

@@ -201,6 +201,13 @@ class App:
                 return record
         raise fail(f"{what or collection.rstrip('s')} '{record_id}' not found")
 
+    def first(self, collection: str, **equal: Any) -> dict[str, Any] | None:
+        """The first record whose fields equal the given values, or None."""
+        for record in self.records(collection):
+            if all(record.get(k) == v for k, v in equal.items()):
+                return record
+        return None
+
     def select(self, collection: str, **equal: Any) -> list[dict[str, Any]]:
         """The records whose fields equal the given values; a None value does not filter
         (optional filter arguments of list tools pass straight through)."""

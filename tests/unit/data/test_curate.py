@@ -1,4 +1,4 @@
-"""Curation: validity, failures kept with their diagnosis, turn flags, attribution, de-duplication."""
+"""Curation: validity, failures kept with their diagnosis, turn flags, attribution, dedupe."""
 
 from __future__ import annotations
 
@@ -23,19 +23,20 @@ from qpa.data.curate import (
     CurateConfig,
     curate,
     dedupe,
+    diagnosis_of,
     load_trajectories,
     minhash,
     shingles,
     similarity,
     write_curated,
 )
-from qpa.data.review import DataError, load_queue, open_batch
+from qpa.data.review import DataError, jsonl_bytes, load_queue, open_batch
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.harness.noisy import NoisyPlanner
 from qpa.harness.planners import OraclePlanner
 from qpa.harness.runner import run_episode
-from qpa.store.manifest import read_manifest
+from qpa.store.manifest import DatasetManifest, ManifestFile, read_manifest, write_manifest
 
 SUITE = generate_suite()
 TRAIN = [t for t in SUITE if t.split == "train"]
@@ -61,7 +62,9 @@ def batch() -> list[Trajectory]:
     return out
 
 
-def test_successes_and_failures_are_split_and_failures_keep_their_diagnosis(batch) -> None:
+def test_successes_and_failures_are_split_and_failures_keep_their_diagnosis(
+    batch: list[Trajectory],
+) -> None:
     result = curate(batch)
     assert result.successes and result.failures and not result.rejected
     assert all(t.success for t in result.successes)
@@ -70,12 +73,14 @@ def test_successes_and_failures_are_split_and_failures_keep_their_diagnosis(batc
         diagnosis = t.metadata["diagnosis"]
         assert diagnosis["side"] in ("model", "harness", "environment") and diagnosis["cause"]
         assert t.metadata["curation"]["sft_eligible"] is False
+        diagnosed = diagnosis_of(t)
+        assert diagnosed is not None and diagnosed.trajectory_id == t.id
     # nothing is silently dropped: every input is kept, a duplicate, or rejected
     kept = len(result.successes) + len(result.failures)
     assert kept + len(result.duplicates) + len(result.rejected) == len(batch)
 
 
-def test_every_trajectory_carries_its_capability_attribution(batch) -> None:
+def test_every_trajectory_carries_its_capability_attribution(batch: list[Trajectory]) -> None:
     result = curate(batch)
     for t in [*result.successes, *result.failures]:
         caps = t.metadata["curation"]["capabilities"]
@@ -91,10 +96,13 @@ def test_every_trajectory_carries_its_capability_attribution(batch) -> None:
     assert "subagent" in delegating.metadata["curation"]["capabilities"]["exercised"]
 
 
-def test_identical_samples_are_deduplicated_deterministically(batch) -> None:
+def test_identical_samples_are_deduplicated_deterministically(batch: list[Trajectory]) -> None:
     result = curate(batch)
     assert len(result.duplicates) == 12  # the second oracle sample of each task
-    assert all(dropped.endswith("#1") and kept.endswith("#0") for dropped, kept in result.duplicates.items())
+    assert all(
+        dropped.endswith("#1") and kept.endswith("#0")
+        for dropped, kept in result.duplicates.items()
+    )
     shuffled = list(batch)
     random.Random(7).shuffle(shuffled)
     again = curate(shuffled)
@@ -142,8 +150,10 @@ def test_erroneous_turns_are_flagged_for_masking() -> None:
 
 def test_the_diagnosed_mistake_of_a_model_side_failure_is_masked() -> None:
     failures = [
-        t for t in curate([faulty(t) for t in TRAIN[::90][:8]]).failures
-        if t.metadata["diagnosis"]["side"] == "model" and t.metadata["diagnosis"]["step"] is not None
+        t
+        for t in curate([faulty(t) for t in TRAIN[::90][:8]]).failures
+        if t.metadata["diagnosis"]["side"] == "model"
+        and t.metadata["diagnosis"]["step"] is not None
     ]
     assert failures
     for t in failures:
@@ -179,12 +189,18 @@ def test_environment_side_failures_never_enter_the_sft_set() -> None:
     assert result.failures[0].metadata["curation"]["environment_failure"].startswith("episode")
 
 
-def test_written_batch_has_sets_manifest_and_review_queue(batch, tmp_path: Path) -> None:
+def test_written_batch_has_sets_manifest_and_review_queue(
+    batch: list[Trajectory], tmp_path: Path
+) -> None:
     store = open_batch(tmp_path / "curated")
     result = curate(batch)
     manifest = write_curated(store, result, inputs=[str(tmp_path / "in.jsonl")])
     assert manifest.kind == "curated" and manifest.counts["successes"] == len(result.successes)
-    assert {f.key for f in manifest.files} >= {"successes.jsonl", "failures.jsonl", "rejected.jsonl"}
+    assert {f.key for f in manifest.files} >= {
+        "successes.jsonl",
+        "failures.jsonl",
+        "rejected.jsonl",
+    }
     assert read_manifest(store).lineage.generator == "qpa.data.curate"
     queue = load_queue(store)
     kept = len(result.successes) + len(result.failures)
@@ -194,7 +210,7 @@ def test_written_batch_has_sets_manifest_and_review_queue(batch, tmp_path: Path)
     assert len(again) == manifest.counts["successes"] + manifest.counts["failures"]
 
 
-def test_corrupt_lines_and_missing_files_are_named(batch, tmp_path: Path) -> None:
+def test_corrupt_lines_and_missing_files_are_named(batch: list[Trajectory], tmp_path: Path) -> None:
     path = tmp_path / "trajs.jsonl"
     write_trajectories(path, batch[:3])
     with open(path, "a", encoding="utf-8") as stream:
@@ -202,14 +218,14 @@ def test_corrupt_lines_and_missing_files_are_named(batch, tmp_path: Path) -> Non
     with pytest.raises(CorruptLineError) as error:
         load_trajectories([str(path)])
     assert error.value.line_no == 4 and str(path) in str(error.value)
-    with pytest.raises(DataError, match="nope.jsonl: missing"):
+    with pytest.raises(DataError, match=r"nope\.jsonl: missing"):
         load_trajectories([str(tmp_path / "nope.jsonl")])
     result = CliRunner().invoke(app, ["data", "curate", str(path), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
-    assert "trajs.jsonl:4" in " ".join(result.output.split())
+    assert "trajs.jsonl:4" in "".join(result.output.split())
 
 
-def test_cli_curate_writes_the_batch(batch, tmp_path: Path) -> None:
+def test_cli_curate_writes_the_batch(batch: list[Trajectory], tmp_path: Path) -> None:
     path = tmp_path / "trajs.jsonl"
     write_trajectories(path, batch)
     out = tmp_path / "curated"
@@ -219,3 +235,18 @@ def test_cli_curate_writes_the_batch(batch, tmp_path: Path) -> None:
     expected = curate(batch).summary()
     assert summary == expected and summary["duplicates"] == 12
     assert (out / "failures.jsonl").read_text().count("\n") == summary["failures"]
+
+
+def test_a_collected_batch_is_read_through_its_manifest(
+    batch: list[Trajectory], tmp_path: Path
+) -> None:
+    store = open_batch(tmp_path / "collected")
+    first = store.put_bytes("parts/part-0.jsonl", jsonl_bytes(batch[:5])[0])
+    second = store.put_bytes("parts/part-1.jsonl", jsonl_bytes(batch[5:9])[0])
+    manifest = DatasetManifest(
+        name="c", kind="trajectories", files=[ManifestFile.of(first, 5), ManifestFile.of(second, 4)]
+    )
+    write_manifest(store, "", manifest)
+    assert [t.id for t in load_trajectories([store.root_uri])] == [t.id for t in batch[:9]]
+    store.delete("manifest.json")  # without a manifest: the parts
+    assert len(load_trajectories([str(tmp_path / "collected")])) == 9

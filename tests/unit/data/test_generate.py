@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fakes.openai_server import ChatRequest, FakeOpenAI
 from typer.testing import CliRunner
 
 import qpa.cli.data_stages  # noqa: F401  (registers the stages on `qpa data`)
@@ -154,11 +155,13 @@ def test_rewrites_must_keep_what_the_plan_depends_on() -> None:
     assert parse_variants("no json here") == []
 
 
-def test_openai_planner_keeps_only_executable_faithful_variants(openai_server) -> None:
+def test_openai_planner_keeps_only_executable_faithful_variants(openai_server: FakeOpenAI) -> None:
     lossy = "Message my contact about the thing"
     test_instruction = next(t.instruction for t in SUITE if t.split == "test")
 
-    def writer(request):  # a model that rewrites the instruction it is given three ways
+    def writer(
+        request: ChatRequest,
+    ) -> dict[str, list[str]]:  # a model that rewrites the instruction it is given three ways
         instruction = request.last_user.split("\n\n")[0]
         name, note = instruction[5:].split(":")[0], instruction.split('"')[1]
         good = f'Could you message {name} for me: "{note}"'
@@ -169,14 +172,14 @@ def test_openai_planner_keeps_only_executable_faithful_variants(openai_server) -
     plan = plan_generation(CoverageTarget(), count=1)
     plan.picks[0].template = "text_contact_by_name"
     result = generate_tasks(plan, seed=9, rewriter=LLMRewriter(backend, variants=1))
-    assert len(result.tasks) == 1
+    assert len(result.tasks) == 1, (result.dropped, openai_server.handler_errors)
     kept = result.tasks[0]
     assert kept.instruction.startswith("Could you message") and kept.source == "llm"
     assert kept.lineage["model"] == "writer" and kept.lineage["original_instruction"]
     assert kept.id.endswith(".v2") and kept.split == "train"
     reasons = " | ".join(d["reason"] for d in result.dropped)
     assert "drops required text" in reasons and "canonical test" in reasons
-    request = openai_server.chat_requests()[0]
+    request = openai_server.chat_requests[0]
     assert "Keep exactly" in request.last_user and "tools" not in request.body
     assert executable(kept) is None
 
@@ -203,8 +206,18 @@ def test_written_batch_and_cli(tmp_path: Path) -> None:
     # a second round passing the first as existing never repeats a task
     again = runner.invoke(
         app,
-        ["data", "generate", "--out", str(tmp_path / "gen2"), "--count", "8", "--seed", "4",
-         "--existing", str(out / "tasks.jsonl")],
+        [
+            "data",
+            "generate",
+            "--out",
+            str(tmp_path / "gen2"),
+            "--count",
+            "8",
+            "--seed",
+            "4",
+            "--existing",
+            str(out / "tasks.jsonl"),
+        ],
     )
     assert again.exit_code == 0, again.output
     second = list(read_tasks(tmp_path / "gen2" / "tasks.jsonl"))
@@ -214,18 +227,24 @@ def test_written_batch_and_cli(tmp_path: Path) -> None:
 
 def test_cli_names_bad_inputs(tmp_path: Path) -> None:
     missing = runner.invoke(
-        app, ["data", "generate", "--out", str(tmp_path / "g"), "--report", str(tmp_path / "r.json")]
+        app,
+        ["data", "generate", "--out", str(tmp_path / "g"), "--report", str(tmp_path / "r.json")],
     )
-    assert missing.exit_code == 2 and "r.json: missing" in " ".join(missing.output.split())
+    assert missing.exit_code == 2 and "r.json:missing" in "".join(missing.output.split())
     bad = tmp_path / "tasks.jsonl"
     bad.write_text('{"id": "x"}\n')
     corrupt = runner.invoke(
         app, ["data", "generate", "--out", str(tmp_path / "g"), "--existing", str(bad)]
     )
-    assert corrupt.exit_code == 2 and "tasks.jsonl:1" in " ".join(corrupt.output.split())
-    no_url = runner.invoke(app, ["data", "generate", "--out", str(tmp_path / "g"), "--planner", "openai"])
+    assert corrupt.exit_code == 2 and "tasks.jsonl:1" in "".join(corrupt.output.split())
+    no_url = runner.invoke(
+        app, ["data", "generate", "--out", str(tmp_path / "g"), "--planner", "openai"]
+    )
     assert no_url.exit_code == 2 and "--model-url" in no_url.output
     store = open_batch(tmp_path / "g2")
-    write_generated(store, generate_tasks(plan_generation(CoverageTarget(), count=2), seed=3),
-                    target=CoverageTarget())
+    write_generated(
+        store,
+        generate_tasks(plan_generation(CoverageTarget(), count=2), seed=3),
+        target=CoverageTarget(),
+    )
     assert read_manifest(store).counts["generated"] == 2

@@ -154,7 +154,9 @@ def test_recorded_memory_is_replayed_as_the_model_saw_it() -> None:
     task = task_of("text_partner_from_memory")
     trajectory = harness_run(task, TextModel(task))
     recorded = trajectory.steps[0].annotations["memory_retrieved"]
-    assert recorded and all(line in render_trajectory(trajectory)[0]["content"] for line in recorded)
+    assert recorded and all(
+        line in render_trajectory(trajectory)[0]["content"] for line in recorded
+    )
     trajectory.steps[0].annotations["memory_retrieved"] = ["partner_name=Robin Example (stated)"]
     system = str(render_trajectory(trajectory)[0]["content"])
     assert "partner_name=Robin Example (stated)" in system

@@ -13,8 +13,9 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
+from sandbox_steps import call, ok, open_env, record
 
-from qpa.contract import Action, Feedback, MemoryItem, Task, ToolCall
+from qpa.contract import Action, MemoryItem, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.apps.calendar import calendar_record, event_record
 from qpa.envs.sandbox.apps.clock import alarm_record, world_clock_record
@@ -193,25 +194,7 @@ def _task(world: dict[str, Any] | None = None) -> Task:
 
 @pytest.fixture
 def env() -> SandboxEnv:
-    sandbox = SandboxEnv()
-    assert sandbox.reset(_task()).status == "ok"
-    return sandbox
-
-
-def call(env: SandboxEnv, tool: str, **arguments: Any) -> Feedback:
-    return env.step(ToolCall(tool=tool, arguments=arguments))
-
-
-def ok(env: SandboxEnv, tool: str, **arguments: Any) -> Any:
-    feedback = call(env, tool, **arguments)
-    assert feedback.status == "ok", f"{tool}: {feedback.message}"
-    return feedback.observation
-
-
-def record(env: SandboxEnv, target: str, record_id: str) -> dict[str, Any]:
-    app, collection = target.split(".")
-    rows = env.state()[app][collection]
-    return next(r for r in rows if r["id"] == record_id)
+    return open_env(_task())
 
 
 # --------------------------------------------------------------------------- registry

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sandbox_steps import fails, ok, open_env
 
 from qpa.contract import SPLITS, Check, Finish, MemoryItem, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv
@@ -61,22 +62,7 @@ def _open(apps: list[str], world: dict[str, Any]) -> SandboxEnv:
         apps=apps,
         world=world,
     )
-    env = SandboxEnv()
-    assert env.reset(task).status == "ok"
-    return env
-
-
-def _call(env: SandboxEnv, tool: str, **arguments: Any) -> Any:
-    feedback = env.step(ToolCall(tool=tool, arguments=arguments))
-    assert feedback.status == "ok", f"{tool}: {feedback.error}: {feedback.message}"
-    return feedback.observation
-
-
-def _fails(env: SandboxEnv, tool: str, kind: str, text: str, **arguments: Any) -> None:
-    feedback = env.step(ToolCall(tool=tool, arguments=arguments))
-    assert feedback.status == "error", f"{tool} unexpectedly succeeded"
-    assert feedback.error == kind, feedback.message
-    assert text in feedback.message, feedback.message
+    return open_env(task)
 
 
 # --------------------------------------------------------------------------- registry
@@ -154,23 +140,23 @@ def _email_world() -> dict[str, Any]:
 
 def test_email_reading_and_pagination() -> None:
     env = _open(["email"], {"email": _email_world()})
-    accounts = _call(env, "email_list_accounts")
+    accounts = ok(env, "email_list_accounts")
     assert {a["address"]: a["unread"] for a in accounts}[WORK] == 1
-    page = _call(env, "email_list", limit=1, offset=1)
+    page = ok(env, "email_list", limit=1, offset=1)
     assert [m["id"] for m in page] == ["em_2"]
-    assert _call(env, "email_list", account=WORK)[0]["attachment_count"] == 0
-    assert [m["id"] for m in _call(env, "email_search", has_attachment=True)] == ["em_1"]
-    assert _call(env, "email_search", query="invoice", after="2026-02-21") == []
-    full = _call(env, "email_get", message_id="em_3")
+    assert ok(env, "email_list", account=WORK)[0]["attachment_count"] == 0
+    assert [m["id"] for m in ok(env, "email_search", has_attachment=True)] == ["em_1"]
+    assert ok(env, "email_search", query="invoice", after="2026-02-21") == []
+    full = ok(env, "email_get", message_id="em_3")
     assert full["read"] is True and full["body"] == "Numbers inside."
-    assert len(_call(env, "email_get_thread", thread_id="th_em_3")) == 1
-    _fails(env, "email_get_thread", "precondition_failed", "not found", thread_id="th_nope")
-    _fails(env, "email_list", "precondition_failed", "unknown account", account="x@y.com")
+    assert len(ok(env, "email_get_thread", thread_id="th_em_3")) == 1
+    fails(env, "email_get_thread", "precondition_failed", "not found", thread_id="th_nope")
+    fails(env, "email_list", "precondition_failed", "unknown account", account="x@y.com")
 
 
 def test_email_forward_attachment_rules() -> None:
     env = _open(["email"], {"email": _email_world()})
-    _fails(
+    fails(
         env,
         "email_forward",
         "precondition_failed",
@@ -179,7 +165,7 @@ def test_email_forward_attachment_rules() -> None:
         to=["t@x.com"],
         attachment_ids=["att_pdf", "att_zip"],
     )
-    _fails(
+    fails(
         env,
         "email_forward",
         "precondition_failed",
@@ -188,13 +174,11 @@ def test_email_forward_attachment_rules() -> None:
         to=["t@x.com"],
         attachment_ids=["att_other"],
     )
-    sent = _call(
-        env, "email_forward", message_id="em_1", to=["t@x.com"], attachment_ids=["att_pdf"]
-    )
+    sent = ok(env, "email_forward", message_id="em_1", to=["t@x.com"], attachment_ids=["att_pdf"])
     assert sent["subject"].startswith("Fwd:") and [a["id"] for a in sent["attachments"]] == [
         "att_pdf"
     ]
-    _fails(
+    fails(
         env,
         "email_send",
         "invalid_arguments",
@@ -207,7 +191,7 @@ def test_email_forward_attachment_rules() -> None:
 
 def test_email_labels_filters_and_housekeeping() -> None:
     env = _open(["email"], {"email": _email_world()})
-    _fails(
+    fails(
         env,
         "email_apply_label",
         "precondition_failed",
@@ -215,17 +199,17 @@ def test_email_labels_filters_and_housekeeping() -> None:
         message_ids=["em_1"],
         label="Finance",
     )
-    _fails(env, "email_create_label", "precondition_failed", "parent label", name="Finance/2026")
-    _call(env, "email_create_label", name="Finance", color="green")
-    _call(env, "email_create_label", name="Finance/2026")
-    _fails(env, "email_create_label", "precondition_failed", "already exists", name="Finance")
-    _call(env, "email_apply_label", message_ids=["em_1", "em_2"], label="Finance/2026")
-    _call(env, "email_remove_label", message_ids=["em_2"], label="Finance/2026")
-    labels = {lb["name"]: lb["messages"] for lb in _call(env, "email_list_labels")}
+    fails(env, "email_create_label", "precondition_failed", "parent label", name="Finance/2026")
+    ok(env, "email_create_label", name="Finance", color="green")
+    ok(env, "email_create_label", name="Finance/2026")
+    fails(env, "email_create_label", "precondition_failed", "already exists", name="Finance")
+    ok(env, "email_apply_label", message_ids=["em_1", "em_2"], label="Finance/2026")
+    ok(env, "email_remove_label", message_ids=["em_2"], label="Finance/2026")
+    labels = {lb["name"]: lb["messages"] for lb in ok(env, "email_list_labels")}
     assert labels == {"Finance": 0, "Finance/2026": 1}
-    assert [m["id"] for m in _call(env, "email_list", label="Finance/2026")] == ["em_1"]
-    _fails(env, "email_create_filter", "invalid_arguments", "from_contains", action="archive")
-    _fails(
+    assert [m["id"] for m in ok(env, "email_list", label="Finance/2026")] == ["em_1"]
+    fails(env, "email_create_filter", "invalid_arguments", "from_contains", action="archive")
+    fails(
         env,
         "email_create_filter",
         "precondition_failed",
@@ -234,29 +218,27 @@ def test_email_labels_filters_and_housekeeping() -> None:
         action="label",
         label="Bills",
     )
-    rule = _call(
-        env, "email_create_filter", from_contains="acme.com", action="label", label="Finance"
-    )
-    assert [f["id"] for f in _call(env, "email_list_filters")] == [rule["id"]]
-    _call(env, "email_delete_filter", filter_id=rule["id"])
-    assert _call(env, "email_list_filters") == []
-    _call(env, "email_mark", message_ids=["em_2"], starred=True, read=True)
-    _fails(env, "email_mark", "invalid_arguments", "nothing to change", message_ids=["em_2"])
-    _call(env, "email_move", message_ids=["em_2"], folder="archive")
-    _call(env, "email_delete", message_ids=["em_3"])
-    _call(env, "email_delete", message_ids=["em_3"])  # second time: gone for good
+    rule = ok(env, "email_create_filter", from_contains="acme.com", action="label", label="Finance")
+    assert [f["id"] for f in ok(env, "email_list_filters")] == [rule["id"]]
+    ok(env, "email_delete_filter", filter_id=rule["id"])
+    assert ok(env, "email_list_filters") == []
+    ok(env, "email_mark", message_ids=["em_2"], starred=True, read=True)
+    fails(env, "email_mark", "invalid_arguments", "nothing to change", message_ids=["em_2"])
+    ok(env, "email_move", message_ids=["em_2"], folder="archive")
+    ok(env, "email_delete", message_ids=["em_3"])
+    ok(env, "email_delete", message_ids=["em_3"])  # second time: gone for good
     state = env.state()["email"]
     assert {m["id"]: m["folder"] for m in state["messages"]} == {"em_1": "inbox", "em_2": "archive"}
 
 
 def test_email_drafts_schedule_auto_reply_block_unsubscribe() -> None:
     env = _open(["email"], {"email": _email_world()})
-    draft = _call(env, "email_create_draft", subject="Plan")
-    _fails(env, "email_send_draft", "precondition_failed", "no recipients", draft_id=draft["id"])
-    draft2 = _call(env, "email_create_draft", to=["sam@x.com"], subject="Hi", body="Hello")
-    assert _call(env, "email_send_draft", draft_id=draft2["id"])["folder"] == "sent"
-    _fails(env, "email_send_draft", "precondition_failed", "not a draft", draft_id=draft2["id"])
-    _fails(
+    draft = ok(env, "email_create_draft", subject="Plan")
+    fails(env, "email_send_draft", "precondition_failed", "no recipients", draft_id=draft["id"])
+    draft2 = ok(env, "email_create_draft", to=["sam@x.com"], subject="Hi", body="Hello")
+    assert ok(env, "email_send_draft", draft_id=draft2["id"])["folder"] == "sent"
+    fails(env, "email_send_draft", "precondition_failed", "not a draft", draft_id=draft2["id"])
+    fails(
         env,
         "email_schedule_send",
         "precondition_failed",
@@ -266,7 +248,7 @@ def test_email_drafts_schedule_auto_reply_block_unsubscribe() -> None:
         body="b",
         send_at="2026-03-01T08:00",
     )
-    later = _call(
+    later = ok(
         env,
         "email_schedule_send",
         to=["sam@x.com"],
@@ -275,7 +257,7 @@ def test_email_drafts_schedule_auto_reply_block_unsubscribe() -> None:
         send_at="2026-03-03T08:00",
     )
     assert later["folder"] == "scheduled" and later["scheduled_for"] == "2026-03-03T08:00"
-    _fails(
+    fails(
         env,
         "email_set_auto_reply",
         "precondition_failed",
@@ -285,7 +267,7 @@ def test_email_drafts_schedule_auto_reply_block_unsubscribe() -> None:
         end="2026-03-05",
         message="away",
     )
-    _call(
+    ok(
         env,
         "email_set_auto_reply",
         account=WORK,
@@ -293,7 +275,7 @@ def test_email_drafts_schedule_auto_reply_block_unsubscribe() -> None:
         end="2026-03-10",
         message="away",
     )
-    _fails(
+    fails(
         env,
         "email_set_auto_reply",
         "precondition_failed",
@@ -303,14 +285,12 @@ def test_email_drafts_schedule_auto_reply_block_unsubscribe() -> None:
         end="2026-03-12",
         message="away",
     )
-    _call(env, "email_disable_auto_reply", account=WORK)
-    _fails(env, "email_disable_auto_reply", "precondition_failed", "no active", account=WORK)
-    _fails(
-        env, "email_unsubscribe", "precondition_failed", "no unsubscribe link", message_id="em_1"
-    )
-    assert _call(env, "email_unsubscribe", message_id="em_2")["sender"] == "news@deals.com"
-    assert _call(env, "email_block_sender", address="dana@corp.com")["moved_to_spam"] == 1
-    _fails(
+    ok(env, "email_disable_auto_reply", account=WORK)
+    fails(env, "email_disable_auto_reply", "precondition_failed", "no active", account=WORK)
+    fails(env, "email_unsubscribe", "precondition_failed", "no unsubscribe link", message_id="em_1")
+    assert ok(env, "email_unsubscribe", message_id="em_2")["sender"] == "news@deals.com"
+    assert ok(env, "email_block_sender", address="dana@corp.com")["moved_to_spam"] == 1
+    fails(
         env,
         "email_send",
         "precondition_failed",
@@ -319,7 +299,7 @@ def test_email_drafts_schedule_auto_reply_block_unsubscribe() -> None:
         subject="s",
         body="b",
     )
-    _fails(env, "email_reply", "precondition_failed", "draft", message_id=draft["id"], body="x")
+    fails(env, "email_reply", "precondition_failed", "draft", message_id=draft["id"], body="x")
 
 
 # --------------------------------------------------------------------------- music app
@@ -373,46 +353,47 @@ def _music_world(region: str = "US") -> tuple[dict[str, Any], dict[str, list[dic
 def test_music_region_capacity_and_playlists() -> None:
     world, by_artist = _music_world()
     env = _open(["music"], {"music": world})
-    blocked, ok = by_artist["Mara Quinn"][0], by_artist["Mara Quinn"][1]
-    assert _call(env, "music_get_account")["region"] == "US"
+    blocked, playable = by_artist["Mara Quinn"][0], by_artist["Mara Quinn"][1]
+    assert ok(env, "music_get_account")["region"] == "US"
     assert (
-        _call(env, "music_artist_top_tracks", artist="mara quinn", limit=1)[0]["id"]
-        == blocked["id"]
+        ok(env, "music_artist_top_tracks", artist="mara quinn", limit=1)[0]["id"] == blocked["id"]
     )
-    _fails(env, "music_artist_top_tracks", "precondition_failed", "no artist", artist="Nobody")
-    _fails(
+    fails(env, "music_artist_top_tracks", "precondition_failed", "no artist", artist="Nobody")
+    fails(
         env,
         "music_add_tracks",
         "precondition_failed",
         "not available in region",
         playlist_id="pl_1",
-        track_ids=[ok["id"], blocked["id"]],
+        track_ids=[playable["id"], blocked["id"]],
     )
-    _fails(
+    fails(
         env,
         "music_add_tracks",
         "precondition_failed",
         "playlist full",
         playlist_id="pl_full",
-        track_ids=[ok["id"]],
+        track_ids=[playable["id"]],
     )
-    added = _call(env, "music_add_tracks", playlist_id="pl_1", track_ids=[ok["id"], ok["id"]])
-    assert added["added"] == [ok["id"]] and added["skipped_duplicates"] == [ok["id"]]
-    assert _call(env, "music_get_track", track_id=ok["id"])["title"] == ok["title"]
-    detail = _call(env, "music_get_playlist", playlist_id="pl_1")
-    assert detail["track_count"] == 2 and detail["tracks"][1]["id"] == ok["id"]
-    _call(env, "music_remove_tracks", playlist_id="pl_1", track_ids=[ok["id"]])
-    _fails(
+    added = ok(
+        env, "music_add_tracks", playlist_id="pl_1", track_ids=[playable["id"], playable["id"]]
+    )
+    assert added["added"] == [playable["id"]] and added["skipped_duplicates"] == [playable["id"]]
+    assert ok(env, "music_get_track", track_id=playable["id"])["title"] == playable["title"]
+    detail = ok(env, "music_get_playlist", playlist_id="pl_1")
+    assert detail["track_count"] == 2 and detail["tracks"][1]["id"] == playable["id"]
+    ok(env, "music_remove_tracks", playlist_id="pl_1", track_ids=[playable["id"]])
+    fails(
         env,
         "music_remove_tracks",
         "precondition_failed",
         "not in playlist",
         playlist_id="pl_1",
-        track_ids=[ok["id"]],
+        track_ids=[playable["id"]],
     )
-    new = _call(env, "music_create_playlist", name="Focus", public=True)
-    _fails(env, "music_create_playlist", "precondition_failed", "already exists", name="focus")
-    _fails(
+    new = ok(env, "music_create_playlist", name="Focus", public=True)
+    fails(env, "music_create_playlist", "precondition_failed", "already exists", name="focus")
+    fails(
         env,
         "music_update_playlist",
         "precondition_failed",
@@ -420,7 +401,7 @@ def test_music_region_capacity_and_playlists() -> None:
         playlist_id=new["id"],
         collaborative=True,
     )
-    renamed = _call(
+    renamed = ok(
         env,
         "music_update_playlist",
         playlist_id=new["id"],
@@ -429,16 +410,16 @@ def test_music_region_capacity_and_playlists() -> None:
         collaborative=True,
     )
     assert renamed["name"] == "Deep Focus" and renamed["collaborative"] is True
-    _call(env, "music_delete_playlist", playlist_id=new["id"])
-    assert [p["id"] for p in _call(env, "music_list_playlists")] == ["pl_1", "pl_full"]
-    assert _call(env, "music_search", query=ok["title"])[0]["id"] == ok["id"]
+    ok(env, "music_delete_playlist", playlist_id=new["id"])
+    assert [p["id"] for p in ok(env, "music_list_playlists")] == ["pl_1", "pl_full"]
+    assert ok(env, "music_search", query=playable["title"])[0]["id"] == playable["id"]
 
 
 def test_music_devices_playback_and_library() -> None:
     world, by_artist = _music_world()
     env = _open(["music"], {"music": world})
     track = by_artist["Solenne"][0]
-    _fails(
+    fails(
         env,
         "music_play",
         "precondition_failed",
@@ -446,8 +427,8 @@ def test_music_devices_playback_and_library() -> None:
         context_id=track["id"],
         device_id="dev_k",
     )
-    _fails(env, "music_wake_device", "precondition_failed", "device offline", device_id="dev_off")
-    _fails(
+    fails(env, "music_wake_device", "precondition_failed", "device offline", device_id="dev_off")
+    fails(
         env,
         "music_set_volume",
         "precondition_failed",
@@ -455,28 +436,28 @@ def test_music_devices_playback_and_library() -> None:
         level=40,
         device_id="dev_off",
     )
-    _fails(env, "music_set_volume", "invalid_arguments", "level", level=150)
-    _fails(env, "music_pause", "precondition_failed", "nothing is playing")
-    _call(env, "music_wake_device", device_id="dev_k")
-    _fails(
+    fails(env, "music_set_volume", "invalid_arguments", "level", level=150)
+    fails(env, "music_pause", "precondition_failed", "nothing is playing")
+    ok(env, "music_wake_device", device_id="dev_k")
+    fails(
         env,
         "music_play",
         "precondition_failed",
         "not available in region",
         context_id=by_artist["Mara Quinn"][0]["id"],
     )
-    playing = _call(env, "music_play", context_id="pl_1", device_id="dev_k", shuffle=True)
+    playing = ok(env, "music_play", context_id="pl_1", device_id="dev_k", shuffle=True)
     assert playing["track"]["id"] == track["id"] and playing["device_id"] == "dev_k"
-    assert _call(env, "music_set_volume", level=65)["volume"] == 65
-    assert _call(env, "music_now_playing")["state"] == "playing"
-    assert _call(env, "music_pause")["state"] == "paused"
-    assert _call(env, "music_queue_add", track_id=track["id"])["position"] == 1
-    _call(env, "music_like_track", track_id=track["id"])
-    _fails(env, "music_like_track", "precondition_failed", "already liked", track_id=track["id"])
-    assert [t["id"] for t in _call(env, "music_list_liked")] == [track["id"]]
-    _call(env, "music_unlike_track", track_id=track["id"])
-    _fails(env, "music_unlike_track", "precondition_failed", "not in Liked", track_id=track["id"])
-    assert _call(env, "music_recently_played", limit=1)[0]["track_id"] == track["id"]
+    assert ok(env, "music_set_volume", level=65)["volume"] == 65
+    assert ok(env, "music_now_playing")["state"] == "playing"
+    assert ok(env, "music_pause")["state"] == "paused"
+    assert ok(env, "music_queue_add", track_id=track["id"])["position"] == 1
+    ok(env, "music_like_track", track_id=track["id"])
+    fails(env, "music_like_track", "precondition_failed", "already liked", track_id=track["id"])
+    assert [t["id"] for t in ok(env, "music_list_liked")] == [track["id"]]
+    ok(env, "music_unlike_track", track_id=track["id"])
+    fails(env, "music_unlike_track", "precondition_failed", "not in Liked", track_id=track["id"])
+    assert ok(env, "music_recently_played", limit=1)[0]["track_id"] == track["id"]
 
 
 # --------------------------------------------------------------------------- podcasts app
@@ -517,39 +498,39 @@ def _podcast_world() -> dict[str, Any]:
 
 def test_podcasts_subscribe_download_queue_play() -> None:
     env = _open(["podcasts"], {"podcasts": _podcast_world()})
-    assert [s["id"] for s in _call(env, "podcasts_search", query="orbit")] == ["sh_1"]
-    assert _call(env, "podcasts_search", query="e", category="sports")[0]["id"] == "sh_2"
-    assert [e["id"] for e in _call(env, "podcasts_list_episodes", show_id="sh_1", limit=2)] == [
+    assert [s["id"] for s in ok(env, "podcasts_search", query="orbit")] == ["sh_1"]
+    assert ok(env, "podcasts_search", query="e", category="sports")[0]["id"] == "sh_2"
+    assert [e["id"] for e in ok(env, "podcasts_list_episodes", show_id="sh_1", limit=2)] == [
         "ep_2",
         "ep_1",
     ]
-    _fails(
+    fails(
         env,
         "podcasts_download",
         "precondition_failed",
         "subscribe to the show first",
         episode_id="ep_2",
     )
-    _call(env, "podcasts_subscribe", show_id="sh_1")
-    _fails(env, "podcasts_subscribe", "precondition_failed", "already subscribed", show_id="sh_1")
-    assert [s["show_id"] for s in _call(env, "podcasts_list_subscriptions")] == ["sh_1"]
-    _call(env, "podcasts_download", episode_id="ep_2")
-    _fails(env, "podcasts_download", "precondition_failed", "storage full", episode_id="ep_1")
-    _call(env, "podcasts_remove_download", episode_id="ep_2")
-    _fails(
+    ok(env, "podcasts_subscribe", show_id="sh_1")
+    fails(env, "podcasts_subscribe", "precondition_failed", "already subscribed", show_id="sh_1")
+    assert [s["show_id"] for s in ok(env, "podcasts_list_subscriptions")] == ["sh_1"]
+    ok(env, "podcasts_download", episode_id="ep_2")
+    fails(env, "podcasts_download", "precondition_failed", "storage full", episode_id="ep_1")
+    ok(env, "podcasts_remove_download", episode_id="ep_2")
+    fails(
         env, "podcasts_remove_download", "precondition_failed", "not downloaded", episode_id="ep_2"
     )
-    _call(env, "podcasts_download", episode_id="ep_1")
-    assert [d["episode_id"] for d in _call(env, "podcasts_list_downloads")] == ["ep_1"]
-    _call(env, "podcasts_unsubscribe", show_id="sh_1")
-    assert _call(env, "podcasts_list_downloads") == []
-    _fails(env, "podcasts_unsubscribe", "precondition_failed", "not subscribed", show_id="sh_1")
-    _call(env, "podcasts_queue_add", episode_id="ep_0")
-    queue = _call(env, "podcasts_queue_add", episode_id="ep_3", position="next")
+    ok(env, "podcasts_download", episode_id="ep_1")
+    assert [d["episode_id"] for d in ok(env, "podcasts_list_downloads")] == ["ep_1"]
+    ok(env, "podcasts_unsubscribe", show_id="sh_1")
+    assert ok(env, "podcasts_list_downloads") == []
+    fails(env, "podcasts_unsubscribe", "precondition_failed", "not subscribed", show_id="sh_1")
+    ok(env, "podcasts_queue_add", episode_id="ep_0")
+    queue = ok(env, "podcasts_queue_add", episode_id="ep_3", position="next")
     assert [q["episode_id"] for q in queue] == ["ep_3", "ep_0"]
-    _fails(env, "podcasts_queue_add", "precondition_failed", "already queued", episode_id="ep_0")
-    _fails(env, "podcasts_set_playback", "precondition_failed", "nothing is playing", speed=1.5)
-    _fails(
+    fails(env, "podcasts_queue_add", "precondition_failed", "already queued", episode_id="ep_0")
+    fails(env, "podcasts_set_playback", "precondition_failed", "nothing is playing", speed=1.5)
+    fails(
         env,
         "podcasts_play",
         "precondition_failed",
@@ -557,14 +538,14 @@ def test_podcasts_subscribe_download_queue_play() -> None:
         episode_id="ep_3",
         start_at_s=5000,
     )
-    player = _call(env, "podcasts_play", episode_id="ep_3", start_at_s=600)
+    player = ok(env, "podcasts_play", episode_id="ep_3", start_at_s=600)
     assert player["position_s"] == 600
-    assert [q["episode_id"] for q in _call(env, "podcasts_get_queue")] == ["ep_0"]
-    _fails(env, "podcasts_set_playback", "invalid_arguments", "speed", speed=4.0)
-    assert _call(env, "podcasts_set_playback", speed=1.5, sleep_timer_min=30)["speed"] == 1.5
-    marked = _call(env, "podcasts_mark_played", episode_ids=["ep_3", "ep_4"])
+    assert [q["episode_id"] for q in ok(env, "podcasts_get_queue")] == ["ep_0"]
+    fails(env, "podcasts_set_playback", "invalid_arguments", "speed", speed=4.0)
+    assert ok(env, "podcasts_set_playback", speed=1.5, sleep_timer_min=30)["speed"] == 1.5
+    marked = ok(env, "podcasts_mark_played", episode_ids=["ep_3", "ep_4"])
     assert marked["changed"] == ["ep_3", "ep_4"]
-    assert _call(env, "podcasts_get_episode", episode_id="ep_3")["progress_s"] == 0
+    assert ok(env, "podcasts_get_episode", episode_id="ep_3")["progress_s"] == 0
 
 
 # --------------------------------------------------------------------------- home app
@@ -599,13 +580,13 @@ def test_home_lights_thermostat_plugs_cameras() -> None:
         }
     ]
     env = _open(["home"], {"home": b.state(camera_events=events)})
-    rooms = {r["name"]: r["devices"] for r in _call(env, "home_list_rooms")}
+    rooms = {r["name"]: r["devices"] for r in ok(env, "home_list_rooms")}
     assert rooms["Living Room"] == 2
-    assert len(_call(env, "home_list_devices", type="camera", online_only=True)) == 1
-    _fails(env, "home_list_devices", "precondition_failed", "unknown room", room="Attic")
-    result = _call(env, "home_set_room_lights", room="living room", on=True, brightness=40)
+    assert len(ok(env, "home_list_devices", type="camera", online_only=True)) == 1
+    fails(env, "home_list_devices", "precondition_failed", "unknown room", room="Attic")
+    result = ok(env, "home_set_room_lights", room="living room", on=True, brightness=40)
     assert result["changed"] == [d["lamp"]["id"]] and result["skipped_offline"] == [d["dead"]["id"]]
-    _fails(
+    fails(
         env,
         "home_set_light",
         "precondition_failed",
@@ -613,7 +594,7 @@ def test_home_lights_thermostat_plugs_cameras() -> None:
         device_id=d["dead"]["id"],
         on=False,
     )
-    _fails(
+    fails(
         env,
         "home_set_light",
         "invalid_arguments",
@@ -622,7 +603,7 @@ def test_home_lights_thermostat_plugs_cameras() -> None:
         on=True,
         brightness=0,
     )
-    _fails(
+    fails(
         env,
         "home_set_light",
         "precondition_failed",
@@ -631,15 +612,13 @@ def test_home_lights_thermostat_plugs_cameras() -> None:
         on=True,
     )
     assert (
-        _call(env, "home_set_light", device_id=d["lamp"]["id"], on=True, color="blue")["color"]
+        ok(env, "home_set_light", device_id=d["lamp"]["id"], on=True, color="blue")["color"]
         == "blue"
     )
     tid = d["thermo"]["id"]
-    _fails(
-        env, "home_set_thermostat", "precondition_failed", "eco mode", device_id=tid, target_c=21
-    )
-    _call(env, "home_set_thermostat_mode", device_id=tid, mode="heat")
-    _fails(
+    fails(env, "home_set_thermostat", "precondition_failed", "eco mode", device_id=tid, target_c=21)
+    ok(env, "home_set_thermostat_mode", device_id=tid, mode="heat")
+    fails(
         env,
         "home_set_thermostat",
         "precondition_failed",
@@ -647,10 +626,10 @@ def test_home_lights_thermostat_plugs_cameras() -> None:
         device_id=tid,
         target_c=35,
     )
-    assert _call(env, "home_set_thermostat", device_id=tid, target_c=21.5)["target_c"] == 21.5
-    assert _call(env, "home_get_device", device_id=tid)["mode"] == "heat"
-    assert _call(env, "home_set_plug", device_id=d["plug"]["id"], on=False)["on"] is False
-    _fails(
+    assert ok(env, "home_set_thermostat", device_id=tid, target_c=21.5)["target_c"] == 21.5
+    assert ok(env, "home_get_device", device_id=tid)["mode"] == "heat"
+    assert ok(env, "home_set_plug", device_id=d["plug"]["id"], on=False)["on"] is False
+    fails(
         env,
         "home_set_camera",
         "precondition_failed",
@@ -658,23 +637,21 @@ def test_home_lights_thermostat_plugs_cameras() -> None:
         device_id=d["cam_off"]["id"],
         recording=True,
     )
-    assert (
-        _call(env, "home_set_camera", device_id=d["cam"]["id"], recording=True)["recording"] is True
-    )
-    seen = _call(
+    assert ok(env, "home_set_camera", device_id=d["cam"]["id"], recording=True)["recording"] is True
+    seen = ok(
         env, "home_camera_events", camera_id=d["cam"]["id"], kind="person", after="2026-03-02T06:00"
     )
     assert [e["id"] for e in seen] == ["ev_1"]
-    assert _call(env, "home_camera_events", kind="person", after="2026-03-02T08:00") == []
+    assert ok(env, "home_camera_events", kind="person", after="2026-03-02T08:00") == []
 
 
 def test_home_locks_scenes_security_guest_codes() -> None:
     b, d = _home()
     env = _open(["home"], {"home": b.state()})
     front, back = d["front"]["id"], d["back"]["id"]
-    _fails(env, "home_lock", "precondition_failed", "door lock jammed", device_id=back)
-    _fails(env, "home_unlock", "permission_denied", "wrong PIN", device_id=front, pin="1111")
-    _fails(
+    fails(env, "home_lock", "precondition_failed", "door lock jammed", device_id=back)
+    fails(env, "home_unlock", "permission_denied", "wrong PIN", device_id=front, pin="1111")
+    fails(
         env, "home_set_security", "precondition_failed", "cannot arm away", mode="away", pin="4821"
     )
     actions = [
@@ -683,7 +660,7 @@ def test_home_locks_scenes_security_guest_codes() -> None:
         {"device_id": d["thermo"]["id"], "command": "set_mode", "value": "eco"},
         {"device_id": d["lamp"]["id"], "command": "off"},
     ]
-    _fails(
+    fails(
         env,
         "home_create_scene",
         "precondition_failed",
@@ -691,9 +668,9 @@ def test_home_locks_scenes_security_guest_codes() -> None:
         name="Bad",
         actions=[{"device_id": front, "command": "off"}],
     )
-    scene = _call(env, "home_create_scene", name="Away", actions=actions)
+    scene = ok(env, "home_create_scene", name="Away", actions=actions)
     assert scene["actions"][0] == {"device_id": front, "command": "lock", "value": None}
-    _fails(
+    fails(
         env,
         "home_create_scene",
         "precondition_failed",
@@ -701,21 +678,21 @@ def test_home_locks_scenes_security_guest_codes() -> None:
         name="away",
         actions=actions,
     )
-    _fails(
+    fails(
         env,
         "home_run_scene",
         "precondition_failed",
         "stopped at action 2: door lock jammed",
         scene_id=scene["id"],
     )
-    _call(env, "home_recalibrate_lock", device_id=back)
-    assert _call(env, "home_run_scene", scene_id=scene["id"])["executed"] == 4
-    assert _call(env, "home_set_security", mode="away", pin="4821")["mode"] == "away"
-    assert [s["name"] for s in _call(env, "home_list_scenes")] == ["Away"]
-    _call(env, "home_delete_scene", scene_id=scene["id"])
-    assert _call(env, "home_list_scenes") == []
-    assert _call(env, "home_unlock", device_id=front, pin="4821")["locked"] is False
-    _fails(
+    ok(env, "home_recalibrate_lock", device_id=back)
+    assert ok(env, "home_run_scene", scene_id=scene["id"])["executed"] == 4
+    assert ok(env, "home_set_security", mode="away", pin="4821")["mode"] == "away"
+    assert [s["name"] for s in ok(env, "home_list_scenes")] == ["Away"]
+    ok(env, "home_delete_scene", scene_id=scene["id"])
+    assert ok(env, "home_list_scenes") == []
+    assert ok(env, "home_unlock", device_id=front, pin="4821")["locked"] is False
+    fails(
         env,
         "home_create_guest_code",
         "precondition_failed",
@@ -726,7 +703,7 @@ def test_home_locks_scenes_security_guest_codes() -> None:
         valid_from="2026-03-03T12:00",
         valid_until="2026-03-03T10:00",
     )
-    code = _call(
+    code = ok(
         env,
         "home_create_guest_code",
         lock_id=front,
@@ -735,7 +712,7 @@ def test_home_locks_scenes_security_guest_codes() -> None:
         valid_from="2026-03-03T10:00",
         valid_until="2026-03-03T12:00",
     )
-    _fails(
+    fails(
         env,
         "home_create_guest_code",
         "precondition_failed",
@@ -746,9 +723,9 @@ def test_home_locks_scenes_security_guest_codes() -> None:
         valid_from="2026-03-04T10:00",
         valid_until="2026-03-04T12:00",
     )
-    assert [c["id"] for c in _call(env, "home_list_guest_codes", lock_id=front)] == [code["id"]]
-    _call(env, "home_revoke_guest_code", code_id=code["id"])
-    _fails(
+    assert [c["id"] for c in ok(env, "home_list_guest_codes", lock_id=front)] == [code["id"]]
+    ok(env, "home_revoke_guest_code", code_id=code["id"])
+    fails(
         env, "home_revoke_guest_code", "precondition_failed", "already revoked", code_id=code["id"]
     )
 
@@ -759,7 +736,7 @@ def test_guest_code_may_not_equal_master_pin() -> None:
     b = HomeBuilder(random.Random(1), ["Hallway"], pin="482100")
     lock = b.lock("Front Door", "Hallway")
     env = _open(["home"], {"home": b.state()})
-    _fails(
+    fails(
         env,
         "home_create_guest_code",
         "permission_denied",

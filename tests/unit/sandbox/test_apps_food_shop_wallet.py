@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from sandbox_steps import call, open_env
 
 from qpa.contract import CAPABILITIES, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv
@@ -496,9 +497,17 @@ def _task(app: str, world: dict[str, Any], *, confirm: bool = True) -> Task:
 
 
 def _env(app: str, world: dict[str, Any], *, confirm: bool = True) -> SandboxEnv:
-    env = SandboxEnv()
-    assert env.reset(_task(app, world, confirm=confirm)).status == "ok"
-    return env
+    return open_env(_task(app, world, confirm=confirm))
+
+
+def _after_tour(app: str) -> dict[str, Any]:
+    """The app's state after every step of its tour."""
+    world, tour = TOURS[app]
+    env = _env(app, world)
+    for tool, arguments, *_ in tour:
+        call(env, tool, **arguments)
+    state: dict[str, Any] = env.state()[app]
+    return state
 
 
 # --------------------------------------------------------------------------- tours
@@ -993,7 +1002,7 @@ def test_app_tour_success_and_failures(app: str) -> None:
     world, tour = TOURS[app]
     env = _env(app, world)
     for i, (tool, arguments, error, needle) in enumerate(tour):
-        feedback = env.step(ToolCall(tool=tool, arguments=arguments))
+        feedback = call(env, tool, **arguments)
         where = f"step {i}: {tool}({arguments}) -> {feedback.error}: {feedback.message}"
         assert feedback.error == error, where
         shown = feedback.message if error else str(feedback.observation)
@@ -1001,10 +1010,7 @@ def test_app_tour_success_and_failures(app: str) -> None:
 
 
 def test_food_refunds_and_credits_land_in_state() -> None:
-    env = _env("food", FOOD_WORLD)
-    for tool, arguments, *_ in FOOD_TOUR:
-        env.step(ToolCall(tool=tool, arguments=arguments))
-    state = env.state()["food"]
+    state = _after_tour("food")
     assert state["account"]["credits"] == 6.99
     cards = {c["id"]: c for c in state["payment_methods"]}
     # 500 - 27.47 (order) + 26.97 (cancelled fo_4) - 17.98 - 0.99 (scheduled order)
@@ -1014,10 +1020,7 @@ def test_food_refunds_and_credits_land_in_state() -> None:
 
 
 def test_shop_stock_and_refunds_follow_orders() -> None:
-    env = _env("shop", SHOP_WORLD)
-    for tool, arguments, *_ in SHOP_TOUR:
-        env.step(ToolCall(tool=tool, arguments=arguments))
-    state = env.state()["shop"]
+    state = _after_tour("shop")
     products = {p["id"]: p for p in state["products"]}
     assert products["p_1"]["stock"]["9"] == 1  # bought one
     assert products["p_2"]["stock"]["one_size"] == 2  # cancelled order released its unit
@@ -1027,10 +1030,7 @@ def test_shop_stock_and_refunds_follow_orders() -> None:
 
 
 def test_wallet_balance_after_tour() -> None:
-    env = _env("wallet", WALLET_WORLD)
-    for tool, arguments, *_ in WALLET_TOUR:
-        env.step(ToolCall(tool=tool, arguments=arguments))
-    state = env.state()["wallet"]
+    state = _after_tour("wallet")
     assert state["account"]["balance"] == 100 - 40 + 50 - 60 - 25
     assert [c["id"] for c in state["cards"] if c["default"]] == ["card_9001"]
 
@@ -1041,7 +1041,7 @@ def test_payment_tools_are_refused_without_confirmation(tool: str) -> None:
     env = _env(app, TOURS[app][0], confirm=False)
     before = env.state()
     arguments = next(a for t, a, err, _ in TOURS[app][1] if t == tool and err is None)
-    feedback = env.step(ToolCall(tool=tool, arguments=arguments))
+    feedback = call(env, tool, **arguments)
     assert feedback.error == "permission_denied" and tool in feedback.message
     assert env.state() == before  # nothing moved
 

@@ -7,8 +7,9 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
+from sandbox_steps import ok, open_env, refused
 
-from qpa.contract import CAPABILITIES, Feedback, Task, ToolCall
+from qpa.contract import CAPABILITIES, Task
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.geo import NEIGHBORHOODS, route_via
 from qpa.envs.sandbox.registry import all_apps
@@ -39,29 +40,7 @@ def make_env(world: dict[str, Any], *, confirmations: list[str] | None = None) -
         world=world,
         confirmations=PAYMENTS if confirmations is None else confirmations,
     )
-    env = SandboxEnv()
-    assert env.reset(task).status == "ok"
-    return env
-
-
-def call(env: SandboxEnv, tool: str, **arguments: Any) -> Feedback:
-    return env.step(ToolCall(tool=tool, arguments=arguments))
-
-
-def ok(env: SandboxEnv, tool: str, **arguments: Any) -> Any:
-    feedback = call(env, tool, **arguments)
-    assert feedback.status == "ok", f"{tool}: {feedback.message}"
-    return feedback.observation
-
-
-def refused(
-    env: SandboxEnv, tool: str, needle: str, error: str = "precondition_failed", **arguments: Any
-) -> str:
-    feedback = call(env, tool, **arguments)
-    assert feedback.status == "error", f"{tool} unexpectedly succeeded"
-    assert feedback.error == error, feedback.message
-    assert needle.lower() in feedback.message.lower(), feedback.message
-    return feedback.message
+    return open_env(task)
 
 
 # --------------------------------------------------------------------------- worlds

@@ -13,6 +13,8 @@ from qpa.envs.sandbox.engine import (
     ISO_DATE,
     ISO_MINUTE,
     App,
+    Limit,
+    Offset,
     fail,
     page,
     parse_real_moment,
@@ -197,10 +199,10 @@ class CalendarApp(App):
 
     # helpers ----------------------------------------------------------------------------
     def _calendar(self, calendar_id: str) -> dict[str, Any]:
-        for cal in self.records("calendars"):
-            if cal.get("id") == calendar_id:
-                return cal
-        raise fail(f"calendar '{calendar_id}' not found; see calendar_list_calendars")
+        cal = self.first("calendars", id=calendar_id)
+        if cal is None:
+            raise fail(f"calendar '{calendar_id}' not found; see calendar_list_calendars")
+        return cal
 
     def _readable(self, calendar_id: str) -> dict[str, Any]:
         cal = self._calendar(calendar_id)
@@ -298,7 +300,7 @@ class CalendarApp(App):
         calendar_id: str | None = None,
         include_cancelled: bool = False,
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> EventPage:
         """List events between two days (inclusive), sorted by start; all readable calendars
         unless calendar_id is given. Paginated with limit/offset."""
@@ -333,7 +335,7 @@ class CalendarApp(App):
         query: Annotated[str, Field(min_length=1, description="Part of a title, place or note")],
         date_from: IsoDate | None = None,
         date_to: IsoDate | None = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
+        limit: Limit = 10,
     ) -> list[Event]:
         """Find events in readable calendars whose title, location or notes contain the query
         (case-insensitive), optionally only those starting within a day range; sorted by start."""

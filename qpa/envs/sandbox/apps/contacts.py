@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import PHONE, App, fail, tool, updates
+from qpa.envs.sandbox.engine import PHONE, App, Limit, fail, tool, updates
 
 
 class Contact(TypedDict):
@@ -40,7 +40,7 @@ class ContactsApp(App):
     def contacts_search(
         self,
         query: Annotated[str, Field(min_length=1, description="Part of a name, phone or email")],
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
+        limit: Limit = 10,
     ) -> list[Contact]:
         """Find contacts whose name, phone or email contains the query (case-insensitive)."""
         q = query.lower()

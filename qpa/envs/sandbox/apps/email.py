@@ -7,7 +7,17 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import EMAIL, ISO_DATE, ISO_MINUTE, App, fail, paginate, tool
+from qpa.envs.sandbox.engine import (
+    EMAIL,
+    ISO_DATE,
+    ISO_MINUTE,
+    App,
+    Limit,
+    Offset,
+    fail,
+    paginate,
+    tool,
+)
 
 LABEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9 _&\-]{0,30}(/[A-Za-z0-9][A-Za-z0-9 _&\-]{0,30}){0,2}$"
 MAX_ATTACHMENTS_KB = 25 * 1024
@@ -283,8 +293,8 @@ class EmailApp(App):
         folder: Folder = "inbox",
         label: Annotated[str | None, Field(description="Only messages with this label")] = None,
         unread_only: bool = False,
-        limit: Annotated[int, Field(ge=1, le=50)] = 20,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 20,
+        offset: Offset = 0,
     ) -> list[EmailSummary]:
         """List messages of a folder, newest first (all accounts unless `account` is given).
 
@@ -313,8 +323,8 @@ class EmailApp(App):
         unread_only: bool = False,
         after: Annotated[str | None, Field(pattern=ISO_DATE)] = None,
         before: Annotated[str | None, Field(pattern=ISO_DATE)] = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[EmailSummary]:
         """Search messages by text, sender, account, folder, attachments and date, newest first.
 

@@ -13,6 +13,8 @@ from qpa.envs.sandbox.engine import (
     CLOCK_24H,
     ISO_DATE,
     App,
+    Limit,
+    Offset,
     confirmation_code,
     fail,
     paginate,
@@ -382,8 +384,8 @@ class FlightsApp(App):
         airline: Annotated[str | None, Field(pattern=r"^[A-Z]{2}$")] = None,
         depart_after: Annotated[str | None, Field(pattern=CLOCK_24H)] = None,
         sort_by: Literal["price", "departure", "duration"] = "price",
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[FlightOffer]:
         """Flights on a date with their price in a cabin and seats left (0 means sold out)."""
         if origin == destination:
@@ -485,8 +487,8 @@ class FlightsApp(App):
     def flights_list_bookings(
         self,
         status: BookingStatus | None = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[Booking]:
         """The user's flight bookings, soonest first; status upcoming, past or cancelled."""
         now = self.world.now

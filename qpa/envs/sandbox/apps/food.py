@@ -227,7 +227,7 @@ class FoodApp(App):
         return cast(Cart, cart)
 
     def _promo(self, code: str) -> dict[str, Any] | None:
-        return next((p for p in self.records("promos") if p["code"] == code.upper()), None)
+        return self.first("promos", code=code.upper())
 
     def _open_cart(self, cart_id: str) -> dict[str, Any]:
         cart = self.find("carts", cart_id, what="cart")
@@ -623,7 +623,7 @@ class FoodApp(App):
         lines: list[dict[str, Any]] = []
         skipped = []
         for line in order["lines"]:
-            item = next((m for m in self.records("menu") if m["id"] == line["item_id"]), None)
+            item = self.first("menu", id=line["item_id"])
             if item is None or not item["available"]:
                 skipped.append(line["name"])
                 continue

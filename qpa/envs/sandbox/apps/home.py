@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, NotRequired, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_MINUTE, App, ToolError, fail, paginate, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, App, Limit, Offset, ToolError, fail, paginate, tool
 
 PIN = r"^[0-9]{4,8}$"
 
@@ -341,8 +341,8 @@ class HomeApp(App):
         kind: EventKind | None = None,
         after: Annotated[str | None, Field(pattern=ISO_MINUTE)] = None,
         before: Annotated[str | None, Field(pattern=ISO_MINUTE)] = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 20,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 20,
+        offset: Offset = 0,
     ) -> list[CameraEvent]:
         """Camera detections (motion, person, package, vehicle), newest first."""
         if camera_id is not None:

@@ -10,7 +10,16 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_DATE, App, confirmation_code, fail, paginate, tool
+from qpa.envs.sandbox.engine import (
+    ISO_DATE,
+    App,
+    Limit,
+    Offset,
+    confirmation_code,
+    fail,
+    paginate,
+    tool,
+)
 
 Amenity = Literal[
     "wifi",
@@ -286,8 +295,8 @@ class HotelsApp(App):
         amenities: list[Amenity] | None = None,
         chain: Annotated[str | None, Field(pattern=r"^[A-Z]{3}$")] = None,
         sort_by: Literal["price", "rating", "stars"] = "price",
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[HotelOffer]:
         """Hotels in a city with their lowest nightly price for the dates (None: no rooms)."""
         self._dates(check_in, check_out)
@@ -378,8 +387,8 @@ class HotelsApp(App):
     def hotels_get_reviews(
         self,
         hotel_id: str,
-        limit: Annotated[int, Field(ge=1, le=50)] = 5,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 5,
+        offset: Offset = 0,
     ) -> list[HotelReview]:
         """Guest reviews of a hotel, newest first."""
         self.find("hotels", hotel_id, what="hotel")
@@ -435,8 +444,8 @@ class HotelsApp(App):
         self,
         status: ReservationStatus | None = None,
         city: str | None = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[Reservation]:
         """The user's hotel reservations, soonest first; filter by status or city."""
         today = self.world.now.date().isoformat()

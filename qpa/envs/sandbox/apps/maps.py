@@ -17,6 +17,8 @@ from qpa.envs.sandbox.engine import (
     ISO_MINUTE,
     PHONE,
     App,
+    Limit,
+    Offset,
     fail,
     paginate,
     parse_moment,
@@ -243,8 +245,8 @@ class MapsApp(App):
         max_price_level: Annotated[int, Field(ge=1, le=4)] = 4,
         along_route: Annotated[str | None, Field(description="A route id: places on it")] = None,
         sort_by: Literal["relevance", "rating", "detour"] = "relevance",
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[Place]:
         """Search places by words, category, neighbourhood, opening, rating and price level.
 

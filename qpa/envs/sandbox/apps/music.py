@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, paginate, tool, updates
+from qpa.envs.sandbox.engine import App, Limit, Offset, fail, paginate, tool, updates
 
 Genre = Literal["pop", "rock", "jazz", "hip-hop", "electronic", "classical", "folk", "r&b"]
 DeviceKind = Literal["phone", "speaker", "tv", "car"]
@@ -205,8 +205,8 @@ class MusicApp(App):
         self,
         query: Annotated[str, Field(min_length=1, description="Part of a title, artist or album")],
         genre: Genre | None = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[Track]:
         """Search the catalog (title, artist, album), most popular first."""
         words = query.lower().split()
@@ -248,7 +248,7 @@ class MusicApp(App):
         self,
         playlist_id: str,
         limit: Annotated[int, Field(ge=1, le=100)] = 50,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> Playlist:
         """A playlist with its tracks (paginated)."""
         p = self._playlist(playlist_id)
@@ -378,8 +378,8 @@ class MusicApp(App):
     @tool()
     def music_list_liked(
         self,
-        limit: Annotated[int, Field(ge=1, le=50)] = 20,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 20,
+        offset: Offset = 0,
     ) -> list[Track]:
         """Liked Songs, most recently liked first."""
         catalog = {t["id"]: t for t in self.records("catalog")}
@@ -388,7 +388,7 @@ class MusicApp(App):
         return cast(list[Track], paginate(tracks, limit, offset))
 
     @tool()
-    def music_recently_played(self, limit: Annotated[int, Field(ge=1, le=50)] = 10) -> list[Played]:
+    def music_recently_played(self, limit: Limit = 10) -> list[Played]:
         """Listening history, most recent first."""
         catalog = {t["id"]: t for t in self.records("catalog")}
         rows = sorted(self.records("history"), key=lambda r: r["played_at"], reverse=True)

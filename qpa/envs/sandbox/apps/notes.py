@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import EMAIL, App, fail, page, tool
+from qpa.envs.sandbox.engine import EMAIL, App, Limit, Offset, fail, page, tool
 
 TAG = r"^[a-z0-9][a-z0-9-]{0,29}$"
 
@@ -158,7 +158,7 @@ class NotesApp(App):
         pinned_only: bool = False,
         include_deleted: bool = False,
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> NotePage:
         """List notes, pinned first, optionally only one folder, tag or pinned ones.
         Paginated with limit/offset."""
@@ -182,7 +182,7 @@ class NotesApp(App):
             str, Field(min_length=1, description="Words in a title, body or checklist")
         ],
         folder: FolderName | None = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
+        limit: Limit = 10,
     ) -> list[Note]:
         """Search notes (case-insensitive): exact title matches first, then titles containing
         the query, then bodies and checklist items."""

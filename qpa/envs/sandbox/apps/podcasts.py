@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import App, fail, paginate, tool
+from qpa.envs.sandbox.engine import App, Limit, Offset, fail, paginate, tool
 
 Category = Literal[
     "news", "technology", "comedy", "history", "science", "business", "sports", "true crime"
@@ -120,8 +120,8 @@ class PodcastsApp(App):
         self,
         query: Annotated[str, Field(min_length=1, description="Part of a show title/publisher")],
         category: Category | None = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[Show]:
         """Find shows by title or publisher."""
         q = query.lower()
@@ -138,8 +138,8 @@ class PodcastsApp(App):
         self,
         show_id: str,
         unplayed_only: bool = False,
-        limit: Annotated[int, Field(ge=1, le=50)] = 20,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 20,
+        offset: Offset = 0,
     ) -> list[Episode]:
         """Episodes of a show, newest first."""
         self._show(show_id)

@@ -8,7 +8,17 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_MINUTE, App, fail, page, parse_real_moment, tool, updates
+from qpa.envs.sandbox.engine import (
+    ISO_MINUTE,
+    App,
+    Limit,
+    Offset,
+    fail,
+    page,
+    parse_real_moment,
+    tool,
+    updates,
+)
 
 IsoDateTime = Annotated[str, Field(pattern=ISO_MINUTE, description="Local time, YYYY-MM-DDTHH:MM")]
 ReminderId = Annotated[str, Field(min_length=1, description="Reminder id, e.g. r_101")]
@@ -131,9 +141,9 @@ class RemindersApp(App):
 
     # helpers ----------------------------------------------------------------------------
     def _list(self, list_id: str) -> dict[str, Any]:
-        for row in self.records("lists"):
-            if row.get("id") == list_id:
-                return row
+        row = self.first("lists", id=list_id)
+        if row is not None:
+            return row
         known = ", ".join(f"{r['id']} ({r['name']})" for r in self.records("lists"))
         raise fail(f"list '{list_id}' not found (lists: {known})")
 
@@ -172,7 +182,7 @@ class RemindersApp(App):
         parent_id: ReminderId | None = None,
         flagged_only: bool = False,
         limit: Annotated[int, Field(ge=1, le=100)] = 50,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> ReminderPage:
         """List reminders sorted by due time (undated last), optionally one list's, those due
         before a time, a parent's subtasks, or flagged ones. Paginated with limit/offset."""
@@ -197,7 +207,7 @@ class RemindersApp(App):
         self,
         query: Annotated[str, Field(min_length=1, description="Words in a title or notes")],
         include_completed: bool = False,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
+        limit: Limit = 10,
     ) -> list[Reminder]:
         """Find reminders whose title or notes contain the query (case-insensitive)."""
         q = query.lower()

@@ -13,7 +13,17 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_MINUTE, PHONE, App, fail, paginate, parse_moment, tool
+from qpa.envs.sandbox.engine import (
+    ISO_MINUTE,
+    PHONE,
+    App,
+    Limit,
+    Offset,
+    fail,
+    paginate,
+    parse_moment,
+    tool,
+)
 from qpa.envs.sandbox.geo import distance_km, travel_minutes
 
 RideClass = Literal["pool", "economy", "green", "comfort", "xl", "black"]
@@ -453,8 +463,8 @@ class RidesApp(App):
     def rides_list_rides(
         self,
         status: RideStatus | None = None,
-        limit: Annotated[int, Field(ge=1, le=50)] = 10,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 10,
+        offset: Offset = 0,
     ) -> list[Ride]:
         """The user's rides, newest first, optionally only those with a status."""
         rows = [r for r in self.records("rides") if status in (None, r["status"])]
@@ -628,7 +638,7 @@ class RidesApp(App):
         self, code: Annotated[str, Field(pattern=r"^[A-Z0-9]{4,16}$", description="Promo code")]
     ) -> Promo:
         """Apply a promo code to the next ride requested."""
-        promo = next((p for p in self.records("promos") if p["code"] == code), None)
+        promo = self.first("promos", code=code)
         if promo is None:
             raise fail(f"promo code {code} is not valid")
         if promo["expires"] < self.world.now.date().isoformat():

@@ -248,7 +248,7 @@ class ShopApp(App):
     def _coupon(self, code: str | None) -> dict[str, Any] | None:
         if not code:
             return None
-        return next((c for c in self.records("coupons") if c["code"] == code.upper()), None)
+        return self.first("coupons", code=code.upper())
 
     def _discount(self, lines: list[dict[str, Any]], coupon: dict[str, Any] | None) -> float:
         if coupon is None:
@@ -272,7 +272,7 @@ class ShopApp(App):
         return cast(Cart, cart)
 
     def _active_cart(self, create: bool) -> dict[str, Any] | None:
-        cart = next((c for c in self.records("carts") if c["status"] == "open"), None)
+        cart = self.first("carts", status="open")
         if cart is None and create:
             cart = {
                 "id": self.world.new_id("cart"),
@@ -650,7 +650,7 @@ class ShopApp(App):
         carrier: Carrier,
     ) -> Return:
         """Create the prepaid shipping label for a requested return."""
-        record = next((r for r in self.records("returns") if r["id"] == return_id), None)
+        record = self.first("returns", id=return_id)
         if record is None:
             raise fail(
                 f"return '{return_id}' not found; request the return first (shop_request_return)"
@@ -669,7 +669,7 @@ class ShopApp(App):
         new_size: Annotated[str, Field(min_length=1)],
     ) -> Return:
         """Turn a wrong-size return into an exchange for another size of the same product."""
-        record = next((r for r in self.records("returns") if r["id"] == return_id), None)
+        record = self.first("returns", id=return_id)
         if record is None:
             raise fail(f"return '{return_id}' not found; exchanges start with shop_request_return")
         if record["reason_code"] != "wrong_size":
@@ -723,7 +723,7 @@ class ShopApp(App):
     @tool("write")
     def shop_remove_from_wishlist(self, product_id: ProductId) -> Removed:
         """Remove a product from the wishlist."""
-        entry = next((e for e in self.records("wishlist") if e["product_id"] == product_id), None)
+        entry = self.first("wishlist", product_id=product_id)
         if entry is None:
             raise fail(f"product '{product_id}' is not on the wishlist")
         self.records("wishlist").remove(entry)

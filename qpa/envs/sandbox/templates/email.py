@@ -232,6 +232,14 @@ def email_world(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return state
 
 
+def each_message(rows: list[dict[str, Any]], what: str, **where: Any) -> list[Check]:
+    """One check per message of `rows` that it now matches `where` (named '<id> <what>')."""
+    return [
+        Check(name=f"{m['id']} {what}", target="email.messages", where={"id": m["id"], **where})
+        for m in rows
+    ]
+
+
 def sent_check(name: str, **where: Any) -> Check:
     return Check(name=name, target="email.messages", where={"folder": "sent", **where})
 
@@ -517,14 +525,7 @@ def label_and_filter_sender(g: TaskGen) -> Any:
         ),
         world={"email": email_world(msgs, labels=labels)},
         checks=[
-            *(
-                Check(
-                    name=f"{m['id']} labelled",
-                    target="email.messages",
-                    where={"id": m["id"], "labels__contains": full},
-                )
-                for m in theirs
-            ),
+            *each_message(theirs, "labelled", labels__contains=full),
             Check(
                 name="only their emails labelled",
                 target="email.messages",
@@ -750,22 +751,8 @@ def triage_three_mailboxes(g: TaskGen) -> Any:
         ),
         world={"email": email_world(msgs)},
         checks=[
-            *(
-                Check(
-                    name=f"{m['id']} archived",
-                    target="email.messages",
-                    where={"id": m["id"], "folder": "archive"},
-                )
-                for m in promos
-            ),
-            *(
-                Check(
-                    name=f"{m['id']} starred",
-                    target="email.messages",
-                    where={"id": m["id"], "starred": True},
-                )
-                for m in starred
-            ),
+            *each_message(promos, "archived", folder="archive"),
+            *each_message(starred, "starred", starred=True),
             Check(
                 name="nothing else starred",
                 target="email.messages",
@@ -964,14 +951,7 @@ def unsubscribe_and_block(g: TaskGen) -> Any:
                 where={"sender": brand_addr},
             ),
             Check(name="spammer blocked", op="equals", target="email.blocked", expect=[spam]),
-            *(
-                Check(
-                    name=f"{m['id']} moved to spam",
-                    target="email.messages",
-                    where={"id": m["id"], "folder": "spam"},
-                )
-                for m in junk
-            ),
+            *each_message(junk, "moved to spam", folder="spam"),
             Check(
                 name="newsletter sender not blocked",
                 target="email.messages",

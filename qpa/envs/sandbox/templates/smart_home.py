@@ -207,7 +207,7 @@ def furnish(b: HomeBuilder, rooms: list[str], lights: tuple[int, int] = (1, 2)) 
             b.light(room)
 
 
-def day_phrase(offset: int) -> str:
+def relative_day(offset: int) -> str:
     if offset == 1:
         return "tomorrow"
     return "on " + WEEKDAYS[(TODAY + timedelta(days=offset)).weekday()]
@@ -496,7 +496,7 @@ def guest_code_from_memory(g: TaskGen) -> Any:
     text = f"Your code for the {door['name'].lower()} is {code}, valid {day} {h1}:00-{h2}:00."
     return g.task(
         instruction=(
-            f"Give my {role} access to the {door['name'].lower()} {day_phrase(offset)} from "
+            f"Give my {role} access to the {door['name'].lower()} {relative_day(offset)} from "
             f"{h1}:00 to {h2}:00 with the code {code}, and text them the code."
         ),
         world={"home": b.state(), "contacts": {"contacts": people}, "messaging": {"messages": []}},

@@ -1,0 +1,438 @@
+"""Real SFT runs on a tiny Qwen3 (CPU, seconds): checkpoints to the store, metrics, kill and
+resume to the same weights, DeepSpeed ZeRO-2/3 (world size 1 over gloo, through the CLI), bad
+inputs rejected before compute; plus the pure parts (DeepSpeed JSON, indexed-Job launch,
+settings, checkpoint integrity, metrics)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+from prometheus_client import REGISTRY  # noqa: E402
+
+from qpa.train.checkpoint import (  # noqa: E402
+    CheckpointError,
+    CheckpointStore,
+    latest_local,
+    record_local,
+    verify_local,
+)
+from qpa.train.config import ConfigError, DeepSpeedSettings, SFTConfig  # noqa: E402
+from qpa.train.deepspeed import (  # noqa: E402
+    deepspeed_config,
+    free_port,
+    hostfile_text,
+    launch_argv,
+    launch_env,
+)
+from qpa.train.metrics import TrainMetrics, read_metrics  # noqa: E402
+from qpa.train.sft import SFTInputError, train_sft  # noqa: E402
+from qpa.train.tiny import (  # noqa: E402
+    TinyConfig,
+    build_model,
+    make_tiny_checkpoint,
+    sft_rows_from_suite,
+    suite_corpus,
+)
+
+TINY = TinyConfig(
+    vocab_size=2048, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+    num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sft")
+    corpus = suite_corpus(conversations=4, instructions=300)
+    model = make_tiny_checkpoint(root / "tiny", TINY, corpus=corpus)
+    rows = sft_rows_from_suite(16, seed=1, error_rate=0.5)
+    for i, row in enumerate(rows):
+        row["weight"] = 2.0 if i % 4 == 0 else 1.0
+    datasets.Dataset.from_list(rows).save_to_disk(str(root / "data"))
+    return {"root": root, "model": model, "data": root / "data"}
+
+
+def settings(inputs: dict[str, Path], out: Path, **extra: Any) -> SFTConfig:
+    data: dict[str, Any] = {
+        "name": out.name,
+        "model": str(inputs["model"]),
+        "dataset": str(inputs["data"]),
+        "output_dir": str(out),
+        "max_length": 512,
+        "per_device_train_batch_size": 2,
+        "learning_rate": 1e-3,
+        "max_steps": 4,
+        "checkpoint": {"every_steps": 2},
+        "metrics": {"logging_steps": 1},
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict):
+            data[key] = {**data.get(key, {}), **value}
+        else:
+            data[key] = value
+    return SFTConfig.from_dict(data)
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def test_sft_run_checkpoints_metrics_and_a_loadable_model(
+    inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    config = settings(inputs, tmp_path / "run-a", checkpoint={"store": store.as_uri()})
+    result = train_sft(config)
+    assert result.global_step == 4 and result.train_loss is not None
+    assert result.stats.masked_turns > 0 and result.stats.trainable_tokens > 0
+    assert result.stats.examples > result.stats.rows - result.stats.rows_dropped  # weight 2 rows
+    # checkpoints every 2 steps, complete and hashed, in the store
+    checkpoints = CheckpointStore.open(store.as_uri(), config.store_prefix)
+    assert checkpoints.steps() == [2, 4]
+    assert result.checkpoint_uris == [checkpoints.uri(2), checkpoints.uri(4)]
+    assert not verify_local(tmp_path / "run-a" / "checkpoint-4")
+    # metrics: JSONL and Prometheus
+    records = read_metrics(result.metrics_path or "")
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["output_tokens"] > 0 and r["tokens"] >= r["output_tokens"] for r in steps[1:])
+    assert records[0]["step"] == 0 and records[0]["success_rate"] == 1.0
+    labels = {"run": "run-a", "stage": "sft"}
+    assert REGISTRY.get_sample_value("qpa_train_step", labels) == 4
+    assert (REGISTRY.get_sample_value("qpa_train_output_tokens_total", labels) or 0) > 0
+    assert REGISTRY.get_sample_value("qpa_train_loss", labels) == pytest.approx(steps[-1]["loss"])
+    # the final model goes to the store and loads in the Harness's local backend
+    assert result.final_uri == store.as_uri() + "/trainingruns/run-a/final"
+    from qpa.harness.backends import ChatMessage, LocalBackend
+
+    completion = LocalBackend(result.final_dir or "", max_new_tokens=4).complete(
+        [ChatMessage.user("Call Ana.")], []
+    )
+    assert completion.usage.completion_tokens > 0
+
+
+def test_killed_run_resumes_to_the_same_weights(inputs: dict[str, Path], tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    class Killed(Exception):
+        pass
+
+    class KillAtStep5(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 5:
+                raise Killed
+
+    store = (tmp_path / "store").as_uri()
+    whole = train_sft(settings(inputs, tmp_path / "whole", max_steps=6))
+    with pytest.raises(Killed):
+        train_sft(
+            settings(inputs, tmp_path / "broken", max_steps=6, checkpoint={"store": store}),
+            callbacks=[KillAtStep5()],
+        )
+    assert latest_local(tmp_path / "broken") is not None
+    # lose the local folder too: the checkpoint must come back from the store, verified
+    for folder in (tmp_path / "broken").glob("checkpoint-*"):
+        import shutil
+
+        shutil.rmtree(folder)
+    resumed = train_sft(
+        settings(
+            inputs, tmp_path / "broken", max_steps=6, checkpoint={"store": store, "resume": "latest"}
+        )
+    )
+    assert resumed.resumed_step == 4 and resumed.global_step == whole.global_step == 6
+    assert resumed.resumed_from == CheckpointStore.open(store, "trainingruns/broken").uri(4)
+    # same data order, optimizer moments, scheduler and RNG: bit-identical weights and state
+    a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "broken" / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    opt_a = torch.load(tmp_path / "whole" / "checkpoint-6" / "optimizer.pt", weights_only=False)
+    opt_b = torch.load(tmp_path / "broken" / "checkpoint-6" / "optimizer.pt", weights_only=False)
+    for key, state in opt_a["state"].items():
+        assert torch.equal(state["exp_avg_sq"], opt_b["state"][key]["exp_avg_sq"])
+        assert int(state["step"]) == int(opt_b["state"][key]["step"]) == 6
+
+
+DRIVER = """
+import json, sys
+import torch.distributed as dist
+from transformers import TrainerCallback
+from qpa.train.config import SFTConfig
+from qpa.train.sft import train_sft
+
+class Killed(Exception):
+    pass
+
+class KillAtStep3(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 3:
+            raise Killed
+
+try:
+    train_sft(SFTConfig.from_yaml(sys.argv[1]), callbacks=[KillAtStep3()])
+except Killed:
+    print(json.dumps({"killed_at": 3, "backend": dist.get_backend()}))
+# finish through the command line, in the same process: `qpa train sft --config ... --resume`
+import qpa.cli.train
+from qpa.cli import app
+app(["train", "sft", "--config", sys.argv[1], "--resume"], standalone_mode=False)
+"""
+
+
+def _run_driver(config: Path, cwd: Path, port: int) -> subprocess.Popen[str]:
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    # never from the repository root: its operator/ folder shadows the stdlib module
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(config)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_zero2_and_zero3_on_cpu_with_gloo_killed_and_resumed(
+    inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    """One process per ZeRO stage (both at once): a run killed after step 3, then
+    `qpa train sft --resume` continuing from the step-2 checkpoint (DeepSpeed restores its own
+    optimizer shards) to step 4."""
+    processes = {}
+    for stage in (2, 3):
+        config = settings(
+            inputs,
+            tmp_path / f"zero{stage}",
+            deepspeed={"enabled": True, "zero_stage": stage},
+            checkpoint={"store": str(tmp_path / "store")},
+            metrics={"logging_steps": 2},
+        )
+        path = tmp_path / f"zero{stage}.yaml"
+        path.write_text(yaml.safe_dump(config.model_dump(exclude_none=True)))
+        processes[stage] = _run_driver(path, tmp_path, free_port())
+    for stage, process in processes.items():
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-4000:]
+        killed = json.loads(next(x for x in out.splitlines() if x.startswith('{"killed_at"')))
+        assert killed == {"killed_at": 3, "backend": "gloo"}
+        result = json.loads(out[out.index("{\n") :])
+        assert result["resumed_step"] == 2 and result["global_step"] == 4, stage
+        checkpoint = tmp_path / f"zero{stage}" / "checkpoint-4"
+        assert list((checkpoint / "global_step4").glob("*optim_states.pt")), stage
+        assert not verify_local(checkpoint)
+        assert (Path(result["final_dir"]) / "model.safetensors").is_file()
+        steps = CheckpointStore.open(tmp_path / "store", f"trainingruns/zero{stage}").steps()
+        assert steps == [2, 4], stage
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+@pytest.fixture
+def no_compute(monkeypatch: pytest.MonkeyPatch) -> None:
+    import qpa.train.sft as sft
+
+    def refuse(plan: Any) -> Any:
+        raise AssertionError("weights were loaded: compute started before the inputs were checked")
+
+    monkeypatch.setattr(sft, "load_model", refuse)
+
+
+@pytest.mark.usefixtures("no_compute")
+def test_bad_inputs_are_rejected_before_compute(inputs: dict[str, Path], tmp_path: Path) -> None:
+    # a dataset without a single trainable token
+    rows = sft_rows_from_suite(3, seed=2, error_rate=0.0)
+    for row in rows:
+        for message in row["messages"]:
+            message["train"] = False
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "masked"))
+    with pytest.raises(SFTInputError, match=f"dataset {tmp_path / 'masked'} has no trainable"):
+        train_sft(settings(inputs, tmp_path / "r1", dataset=str(tmp_path / "masked")))
+    # a tokenizer that does not match the model's embedding
+    from transformers import AutoTokenizer
+
+    small = build_model(TINY, vocab_size=256)
+    small.save_pretrained(tmp_path / "small")
+    AutoTokenizer.from_pretrained(inputs["model"]).save_pretrained(tmp_path / "small")
+    with pytest.raises(SFTInputError, match=r"does not match the model: it has \d+ tokens"):
+        train_sft(settings(inputs, tmp_path / "r2", model=str(tmp_path / "small")))
+    # missing base checkpoint, missing resume checkpoint, nothing to resume from
+    with pytest.raises(SFTInputError, match=f"base checkpoint {tmp_path / 'nowhere'}"):
+        train_sft(settings(inputs, tmp_path / "r3", model=str(tmp_path / "nowhere")))
+    with pytest.raises(SFTInputError, match=f"resume checkpoint {tmp_path / 'gone'}"):
+        train_sft(settings(inputs, tmp_path / "r4", checkpoint={"resume_from": str(tmp_path / "gone")}))
+    with pytest.raises(SFTInputError, match="resume: no complete checkpoint in"):
+        train_sft(settings(inputs, tmp_path / "r5", checkpoint={"resume": "latest"}))
+    store = (tmp_path / "store").as_uri()
+    with pytest.raises(SFTInputError, match="resume checkpoint file://.*no complete checkpoint"):
+        train_sft(settings(inputs, tmp_path / "r6", checkpoint={"resume_from": store + "/x"}))
+    # and the CLI says so in one line, with exit code 2
+    import qpa.cli.train  # noqa: F401  (registers `qpa train` until the CLI lists it)
+    from typer.testing import CliRunner
+
+    from qpa.cli import app
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"model": str(tmp_path / "nowhere"), "dataset": "x"}))
+    result = CliRunner().invoke(app, ["train", "sft", "--config", str(bad)])
+    assert result.exit_code == 2 and "nowhere" in result.output
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump({"model": "m", "dataset": "d", "learning_rat": 1}))
+    result = CliRunner().invoke(app, ["train", "sft", "--config", str(typo)])
+    assert result.exit_code == 2 and "learning_rat" in result.output
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_deepspeed_config_from_settings() -> None:
+    zero2 = deepspeed_config(DeepSpeedSettings(enabled=True, zero_stage=2), cuda=False)
+    assert zero2["bf16"] == {"enabled": "auto"}
+    assert zero2["optimizer"]["params"]["torch_adam"] is True
+    assert zero2["zero_optimization"]["stage"] == 2
+    assert zero2["train_micro_batch_size_per_gpu"] == "auto"
+    zero3 = deepspeed_config(
+        DeepSpeedSettings(
+            zero_stage=3, offload_optimizer=True, offload_param=True, extra={"zero_optimization": {"sub_group_size": 1000}}
+        ),
+        cuda=True,
+    )
+    zero = zero3["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert zero["offload_param"]["device"] == "cpu" and zero["sub_group_size"] == 1000
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert "torch_adam" not in zero3["optimizer"]["params"]  # fused Adam on GPUs
+    with pytest.raises(ValueError, match="offload_param needs zero_stage 3"):
+        DeepSpeedSettings(zero_stage=2, offload_param=True)
+
+
+def test_launch_env_and_argv_for_an_indexed_job() -> None:
+    env = launch_env(
+        nodes=2, gpus_per_node=8, service="tr-x", port=29500, job_name="tr-x-train",
+        namespace="ml", environ={"JOB_COMPLETION_INDEX": "1"},
+    )  # fmt: skip
+    assert env == {
+        "MASTER_ADDR": "tr-x-train-0.tr-x.ml.svc",
+        "MASTER_PORT": "29500",
+        "NNODES": "2",
+        "NPROC_PER_NODE": "8",
+        "NODE_RANK": "1",
+        "WORLD_SIZE": "16",
+        "RANK": "8",
+        "LOCAL_RANK": "0",
+    }
+    argv = launch_argv(["qpa", "train", "sft", "--config", "/etc/qpa/sft.yaml"], env)
+    assert argv[:7] == [
+        "torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=1",
+        "--master-addr=tr-x-train-0.tr-x.ml.svc", "--master-port=29500", "--no-python",
+    ]  # fmt: skip
+    assert argv[7:] == ["qpa", "train", "sft", "--config", "/etc/qpa/sft.yaml"]
+    ds = launch_argv(["qpa", "train", "sft"], env, launcher="deepspeed", hostfile="/etc/hosts.ds")
+    assert "--no_ssh" in ds and "--node_rank=1" in ds and "--hostfile=/etc/hosts.ds" in ds
+    assert hostfile_text(2, 8, "tr-x", "tr-x-train").splitlines() == [
+        "tr-x-train-0.tr-x slots=8",
+        "tr-x-train-1.tr-x slots=8",
+    ]
+    with pytest.raises(ValueError, match="JOB_COMPLETION_INDEX"):
+        launch_env(nodes=2, environ={})
+    with pytest.raises(ValueError, match="outside"):
+        launch_env(2, nodes=2, environ={})
+    with pytest.raises(ValueError, match="hostfile"):
+        launch_argv(["qpa"], env, launcher="deepspeed")
+    import qpa.cli.train  # noqa: F401
+    from typer.testing import CliRunner
+
+    from qpa.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        ["train", "launch", "--nodes", "2", "--gpus-per-node", "4", "--service", "svc",
+         "--index", "0", "--dry-run", "--", "qpa", "train", "sft", "--config", "c.yaml"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["env"]["RANK"] == "0" and plan["argv"][-5:] == [
+        "qpa", "train", "sft", "--config", "c.yaml"
+    ]  # fmt: skip
+
+
+def test_settings_map_to_trl_and_reject_unknown_fields(tmp_path: Path) -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "sft.yaml"
+    config = SFTConfig.from_yaml(path, {"deepspeed.zero_stage": 3, "trl.logging_first_step": False})
+    assert config.deepspeed.zero_stage == 3 and config.checkpoint.resume == "auto"
+    args = config.to_trl(bf16=False, gradient_checkpointing=False)
+    assert args.save_steps == config.checkpoint.every_steps and args.save_strategy == "steps"
+    assert args.bf16 is False and args.activation_checkpointing is False
+    assert args.logging_first_step is False and args.max_length == config.max_length
+    assert config.resolve_gradient_checkpointing(64) is False
+    assert config.resolve_gradient_checkpointing(4096) is True
+    with pytest.raises(ConfigError, match="unknown trl.SFTConfig fields: no_such_field"):
+        config.model_copy(update={"trl": {"no_such_field": 1}}).to_trl()
+    with pytest.raises(ConfigError, match="deepspeed.zero_stage"):
+        SFTConfig.from_dict({"model": "m", "dataset": "d", "deepspeed": {"zero_stage": 5}})
+
+
+def test_checkpoint_integrity_and_latest(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "checkpoint-3"
+    (folder / "global_step3").mkdir(parents=True)
+    (folder / "trainer_state.json").write_text('{"global_step": 3}')
+    (folder / "global_step3" / "shard.pt").write_bytes(b"x" * 100)
+    record_local(folder, 3)
+    store = CheckpointStore.open(tmp_path / "store", "trainingruns/t")
+    assert store.latest() is None
+    store.upload(folder, 3)
+    assert store.steps() == [3] and store.latest() is not None
+    restored = store.download(3, tmp_path / "restore" / "checkpoint-3")
+    assert (restored / "global_step3" / "shard.pt").read_bytes() == b"x" * 100
+    assert not verify_local(restored)
+    # corruption is caught, locally and in the store
+    (folder / "global_step3" / "shard.pt").write_bytes(b"y" * 100)
+    assert verify_local(folder) and latest_local(tmp_path / "run") is None
+    object_path = tmp_path / "store" / "trainingruns/t/checkpoints/checkpoint-3/trainer_state.json"
+    object_path.write_text('{"global_step": 4}')
+    with pytest.raises(CheckpointError, match="does not match its SHA-256"):
+        store.download(3, tmp_path / "again")
+    # an upload without COMPLETE (a node died) does not count
+    other = CheckpointStore.open(tmp_path / "store", "trainingruns/u")
+    other.upload(folder, 5, nodes=2)
+    assert other.steps() == []
+
+
+def test_metrics_jsonl_and_prometheus(tmp_path: Path) -> None:
+    metrics = TrainMetrics("m1", "rl", jsonl=tmp_path / "m.jsonl", textfile=tmp_path / "m.prom")
+    metrics.log(1, loss=0.5, reward=0.25, success_rate=0.5, output_tokens=100, tokens=400,
+                care_tiers={"progress_shaping": 1, "outcome_consolidation": 3})  # fmt: skip
+    metrics.log(2, loss=float("nan"), reward=0.75, output_tokens=50)
+    records = read_metrics(tmp_path / "m.jsonl")
+    assert [r["step"] for r in records] == [1, 2] and "loss" not in records[1]
+    assert records[0]["care_tiers"] == {
+        "progress_shaping": 0.25, "outcome_consolidation": 0.75, "efficiency_refinement": 0.0
+    }  # fmt: skip
+    assert metrics.value("qpa_train_reward") == 0.75
+    assert metrics.value("qpa_train_output_tokens_total") == 150
+    assert metrics.value("qpa_train_care_tier_share", tier="outcome_consolidation") == 0.75
+    text = (tmp_path / "m.prom").read_text()
+    assert 'qpa_train_reward{run="m1",stage="rl"} 0.75' in text
+    with pytest.raises(ValueError, match="unknown CARE tiers"):
+        metrics.log(3, care_tiers={"greedy": 1})
