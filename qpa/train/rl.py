@@ -4,17 +4,19 @@ One step of the loop:
 
 1. **Sample tasks.** `tasks_per_step` tasks from the pool (a suite split, a tasks JSONL, a
    dataset's task ids), seeded by `(seed, step)`, so a resumed run sees the same sequence.
+   With several DeepSpeed ranks, each rank takes its share of the step's tasks (whole groups).
 2. **Roll out.** `samples_per_task` (k) episodes per task, each `run_episode(env, task,
    HarnessPlanner(backend))` on a `SandboxEnv` or a `RemoteEnv` (`--env-url`, round-robin over
    servers). The backend is `LocalBackend` wrapped around the in-memory policy
    (`LocalBackend.from_loaded`): the Harness renders exactly the prompt a served model would
    see (Scenario Adapter, Skills, memory, text protocol, ChatML). Episodes run in threads; every
    model call of every live episode is collected and answered by **one batched `generate`** in
-   the main thread (when all live episodes wait on the model), so k x tasks episodes cost about
-   as many forward passes as one. For each assistant turn the prompt token ids (as tokenized
-   for generation) and the sampled token ids are recorded. On a GPU, generation may go to a
-   vLLM server instead (`generation.backend: vllm`, TRL's `VLLMClient`, weights pushed after
-   every optimizer step): configuration only, never reached by CPU tests.
+   the main thread (when all live episodes wait on the model), so the k x tasks episodes of a
+   step need about as many `generate` calls as one episode has turns. For each assistant turn
+   the prompt token ids (as tokenized for generation) and the sampled token ids are recorded.
+   On a GPU, generation may go to a vLLM server instead (`generation.backend: vllm`, TRL's
+   `VLLMClient`, weights pushed after every optimizer step): configuration only, never reached
+   by CPU tests.
 3. **Score.** Episodes are grouped by task; CARE (`qpa.train.care.care_group`) picks each
    group's tier and computes rewards and success-anchored advantages; with `--care off`, one
    fixed reward (outcome by default) and vanilla GRPO standardisation. Each trajectory's
@@ -35,10 +37,12 @@ One step of the loop:
    normaliser. Optimizer: AdamW, or a DeepSpeed engine (ZeRO-2/3, gloo on CPU) with
    `managed_gradient_accumulation: false`, so a step may hold any number of micro-batches.
 5. **Record.** Metrics (loss, reward, success rate, CARE tier mix, output tokens, tool calls,
-   turns, timings) go to `qpa.train.metrics.TrainMetrics` (JSONL + Prometheus); a checkpoint
-   (weights + tokenizer as a Hugging Face folder, optimizer, step, RNG) every
-   `checkpoint.every_steps` steps, uploaded to the store when one is configured; `--resume`
-   continues from the newest complete one up to the same final step count.
+   turns, timings) go to `qpa.train.metrics.TrainMetrics` (JSONL + Prometheus). Every
+   `checkpoint.every_steps` steps `<output_dir>/checkpoint-<step>/` is written (`model/`: weights
+   + tokenizer as a Hugging Face folder; optimizer or DeepSpeed state; `rl_state.json`; RNG),
+   hashed and uploaded to the store (`qpa.train.checkpoint`); `--resume` continues from the
+   newest complete one, local or in the store, up to the same final step count. At the end,
+   `<output_dir>/final/` (and `<prefix>/final` in the store) holds the trained model.
 
 Why a lean loop instead of TRL's `GRPOTrainer` hooks: the Harness, not the trainer, owns the
 conversation. TRL's `rollout_func` must return one prompt and one completion per sample with an
@@ -49,10 +53,11 @@ next prompt), so that layout would train on tokens the model never saw, or drop 
 whole trajectories per group (verifier progress, tokens, tool calls) and replaces the advantage
 computed inside TRL's private `_generate_and_score_completions`, a method that changes between
 releases. And a k x tasks group of multi-turn episodes needs dynamic batching across episodes
-that TRL's rollout hook does not provide. What TRL does well is reused: its vLLM client for GPU
-generation and weight sync, and its loss (the same clipped objective, the same k3 KL estimator,
-the same token-level normalisation). The loop is one file, with no hidden state machine, and the
-benchmark (`benchmarks/rl_step.py`) compares it against plain `GRPOTrainer` per step.
+that TRL's rollout hook does not provide. What TRL does well is kept: its vLLM client drives GPU
+generation and weight sync, and the loss is TRL's GRPO objective (the same clipped surrogate, k3
+KL estimator and `dapo` token-level normalisation), so `--care off` is vanilla GRPO as TRL
+computes it. The loop is one file with no hidden state machine; `benchmarks/rl_step.py` times a
+step of it against plain `GRPOTrainer` on the same model and prompts.
 """
 
 from __future__ import annotations
@@ -1365,10 +1370,17 @@ class RLTrainer:
         finished = time.perf_counter()
         self.step = step
         metrics = self._step_metrics(episodes, groups, samples, update)
+        tokens = int(
+            sum(
+                e.trajectory.totals.prompt_tokens + e.trajectory.totals.completion_tokens
+                for e in episodes
+            )
+        )
         metrics.update(
             rollout_s=rolled - started,
             update_s=finished - rolled,
             step_s=finished - started,
+            tokens_per_second=tokens / max(finished - started, 1e-9),
         )
         tiers: dict[str, int] = {
             tier: sum(1 for g in groups if g.tier == tier) for tier in CARE_TIERS
@@ -1376,12 +1388,6 @@ class RLTrainer:
         self.history.append(metrics)
         if step % cfg.metrics.logging_steps == 0 or step == cfg.steps:
             output = int(sum(e.trajectory.totals.completion_tokens for e in episodes))
-            tokens = int(
-                sum(
-                    e.trajectory.totals.prompt_tokens + e.trajectory.totals.completion_tokens
-                    for e in episodes
-                )
-            )
             self.metrics.log(step, tokens=tokens, output_tokens=output, care_tiers=tiers, **metrics)
         if step % cfg.checkpoint.every_steps == 0 or step == cfg.steps:
             self.save_checkpoint()

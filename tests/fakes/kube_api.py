@@ -1537,8 +1537,10 @@ class KubeAPI(kmock.KubernetesEmulator):
     # ------------------------------------------------------------------ writes
 
     def _check_kind(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
-        if "kind" not in obj or not obj["kind"]:
-            raise ApiError.bad_request(f"Object 'Kind' is missing in '{json.dumps(obj)[:200]}'")
+        if not obj.get("kind"):
+            if rtype.crd is not None:  # typed (built-in) endpoints default it from the URL
+                raise ApiError.bad_request(f"Object 'Kind' is missing in '{json.dumps(obj)[:200]}'")
+            obj["kind"] = rtype.kind
         if obj.get("apiVersion") and obj["apiVersion"] != rtype.api_version:
             raise ApiError.bad_request(
                 f"the API version in the data ({obj['apiVersion']}) does not match the expected "
@@ -1651,7 +1653,10 @@ class KubeAPI(kmock.KubernetesEmulator):
             if unknown and mode != "Ignore":
                 notes = [f'unknown field "{path}"' for path in unknown]
                 self.warnings.extend(notes)
-                headers["Warning"] = ", ".join(f'299 - "{note}"' for note in notes)
+                headers["Warning"] = ", ".join(
+                    '299 - "' + note.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                    for note in notes
+                )
             rtype.schema.default(obj)
             errors += rtype.schema.validate(obj, old)
         errors += self._metadata_errors(rtype, obj)

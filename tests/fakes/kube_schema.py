@@ -340,7 +340,7 @@ class CustomResourceSchema:
                 yield FieldError(
                     field,
                     "FieldValueInvalid",
-                    f"Invalid value: {go_value(value)}: {exc} evaluating rule: {text}",
+                    f"Invalid value: {json.dumps(_type_of(value))}: {exc} evaluating rule: {text}",
                 )
                 continue
             if result is not True:
@@ -351,7 +351,8 @@ class CustomResourceSchema:
                 elif reason == "FieldValueRequired":
                     yield FieldError(field, reason, f"Required value: {message}")
                 else:
-                    yield FieldError(field, reason, f"Invalid value: {go_value(value)}: {message}")
+                    shown = json.dumps(_type_of(value))
+                    yield FieldError(field, reason, f"Invalid value: {shown}: {message}")
         if isinstance(value, dict):
             props = schema.get("properties") or {}
             extra = schema.get("additionalProperties")

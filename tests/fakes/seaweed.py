@@ -27,6 +27,7 @@ Register with `pytest_plugins = ["fakes.seaweed"]` in tests/conftest.py.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -35,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -268,6 +270,15 @@ class SeaweedS3:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """weed leaves gRPC unix sockets (`/tmp/seaweedfs-<component>-<port>.sock`) behind."""
+        for port in self.ports.values():
+            for path in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                with contextlib.suppress(OSError):
+                    if path.is_socket():
+                        path.unlink()
 
     def kill(self) -> None:
         """Crash the server (SIGKILL), as a node failure would."""

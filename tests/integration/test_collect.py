@@ -281,3 +281,18 @@ def test_s3_outage_outlasting_the_run_uploads_on_the_next_run(
     check_dataset(out, TASKS, 2, config)
     assert not list(second.spool_dir.glob("ready/*.jsonl"))
     shutil.rmtree(second.spool_dir)
+
+
+def test_cli_collect_to_s3_with_credentials_from_the_environment(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    out = seaweed.root("cli")
+    args = ["collect", "--limit", "4", "-k", "2", "--out", out, "--spool-dir", str(tmp_path)]
+    answer = CliRunner().invoke(app, args)
+    assert answer.exit_code == 0, answer.output
+    check_dataset(out, select_suite_tasks("mobilepa", "train", limit=4), 2)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    denied = CliRunner().invoke(app, args)
+    assert denied.exit_code == 2 and "access denied" in denied.output.replace("\n", " ")

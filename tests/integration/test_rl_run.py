@@ -2,10 +2,13 @@
 
 A random tiny policy never solves a sandbox task, so most tests act in `ScoredSandbox`: the real
 sandbox with a stand-in verifier whose outcome depends on the episode's index (a policy that
-sometimes succeeds), so groups land in several CARE tiers and advantages are not all zero. What is checked: CARE on and off both train (weights move, metrics logged with the
-tier mix); environment-feedback tokens carry no loss and get exactly zero gradient; the same run
-works under DeepSpeed ZeRO-2 and ZeRO-3 (world size 1, gloo); a resumed run stops at the same
-final step; rollouts go through a real environment server (`qpa.envs.server`) over HTTP.
+sometimes succeeds), so groups land in several CARE tiers and advantages are not all zero.
+
+What is checked: CARE on and off both train (weights move, metrics logged with the tier mix);
+environment-feedback tokens carry no loss and get exactly zero gradient; the same run works under
+DeepSpeed ZeRO-2 and ZeRO-3 (world size 1, gloo, with a KL reference model); a resumed run (from
+the local folder or from the checkpoint store) stops at the same final step; rollouts go through
+a real environment server (`qpa.envs.server`) over HTTP.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ pytest.importorskip("transformers")
 from qpa.contract import Task, Verification  # noqa: E402
 from qpa.envs.sandbox import SandboxEnv  # noqa: E402
 from qpa.envs.sandbox.suite import generate_suite  # noqa: E402
+from qpa.train.config import ConfigError  # noqa: E402
 from qpa.train.metrics import read_metrics  # noqa: E402
 from qpa.train.rl import (  # noqa: E402
     LossSettings,
     RLConfig,
     RLTrainer,
-    Sample,
     Turn,
     build_samples,
     collate,
@@ -85,10 +88,10 @@ def tasks() -> list[Task]:
     return sorted(pool, key=lambda t: len(t.instruction))[:3]
 
 
-def make_config(checkpoint: Path, out: Path, **overrides: Any) -> RLConfig:
+def make_config(model: Path, out: Path, **overrides: Any) -> RLConfig:
     data: dict[str, Any] = {
         "name": "rl-test",
-        "model": str(checkpoint),
+        "model": str(model),
         "output_dir": str(out),
         "steps": 2,
         "tasks_per_step": 2,
@@ -278,7 +281,9 @@ def test_deepspeed_zero_world_size_one(
 def test_resume_reaches_the_same_final_step(
     checkpoint: Path, tasks: list[Task], tmp_path: Path
 ) -> None:
-    config = make_config(checkpoint, tmp_path, steps=3)
+    out = tmp_path / "run"
+    store = tmp_path / "store"
+    config = make_config(checkpoint, out, steps=3, checkpoint={"store": str(store)})
     first = RLTrainer(config, tasks=tasks, environment=scored)
     first.train_step()
     first.train_step()  # "killed" after step 2 (checkpoints every step)
@@ -291,13 +296,30 @@ def test_resume_reaches_the_same_final_step(
     assert second.step == second.resumed_from == 2
     result = second.train()
     assert result.final_step == 3 and result.resumed_from == 2
-    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
-    kept = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    kept = sorted(p.name for p in out.glob("checkpoint-*"))
     assert kept == ["checkpoint-2", "checkpoint-3"]  # keep_last=2
     assert result.final_dir is not None and (result.final_dir / "config.json").exists()
+    assert result.final_uri is not None and result.final_uri.endswith("trainingruns/rl-test/final")
 
-    again = run_rl(resumed_config, tasks=tasks, resume=True)  # nothing left to do
+    # A new pod with an empty working folder resumes from the store; nothing is left to do.
+    again = run_rl(
+        resumed_config.model_copy(update={"output_dir": str(tmp_path / "fresh")}),
+        tasks=tasks,
+        resume=True,
+    )
     assert again.final_step == 3 and again.resumed_from == 3
+
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        RLTrainer(
+            resumed_config.model_copy(
+                update={
+                    "output_dir": str(tmp_path / "empty"),
+                    "checkpoint": resumed_config.checkpoint.model_copy(update={"store": None}),
+                }
+            ),
+            tasks=tasks,
+        )
 
 
 # --------------------------------------------------------------------------- env server
@@ -335,7 +357,9 @@ def serving(counts: Counter[str]) -> Iterator[str]:
         sock.close()
 
 
-def test_rollouts_through_an_env_server(checkpoint: Path, tasks: list[Task], tmp_path: Path) -> None:
+def test_rollouts_through_an_env_server(
+    checkpoint: Path, tasks: list[Task], tmp_path: Path
+) -> None:
     counts: Counter[str] = Counter()
     with serving(counts) as url:
         config = make_config(checkpoint, tmp_path, steps=1)

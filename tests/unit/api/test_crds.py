@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import yaml
+from fakes.kube_cel import compile_rule
+from fakes.kube_schema import CustomResourceSchema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from fakes.kube_cel import compile_rule
-from fakes.kube_schema import CustomResourceSchema
 from qpa.api import RESOURCES, parse_resource
 from qpa.api.crdgen import (
     HEADER,
@@ -133,9 +133,9 @@ def test_secrets_are_referenced_never_inlined() -> None:
         found = []
         for key, prop in (node.get("properties") or {}).items():
             lowered = key.lower()
-            if any(word in lowered for word in ("password", "token", "secretkey", "apikey")):
-                if not lowered.endswith(("ref", "key")):
-                    found.append(f"{path}.{key}")
+            secret = any(w in lowered for w in ("password", "token", "secretkey", "apikey"))
+            if secret and not lowered.endswith(("ref", "key")):
+                found.append(f"{path}.{key}")
             found += walk(prop, f"{path}.{key}")
         if isinstance(node.get("items"), dict):
             found += walk(node["items"], f"{path}[]")
@@ -207,7 +207,9 @@ def test_examples_cover_every_kind() -> None:
     assert (EXAMPLES / "trainingrun.yaml").exists()
 
 
-@pytest.mark.parametrize("doc", example_docs(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+@pytest.mark.parametrize(
+    "doc", example_docs(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}"
+)
 def test_every_example_validates_against_its_crd(doc: dict[str, Any]) -> None:
     plural = next(r.info.plural for r in RESOURCES if r.info.kind == doc["kind"])
     schema = CustomResourceSchema(schema_of(crd_files()[f"qpa.ai_{plural}.yaml"]))
@@ -231,8 +233,10 @@ def json_like(draw: st.DrawFn) -> Any:
     return draw(
         st.recursive(
             scalars,
-            lambda children: st.lists(children, max_size=4)
-            | st.dictionaries(st.text(min_size=1, max_size=12), children, max_size=4),
+            lambda children: (
+                st.lists(children, max_size=4)
+                | st.dictionaries(st.text(min_size=1, max_size=12), children, max_size=4)
+            ),
             max_leaves=12,
         )
     )

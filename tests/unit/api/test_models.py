@@ -172,7 +172,7 @@ def test_spec_level_rules() -> None:
     with pytest.raises(ValidationError, match="stage sft needs at least one dataset"):
         api.TrainingRunSpec.model_validate({**base, "datasets": []})
     release = example("HarnessRelease")["spec"]
-    with pytest.raises(ValidationError, match="benchmark.samples must be at least"):
+    with pytest.raises(ValidationError, match=r"benchmark\.samples must be at least"):
         api.HarnessReleaseSpec.model_validate(
             {**release, "benchmark": {"samples": 1}, "gate": {"minSamples": 2}}
         )
@@ -213,7 +213,9 @@ def test_conditions_keep_their_transition_time_until_the_status_changes() -> Non
         "lastTransitionTime": "2026-01-01T00:02:00Z",
     }
     with pytest.raises(ValidationError):
-        api.Condition(type="Ready", status="Maybe", reason="X", last_transition_time=t0)  # type: ignore[arg-type]
+        api.Condition.model_validate(
+            {"type": "Ready", "status": "Maybe", "reason": "X", "lastTransitionTime": t0}
+        )
 
 
 def test_lookup_by_kind_plural_and_short_name() -> None:
@@ -221,9 +223,9 @@ def test_lookup_by_kind_plural_and_short_name() -> None:
     assert resource_for_kind("harnessreleases") is HarnessRelease
     assert resource_for_kind("rp") is RolloutPool
     assert resource_for_kind("taskbatch") is TaskBatch
-    with pytest.raises(KeyError, match="unknown qpa.ai kind"):
+    with pytest.raises(KeyError, match=r"unknown qpa\.ai kind"):
         resource_for_kind("Pod")
-    with pytest.raises(ValueError, match="apiVersion must be qpa.ai/v1alpha1"):
+    with pytest.raises(ValueError, match=r"apiVersion must be qpa\.ai/v1alpha1"):
         parse_resource({"apiVersion": "v1", "kind": "TrainingRun"})
 
 

@@ -285,3 +285,24 @@ def test_spool_retries_through_an_outage(tmp_path: Path) -> None:
     parts = up.close(timeout=10)
     assert [p.rows for p in parts] == [1, 1, 1, 1] and up.failures >= 1
     assert len(store.list("parts/")) == 4 and up.pending() == []
+
+
+def test_store_operations_are_counted(store: FileStore) -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ok = sample("qpa_store_operations_total", backend="file", op="put", outcome="ok")
+    missing = sample("qpa_store_operations_total", backend="file", op="get", outcome="not_found")
+    written = sample("qpa_store_bytes_total", backend="file", direction="out")
+    store.put_bytes("m.bin", b"12345")
+    with pytest.raises(ArtifactNotFound):
+        store.get_bytes("absent.bin")
+    assert sample("qpa_store_operations_total", backend="file", op="put", outcome="ok") == ok + 1
+    assert (
+        sample("qpa_store_operations_total", backend="file", op="get", outcome="not_found")
+        == missing + 1
+    )
+    assert sample("qpa_store_bytes_total", backend="file", direction="out") == written + 5
+    assert sample("qpa_store_operation_seconds_count", backend="file", op="put") >= 1
