@@ -9,8 +9,8 @@ tables, asserts nothing). What is measured on this machine:
   16 workers spread round-robin), each to a `file://` store and to S3 (SeaweedFS `weed mini` on
   127.0.0.1, started here). Wall time covers the whole call: the resume scan, the episodes,
   the uploads, and the manifest. The baseline is the bare episode loop in this process
-  (`run_episode` on one `SandboxEnv`, nothing serialized or stored): what collection costs
-  on top of running episodes.
+  (`run_episode` on one `SandboxEnv`, or on one `RemoteEnv`, nothing serialized or stored):
+  what collection costs on top of running episodes.
 - **Store** (`qpa.store`): MB/s of `put_bytes`/`get_bytes` for 1 MB objects (sequential, 64 of
   them) and `put_file`/`get_file` for a 64 MB object (multipart, 16 MiB parts), SeaweedFS
   against the file store on local disk as the baseline; every write hashes (SHA-256) and every
@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the SeaweedFS launcher lives with the
 from fakes.seaweed import SeaweedS3, find_weed  # noqa: E402
 
 from qpa.data.collect import collect, select_suite_tasks  # noqa: E402
+from qpa.envs.remote import RemoteEnv  # noqa: E402
 from qpa.envs.sandbox import SandboxEnv  # noqa: E402
 from qpa.harness.factory import PlannerFactory, PlannerSpec  # noqa: E402
 from qpa.harness.runner import run_episode  # noqa: E402
@@ -100,9 +101,9 @@ def timed(fn: Callable[[], object]) -> float:
 # --------------------------------------------------------------------------- collection
 
 
-def bare_loop(tasks: list, samples: int) -> float:
+def bare_loop(tasks: list, samples: int, url: str | None = None) -> float:
     """Episodes/s of the plain loop: one env, one thread, no serialization, no store."""
-    env = SandboxEnv()
+    env = SandboxEnv() if url is None else RemoteEnv(url)
     factory = PlannerFactory(PlannerSpec("oracle"))
     started = time.perf_counter()
     count = 0
@@ -178,6 +179,7 @@ def main() -> None:
                            seaweed.root("c2"), scratch / "spool", config),
             ]  # fmt: skip
             with env_servers(max(1, cpus)) as urls:
+                remote_baseline = bare_loop(tasks[:100], 2, urls[0])
                 rows += [
                     collection(f"{len(urls)} env servers -> file://", tasks, samples,
                                str(scratch / "c3"), scratch / "spool", None, urls),
@@ -185,7 +187,9 @@ def main() -> None:
                                seaweed.root("c4"), scratch / "spool", config, urls),
                 ]  # fmt: skip
             print("\ncollection (oracle), trajectories/s")
-            print(f"  {'bare episode loop, 1 thread, no store (baseline)':<52} {baseline:8.1f}")
+            print(f"  {'baseline: bare episode loop, 1 thread, no store':<52} {baseline:8.1f}")
+            label = "baseline: same, on one env server over HTTP"
+            print(f"  {label:<52} {remote_baseline:8.1f}")
             for label, ran, rate in rows:
                 print(f"  {label + f' ({ran} traj)':<52} {rate:8.1f}")
             s3 = open_store(seaweed.root("store"), config)

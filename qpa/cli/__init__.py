@@ -14,7 +14,18 @@ app = typer.Typer(
 )
 
 # Each module registers its commands on `app` (or adds a sub-app) when imported.
-_COMMAND_MODULES = ["tasks", "run", "demo", "env", "harness", "bench", "data", "data_stages", "collect", "diagnose"]
+_COMMAND_MODULES = [
+    "tasks",
+    "run",
+    "demo",
+    "env",
+    "harness",
+    "bench",
+    "data",
+    "data_stages",
+    "collect",
+    "diagnose",
+]
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"qpa.cli.{_name}")
 

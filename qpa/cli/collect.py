@@ -198,7 +198,7 @@ def collect_command(
                 store_config=config,
                 flush_timeout_s=flush_timeout,
                 name=name,
-                parents=[tasks] if tasks and "://" in tasks else [],
+                parents=[_as_uri(tasks)] if tasks else [],
                 on_start=started,
                 on_episode=finished,
             )
@@ -247,3 +247,8 @@ def collect_command(
             f"unreachable ({result.error}); rerun the same command to upload them[/]"
         )
         raise typer.Exit(1)
+
+
+def _as_uri(tasks: str) -> str:
+    """The task source as a URI for lineage (a local path becomes file://)."""
+    return tasks if "://" in tasks else Path(tasks).resolve().as_uri()

@@ -68,6 +68,7 @@ import concurrent.futures
 import contextlib
 import copy
 import datetime
+import functools
 import json
 import random
 import re
@@ -1185,7 +1186,7 @@ class KubeAPI(kmock.KubernetesEmulator):
             files.extend(sorted(path.glob("*.yaml")) if path.is_dir() else [path])
         names = []
         for file in files:
-            for doc in yaml.safe_load_all(file.read_text(encoding="utf-8")):
+            for doc in _yaml_documents(file):
                 if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
                     created = self.apply_object(doc)
                     names.append(created["metadata"]["name"])
@@ -2325,6 +2326,21 @@ class KubeAPI(kmock.KubernetesEmulator):
         return dict(SERVER_VERSION)
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _yaml_documents(path: Path) -> list[Any]:
+    """The YAML documents of a file (parsed once per file version: each server installs CRDs)."""
+    stat = path.stat()
+    docs = _parse_yaml(str(path), stat.st_mtime_ns, stat.st_size)
+    return copy.deepcopy(docs)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_yaml(path: str, mtime_ns: int, size: int) -> list[Any]:
+    return list(yaml.load_all(Path(path).read_text(encoding="utf-8"), Loader=_LOADER))
+
+
 def _line(event_type: str, obj: Mapping[str, Any]) -> bytes:
     return json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
 
@@ -2473,6 +2489,24 @@ class KubeAPIServer:
 
     def install_crds(self, paths: Any) -> list[str]:
         return self.call(self.kube.install_crds, paths)
+
+    def events_for(self, resource: str) -> list[tuple[str, dict[str, Any]]]:
+        """The watch events kept for a resource type: (type, object), oldest first."""
+        return self.call(self.kube.events_for, resource)
+
+    async def eventually(
+        self, check: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05
+    ) -> Any:
+        """Await until `check()` returns something truthy (polling with asyncio.sleep)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            if loop.time() >= deadline:
+                raise AssertionError(f"not true within {timeout} s: {check!r}")
+            await asyncio.sleep(interval)
 
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
         return write_kubeconfig(path, self.url, namespace)

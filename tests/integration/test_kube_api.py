@@ -388,7 +388,7 @@ def test_finalizers_hold_deletion(kube_api: KubeAPIServer, kube_client: Any) -> 
         GROUP, VERSION, NS, "harnessreleases", "planner", {"metadata": {"finalizers": None}}
     )
     assert kube_api.get("hr", NS, "planner") is None
-    events = [t for t, obj in kube_api.call(kube_api.kube.events_for, "hr")]
+    events = [event_type for event_type, _ in kube_api.events_for("hr")]
     assert events == ["ADDED", "MODIFIED", "DELETED"]
 
 
@@ -1155,14 +1155,6 @@ async def test_kopf_operator_runs_against_the_emulator(
     def deleted(name: str, **_: Any) -> None:
         seen["deleted"].append(name)
 
-    async def wait_for(check: Any, timeout: float = 15.0) -> Any:
-        for _ in range(int(timeout / 0.05)):
-            value = check()
-            if value:
-                return value
-            await asyncio.sleep(0.05)
-        raise AssertionError("timed out")
-
     with KopfRunner(["run", "-A", "--standalone"], registry=registry, timeout=60) as runner:
         await asyncio.sleep(0.5)
         # Injected server errors on PATCH: kopf retries them (error_backoffs) and converges.
@@ -1173,15 +1165,15 @@ async def test_kopf_operator_runs_against_the_emulator(
             obj = kube_api.get("tr", NS, "planner-sft")
             return obj if obj and obj.get("status", {}).get("phase") == "Running" else None
 
-        obj = await wait_for(running)
+        obj = await kube_api.eventually(running)
         assert obj["metadata"]["finalizers"] == ["qpa.ai/test"]
         kube_api.patch("tr", NS, "planner-sft", {"spec": {"nodes": 5}})
-        await wait_for(
+        await kube_api.eventually(
             lambda: (kube_api.get("tr", NS, "planner-sft") or {}).get("status", {}).get("step") == 5
         )
         kube_api.delete("tr", NS, "planner-sft")
-        await wait_for(lambda: kube_api.get("tr", NS, "planner-sft") is None)
-        events = await wait_for(lambda: kube_api.list_objects("events", NS))
+        await kube_api.eventually(lambda: kube_api.get("tr", NS, "planner-sft") is None)
+        events = await kube_api.eventually(lambda: kube_api.list_objects("events", NS))
     assert runner.exit_code == 0, runner.output
     assert runner.exception is None
     assert seen == {"created": ["planner-sft"], "updated": [5], "deleted": ["planner-sft"]}

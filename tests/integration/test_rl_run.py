@@ -34,14 +34,19 @@ from qpa.envs.sandbox.suite import generate_suite  # noqa: E402
 from qpa.train.config import ConfigError  # noqa: E402
 from qpa.train.metrics import read_metrics  # noqa: E402
 from qpa.train.rl import (  # noqa: E402
+    GenerationFailed,
     LossSettings,
     RLConfig,
     RLTrainer,
+    TaskSource,
+    TokenBatcher,
     Turn,
     build_samples,
     collate,
+    load_tasks,
     policy_loss,
     run_rl,
+    sample_tasks,
     token_logprobs,
 )
 from qpa.train.tiny import TinyConfig, make_tiny_checkpoint, suite_corpus  # noqa: E402
@@ -122,6 +127,50 @@ def moved(before: dict[str, Any], model: Any) -> float:
 
 def scored(index: int) -> SandboxEnv:
     return ScoredSandbox(index)
+
+
+# --------------------------------------------------------------------------- config and tasks
+
+
+def test_example_config_and_task_sources(tasks: list[Task], tmp_path: Path) -> None:
+    from qpa.contract import write_tasks
+    from qpa.store import FileStore
+    from qpa.store.manifest import DatasetManifest, Lineage, ManifestFile, write_manifest
+
+    example = RLConfig.from_yaml(Path(__file__).parents[2] / "examples" / "rl.yaml")
+    assert example.care.enabled and example.samples_per_task >= 2
+    off = RLConfig.from_yaml(
+        Path(__file__).parents[2] / "examples" / "rl.yaml", {"care.enabled": False}
+    )
+    assert not off.care.enabled and off.care.care_config().low == example.care.low
+    with pytest.raises(ConfigError, match="care"):
+        RLConfig.from_dict({"model": "m", "care": {"low": 0.9, "high": 0.1}})
+    with pytest.raises(ConfigError, match="vllm_url"):
+        RLConfig.from_dict({"model": "m", "generation": {"backend": "vllm"}})
+
+    # a tasks JSONL, filtered by ids
+    write_tasks(tmp_path / "tasks.jsonl", tasks)
+    chosen = load_tasks(TaskSource(file=str(tmp_path / "tasks.jsonl"), ids=[tasks[1].id]))
+    assert [t.id for t in chosen] == [tasks[1].id]
+    # a dataset of tasks (rows) and a dataset naming its tasks (lineage) over the suite
+    store = FileStore(tmp_path / "data")
+    info = store.put_bytes("tasks/part-0.jsonl", (tmp_path / "tasks.jsonl").read_bytes())
+    part = ManifestFile.of(info, len(tasks), key="part-0.jsonl")  # keys: relative to the prefix
+    manifest = DatasetManifest(name="t", kind="tasks", files=[part])
+    write_manifest(store, "tasks", manifest)
+    assert len(load_tasks(TaskSource(dataset=str(tmp_path / "data" / "tasks")))) == len(tasks)
+    named = DatasetManifest(name="s", kind="sft", lineage=Lineage.for_tasks([tasks[0].id]))
+    write_manifest(store, "sft", named)
+    assert [t.id for t in load_tasks(TaskSource(dataset=str(tmp_path / "data" / "sft")))] == [
+        tasks[0].id
+    ]
+    with pytest.raises(ConfigError, match="no task"):
+        load_tasks(TaskSource(ids=["nope"]))
+
+    # every task once per epoch, the same sequence for the same seed
+    first = [t.id for step in range(3) for t in sample_tasks(tasks, 1, 7, step)]
+    assert sorted(first) == sorted(t.id for t in tasks)
+    assert first == [t.id for step in range(3) for t in sample_tasks(tasks, 1, 7, step)]
 
 
 # --------------------------------------------------------------------------- CARE on / off
@@ -237,6 +286,47 @@ def test_trained_tokens_are_exactly_the_sampled_ones(
         # The environment's answers are in the prompts, never among the trained tokens.
         for later in episode.turns[1:]:
             assert len(later.prompt_ids) > len(episode.turns[0].prompt_ids)
+
+
+def test_token_batcher_answers_waiting_episodes_in_one_batch() -> None:
+    calls: list[list[list[int]]] = []
+
+    def generate(prompts: list[list[int]]) -> list[list[int]]:
+        calls.append(prompts)
+        if any(p[0] < 0 for p in prompts):
+            raise RuntimeError("out of memory")
+        return [[p[0] * 10] for p in prompts]
+
+    def run(values: list[int]) -> tuple[list[Any], TokenBatcher]:
+        batcher = TokenBatcher(generate, max_batch=8)
+        out: list[Any] = [None] * len(values)
+
+        def worker(i: int) -> None:
+            try:
+                out[i] = batcher.submit([values[i]], (0, i))
+                out[i] = [out[i], batcher.submit([values[i] + 1], (0, i))]
+            except GenerationFailed as exc:
+                out[i] = exc
+            finally:
+                batcher.leave()
+
+        batcher.enter(len(values))
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(values))]
+        for thread in threads:
+            thread.start()
+        batcher.serve()
+        for thread in threads:
+            thread.join()
+        return out, batcher
+
+    out, batcher = run([1, 2, 3, 4])
+    assert out == [[[10], [20]], [[20], [30]], [[30], [40]], [[40], [50]]]
+    assert batcher.calls == 2 and [len(c) for c in calls] == [4, 4]  # all episodes at once
+    assert calls[0] == [[1], [2], [3], [4]]  # ordered by episode, whatever the thread timing
+    calls.clear()
+    out, batcher = run([-1, 2])
+    assert all(isinstance(o, GenerationFailed) for o in out)
+    assert isinstance(batcher.failure, RuntimeError)
 
 
 # --------------------------------------------------------------------------- DeepSpeed

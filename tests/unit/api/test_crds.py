@@ -242,7 +242,7 @@ def json_like(draw: st.DrawFn) -> Any:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(json_like())
 def test_yaml_rendering_reads_back_exactly(value: Any) -> None:
     assert yaml.safe_load(render_yaml(value)) == value
