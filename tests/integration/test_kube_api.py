@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from fakes.kube_api import KubeAPIServer, write_kubeconfig
-from fakes.kubectl import Kubectl
+from fakes.kubectl import Kubectl, KubeTools
 
 from qpa.api import RESOURCES, resource_for_kind
 
@@ -1115,6 +1116,13 @@ def test_kubectl_applies_crds_selects_labels_and_lists_resources(kubectl: Kubect
     assert selected == ["rolloutpool.qpa.ai/sandbox"]
     pods = kubectl("get", "rp", "-l", "tier!=cpu", "-o", "name").stdout.split()
     assert pods == ["rolloutpool.qpa.ai/phones"]
+
+
+def test_the_wheel_also_carries_helm(kube_tools: KubeTools) -> None:
+    result = subprocess.run(
+        [str(kube_tools.helm), "version", "--short"], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.startswith("v4.")
 
 
 # --------------------------------------------------------------------------- kopf

@@ -288,9 +288,9 @@ def test_bad_inputs_are_rejected_before_compute(inputs: dict[str, Path], tmp_pat
     with pytest.raises(SFTInputError, match="resume checkpoint file://.*no complete checkpoint"):
         train_sft(settings(inputs, tmp_path / "r6", checkpoint={"resume_from": store + "/x"}))
     # and the CLI says so in one line, with exit code 2
-    import qpa.cli.train  # noqa: F401  (registers `qpa train` until the CLI lists it)
     from typer.testing import CliRunner
 
+    import qpa.cli.train  # noqa: F401  (registers `qpa train` until the CLI lists it)
     from qpa.cli import app
 
     bad = tmp_path / "bad.yaml"
@@ -360,9 +360,9 @@ def test_launch_env_and_argv_for_an_indexed_job() -> None:
         launch_env(2, nodes=2, environ={})
     with pytest.raises(ValueError, match="hostfile"):
         launch_argv(["qpa"], env, launcher="deepspeed")
-    import qpa.cli.train  # noqa: F401
     from typer.testing import CliRunner
 
+    import qpa.cli.train  # noqa: F401
     from qpa.cli import app
 
     result = CliRunner().invoke(

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
-from sandbox_steps import call, ok, open_env, record
+from helpers.sandbox_steps import call, ok, open_env, record
 
 from qpa.contract import Action, MemoryItem, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sandbox_steps import fails, ok, open_env
+from helpers.sandbox_steps import fails, ok, open_env
 
 from qpa.contract import SPLITS, Check, Finish, MemoryItem, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv

@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from sandbox_steps import call, open_env
+from helpers.sandbox_steps import call, open_env
 
 from qpa.contract import CAPABILITIES, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv

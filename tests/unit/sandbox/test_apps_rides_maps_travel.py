@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
-from sandbox_steps import ok, open_env, refused
+from helpers.sandbox_steps import ok, open_env, refused
 
 from qpa.contract import CAPABILITIES, Task
 from qpa.envs.sandbox import SandboxEnv
