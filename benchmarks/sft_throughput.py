@@ -17,10 +17,11 @@ TRL's collator excluded) and the background checkpoint thread, as shares of the 
 Both report TRL's `num_tokens` (non-padding tokens, the same batches in both) over the training
 loop (`train_runtime`; not data preparation or model loading): tokens per wall second and per
 CPU second of this process, the best of the repeats (the run least disturbed by other load on
-a shared machine; the first run of each pays the warm-up). The end-to-end wall time (inputs checked, data tokenized, model loaded, final model saved) is
-printed too. Aim: qpa's overhead on the training loop <= 5%. Under 3 minutes on 2 idle cores.
+a shared machine; the first run of each pays the warm-up). The end-to-end wall time (inputs
+checked, data tokenized, model loaded, final model saved) is printed too. Aim: qpa's overhead
+on the training loop <= 5%. Under 3 minutes on 2 idle cores.
 
-    .venv/bin/python benchmarks/sft_throughput.py [--steps 10] [--repeats 4]
+    .venv/bin/python benchmarks/sft_throughput.py [--steps 8] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -114,9 +115,7 @@ def run_trl(model_dir: Path, data_dir: Path, out: Path, opts: argparse.Namespace
         report_to="none",
         disable_tqdm=True,
     )
-    trainer = SFTTrainer(
-        model=model, args=args, train_dataset=rows, processing_class=tokenizer
-    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer)
     trainer.remove_callback(PrinterCallback)
     measured = timed_train(trainer)
     trainer.save_model(str(out / "final"))
@@ -172,14 +171,20 @@ def run_qpa(model_dir: Path, data_dir: Path, out: Path, opts: argparse.Namespace
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run")
-    parser.add_argument("--repeats", type=int, default=4, help="runs of each, alternating")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--rows", type=int, default=48, help="dataset rows")
     parser.add_argument("--logging-steps", type=int, default=2)
-    parser.add_argument("--save-steps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--save-steps", type=int, default=4)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (0: torch's default); 1 by default: on a small shared "
+        "machine two OpenMP threads stall on each other when the other core is busy",
+    )
     opts = parser.parse_args()
     quiet()
     import datasets

@@ -26,6 +26,8 @@ _COMMAND_MODULES = [
     "collect",
     "diagnose",
     "crds",
+    "train",
+    "train_rl",
 ]
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"qpa.cli.{_name}")

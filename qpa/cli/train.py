@@ -126,8 +126,9 @@ def sft(
     dry_run: Annotated[
         bool,
         typer.Option(
-            "--dry-run", help="Check the inputs and print the plan (data, TRL and DeepSpeed "
-            "settings, resume point); train nothing."
+            "--dry-run",
+            help="Check the inputs and print the plan (data, TRL and DeepSpeed "
+            "settings, resume point); train nothing.",
         ),
     ] = False,
 ) -> None:

@@ -17,9 +17,9 @@ Each node uploads the files it holds (ranks write their own ZeRO shards) with it
 0 writes `COMPLETE.json` once every node's manifest is there. Only checkpoints with
 `COMPLETE.json` count, so a run killed during an upload never resumes from half a checkpoint.
 `CheckpointUploader` does the hashing and uploading in a background thread (training goes on),
-from a hard-linked snapshot of the folder (so local rotation cannot delete files under it). `download` fetches the union of
-the node manifests and checks every file's hash. The store keeps every checkpoint (the local
-folder keeps the last few).
+from a hard-linked snapshot of the folder (so local rotation cannot delete files under it).
+`download` fetches the union of the node manifests and checks every file's hash. The store keeps
+every checkpoint (the local folder keeps the last few).
 """
 
 from __future__ import annotations
@@ -38,7 +38,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from qpa.store import ArtifactNotFound, ArtifactStore, join_key, open_store, sha256_file
+from qpa.store import (
+    ArtifactNotFound,
+    ArtifactStore,
+    join_key,
+    open_object,
+    open_store,
+    sha256_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +196,7 @@ class CheckpointStore:
             "nodes": nodes,
             "completed": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        self.store.put_bytes(
-            join_key(base_key, META_DIR, COMPLETE), json.dumps(record).encode()
-        )
+        self.store.put_bytes(join_key(base_key, META_DIR, COMPLETE), json.dumps(record).encode())
         return self.store.uri(base_key)
 
     def upload(self, folder: Path, step: int, *, node_rank: int = 0, nodes: int = 1) -> str:
@@ -354,11 +359,13 @@ def download_checkpoint(
     files: dict[str, dict[str, Any]] = {}
     for node in range(nodes):
         try:
-            manifest = json.loads(store.get_bytes(join_key(base_key, META_DIR, f"node-{node}.json")))
+            manifest = json.loads(
+                store.get_bytes(join_key(base_key, META_DIR, f"node-{node}.json"))
+            )
         except ArtifactNotFound:
             raise CheckpointError(f"checkpoint {where} lacks the manifest of node {node}") from None
         files.update(manifest["files"])
-    staging = dest.with_name(dest.name + ".download")
+    staging = dest.with_name(f"{dest.name}.download-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for rel, entry in sorted(files.items()):
@@ -376,6 +383,9 @@ def download_checkpoint(
         json.dumps({"step": resolved, "node_rank": 0, "files": files}, indent=1, sort_keys=True)
     )
     if dest.exists():
+        if not verify_local(dest):  # another process (a rank of another node) got there first
+            shutil.rmtree(staging, ignore_errors=True)
+            return dest
         shutil.rmtree(dest)
     os.replace(staging, dest)
     return dest
@@ -399,21 +409,32 @@ def materialize(uri: str, dest: Path) -> Path:
                 raise FileNotFoundError(f"{uri} does not exist")
             return store.root
     marker = dest / ".qpa-complete"
-    if marker.is_file() and marker.read_text().strip() == uri:
-        return dest
+    if marker.is_file():
+        recorded, _, single = marker.read_text().partition("\n")
+        if recorded == uri:
+            return dest / single.strip() if single.strip() else dest
     store = open_store(uri)
     keys = store.list("")
-    if not keys:
-        raise FileNotFoundError(f"nothing stored under {uri}")
-    staging = dest.with_name(dest.name + ".download")
+    staging = dest.with_name(f"{dest.name}.download-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    for key in keys:
-        target = staging.joinpath(*key.split("/"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        store.get_file(key, target)
-    (staging / ".qpa-complete").write_text(uri + "\n")
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging, dest)
-    return dest
+    if keys:
+        for key in keys:
+            target = staging.joinpath(*key.split("/"))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            store.get_file(key, target)
+    else:  # the URI may name one object (s3://bucket/data/rows.jsonl)
+        parent, key = open_object(uri)
+        try:
+            parent.get_file(key, staging / key)
+        except ArtifactNotFound:
+            raise FileNotFoundError(f"nothing stored under {uri}") from None
+    single = "" if keys else key
+    (staging / ".qpa-complete").write_text(uri + "\n" + single)
+    if marker.is_file() and marker.read_text().partition("\n")[0] == uri:
+        shutil.rmtree(staging, ignore_errors=True)  # another rank of this node got there first
+    else:
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, dest)
+    return dest / single if single else dest  # one object: the path is the file itself

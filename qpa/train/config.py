@@ -159,11 +159,13 @@ class SFTConfig(BaseModel):
         max_length (`int`, defaults to `4096`):
             Maximum tokens per example; longer ones keep their start (`truncation_mode=
             "keep_start"`), and examples left without trainable tokens are dropped.
-        weighting (`"repeat"` or `"none"`, defaults to `"repeat"`):
+        weighting (`"auto"`, `"repeat"` or `"none"`, defaults to `"auto"`):
             How the `weight` column is honoured. `repeat`: weights are normalised to mean 1
             and each example appears `floor(w)` times plus once more with probability
             `w - floor(w)` (seeded), before the usual shuffling: deterministic, so a resumed
-            run sees the same data order. `none`: ignore weights.
+            run sees the same data order. `none`: ignore weights. `auto`: `none` for a mixture
+            written by `qpa data mix` (it already draws each item as many times as its weight
+            asks, and keeps `weight` as a record), `repeat` otherwise.
         per_device_train_batch_size (`int`, defaults to `4`):
             Examples per device per forward pass.
         gradient_accumulation_steps (`int`, defaults to `1`):
@@ -213,7 +215,7 @@ class SFTConfig(BaseModel):
     dataset_split: str = "train"
     output_dir: str | None = None
     max_length: int = Field(default=4096, ge=8)
-    weighting: Literal["repeat", "none"] = "repeat"
+    weighting: Literal["auto", "repeat", "none"] = "auto"
     per_device_train_batch_size: int = Field(default=4, ge=1)
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     learning_rate: float = Field(default=1e-5, gt=0)

@@ -14,7 +14,7 @@ Prometheus collectors, labelled by `run` and `stage` (`sft`, `rl`):
 | `qpa_train_learning_rate`, `qpa_train_grad_norm` | optimizer state |
 | `qpa_train_tokens_per_second` | training throughput (all tokens) over the last interval |
 | `qpa_train_tokens_total` | tokens processed |
-| `qpa_train_output_tokens_total` | output tokens: trained (assistant) tokens in SFT, generated ones in RL |
+| `qpa_train_output_tokens_total` | output tokens: trained assistant tokens (SFT), generated (RL) |
 
 Collectors live in the default registry, created once per process (as `qpa.store.metrics`
 does), so a process exposes them with the store's on one `/metrics` (`serve(port)`), or writes
@@ -54,7 +54,10 @@ SUCCESS: Gauge = _collector(
     Gauge, "qpa_train_success_rate", "Share of successful trajectories.", _LABELS
 )
 CARE_SHARE: Gauge = _collector(
-    Gauge, "qpa_train_care_tier_share", "Share of trajectory groups per CARE tier.", [*_LABELS, "tier"]
+    Gauge,
+    "qpa_train_care_tier_share",
+    "Share of trajectory groups per CARE tier.",
+    [*_LABELS, "tier"],
 )
 STEP: Gauge = _collector(Gauge, "qpa_train_step", "Last optimizer step.", _LABELS)
 LR: Gauge = _collector(Gauge, "qpa_train_learning_rate", "Current learning rate.", _LABELS)

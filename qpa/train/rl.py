@@ -211,7 +211,7 @@ class CareSettings(CareConfig):
 
 
 class RLConfig(_Settings):
-    """An online RL run (`qpa train rl --config rl.yaml`); see `examples/rl.yaml`.
+    """An online RL run (`qpa train rl --config rl.yaml`); see `examples/local/rl.yaml`.
 
     Parameters:
         name: run name (metrics label, default store prefix `trainingruns/<name>`).
@@ -255,7 +255,8 @@ class RLConfig(_Settings):
         """Read a YAML file; `overrides` maps dotted paths (`care.enabled`) to values.
 
         Relative local paths (model, tokenizer, output_dir, tasks file/dataset, checkpoint
-        store/resume_from, metrics files, harness skills) are taken relative to the file.
+        store/resume_from, metrics files, harness skills) are taken relative to the working
+        directory, as for `qpa train sft` and any other command.
         """
         file = Path(path)
         try:
@@ -268,7 +269,7 @@ class RLConfig(_Settings):
             raise ConfigError(f"{file}: expected a mapping of settings, got {type(data).__name__}")
         for dotted, value in (overrides or {}).items():
             set_dotted(data, dotted, value)
-        return cls.from_dict(data, origin=str(file)).relative_to(file.parent)
+        return cls.from_dict(data, origin=str(file)).relative_to(Path.cwd())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, origin: str = "<config>") -> RLConfig:

@@ -19,27 +19,32 @@ Before any compute (`plan_sft`) the inputs are checked and clear errors raised: 
 checkpoint, tokenizer or resume checkpoint (named), a tokenizer whose ids do not fit the model's
 embedding, a dataset without a `messages` column or without a single trainable token (named).
 
-Checkpoints are written every `checkpoint.every_steps` steps, hashed, and uploaded to the store
-(`qpa.train.checkpoint`); `resume: latest|auto` (or `--resume`) continues from the newest complete
-one with optimizer, scheduler, RNG states and step restored. Metrics go to a JSONL log and
-Prometheus (`qpa.train.metrics`).
+Checkpoints are written every `checkpoint.every_steps` steps, then hashed and uploaded to the
+store in a background thread while training goes on (`qpa.train.checkpoint`); `resume:
+latest|auto` (or `--resume`) continues from the newest complete one with optimizer, scheduler,
+RNG states and step restored (a killed run resumed this way ends with bit-identical weights).
+The `weight` column is honoured by seeded repetition (`SFTConfig.weighting`), except for
+mixtures from `qpa data mix`, which already hold each item as many times as its weight asks.
+Metrics go to a JSONL log and Prometheus (`qpa.train.metrics`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import random
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
+from qpa.store import StoreError
 from qpa.train.checkpoint import (
     CheckpointError,
     CheckpointRef,
@@ -192,6 +197,7 @@ class DataStats(BaseModel):
     rows_dropped: int = Field(default=0, description="rows left without trainable tokens")
     rows_truncated: int = 0
     examples: int = Field(default=0, description="training examples after weighting")
+    weighting: str = Field(default="none", description="how the weight column was applied")
     tokens: int = 0
     trainable_tokens: int = 0
     trained_turns: int = 0
@@ -201,33 +207,95 @@ class DataStats(BaseModel):
     capabilities: dict[str, int] = Field(default_factory=dict)
 
 
-def load_rows(source: str, *, split: str = "train", cache_dir: Path) -> Any:
-    """The dataset at `source`: a `save_to_disk` folder (or `DatasetDict`, taking `split`), a
-    store URI of one, or a `.jsonl`/`.json`/`.parquet` file."""
+@dataclass
+class LoadedRows:
+    """A dataset as read, with the store manifest that came with it (if any)."""
+
+    rows: Any
+    manifest: dict[str, Any] | None = None
+
+
+_SAVED = ("dataset_info.json", "state.json", "dataset_dict.json")
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in _SAVED)
+
+
+def _verify_manifest(root: Path, manifest: dict[str, Any], source: str) -> None:
+    """Check the files a store manifest lists against their recorded SHA-256."""
+    from qpa.store import sha256_file
+
+    for entry in manifest.get("files") or []:
+        path = root.joinpath(*str(entry.get("key", "")).split("/"))
+        if not path.is_file():
+            raise SFTInputError(f"dataset {source}: {entry.get('key')} listed but missing")
+        sha, _ = sha256_file(path)
+        if sha != entry.get("sha256"):
+            raise SFTInputError(f"dataset {source}: {entry.get('key')} does not match its SHA-256")
+
+
+def load_rows(source: str, *, split: str = "train", cache_dir: Path) -> LoadedRows:
+    """The dataset at `source`: a `save_to_disk` folder (a `DatasetDict`: its `split`), a store
+    prefix holding one (as `qpa data mix` writes: `manifest.json` + `dataset/`, verified against
+    the manifest), a folder of `.jsonl`/`.parquet` files, or one such file (local or URI)."""
+    import json
+
     import datasets
 
     try:
         path = materialize(source, cache_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError, StoreError) as exc:
         raise SFTInputError(f"dataset {source}: {exc}") from None
+    manifest: dict[str, Any] | None = None
     try:
         if path.is_file():
             kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
             if kind is None:
                 raise SFTInputError(f"dataset {source}: unsupported file type {path.suffix!r}")
-            return datasets.load_dataset(kind, data_files=str(path), split="train")
-        loaded = datasets.load_from_disk(str(path))
+            loaded = datasets.load_dataset(kind, data_files=str(path), split="train")
+            return LoadedRows(loaded)
+        for root in (path, path.parent):
+            if (root / "manifest.json").is_file() and (root == path or path.name == "dataset"):
+                manifest = json.loads((root / "manifest.json").read_text())
+                _verify_manifest(root, manifest, source)
+                break
+        if _is_saved_dataset(path):
+            loaded = datasets.load_from_disk(str(path))
+        elif _is_saved_dataset(path / "dataset"):
+            loaded = datasets.load_from_disk(str(path / "dataset"))
+        else:
+            files = sorted(str(f) for f in path.rglob("*.jsonl")) or sorted(
+                str(f) for f in path.rglob("*.parquet")
+            )
+            if not files:
+                raise SFTInputError(
+                    f"dataset {source}: no saved dataset, .jsonl or .parquet files in it"
+                )
+            kind = "json" if files[0].endswith(".jsonl") else "parquet"
+            loaded = datasets.load_dataset(kind, data_files=files, split="train")
     except SFTInputError:
         raise
     except Exception as exc:
-        raise SFTInputError(f"dataset {source}: cannot load it: {type(exc).__name__}: {exc}") from None
+        raise SFTInputError(
+            f"dataset {source}: cannot load it: {type(exc).__name__}: {exc}"
+        ) from None
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             raise SFTInputError(
                 f"dataset {source}: no split {split!r} (splits: {', '.join(loaded)})"
             )
         loaded = loaded[split]
-    return loaded
+    return LoadedRows(loaded, manifest)
+
+
+def weights_realized(loaded: LoadedRows) -> bool:
+    """Whether the rows already carry their sampling weights as copies (`qpa data mix` draws
+    each item `copies` times and keeps `weight` as a record): then weights are not applied again."""
+    lineage = (loaded.manifest or {}).get("lineage") or {}
+    if lineage.get("generator") == "qpa.data.mix":
+        return True
+    return "trajectory_id" in (loaded.rows.column_names or [])
 
 
 def repeat_indices(weights: Sequence[float], seed: int) -> list[int]:
@@ -260,7 +328,8 @@ def prepare_dataset(
     weighting: str = "repeat",
     seed: int = 0,
 ) -> tuple[Any, DataStats]:
-    """Tokenize with turn-level labels, drop rows without trainable tokens, apply weights.
+    """Tokenize with turn-level labels, drop rows without trainable tokens, apply weights
+    (`weighting`: `repeat` or `none`).
 
     Returns a `datasets.Dataset` with `input_ids` and `labels` only, and its `DataStats`;
     raises `SFTInputError` naming the dataset when nothing is left to train on.
@@ -272,7 +341,7 @@ def prepare_dataset(
         raise SFTInputError(
             f"dataset {name} has no 'messages' column (columns: {', '.join(columns) or 'none'})"
         )
-    stats = DataStats(dataset=name, rows=len(rows))
+    stats = DataStats(dataset=name, rows=len(rows), weighting=weighting)
     if len(rows) == 0:
         raise SFTInputError(f"dataset {name} is empty: no trainable tokens")
     template = chat_template_of(tokenizer)
@@ -344,7 +413,9 @@ def _has_weights(folder: Path) -> bool:
 def check_tokenizer_fits(tokenizer: Any, model_config: Any, *, tokenizer_source: str) -> None:
     """Raise `SFTInputError` when token ids the tokenizer can produce fall outside the model's
     embedding (a tokenizer of another model), naming both sizes."""
-    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    text_config = (
+        model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    )
     rows = getattr(text_config, "vocab_size", None)
     if not isinstance(rows, int):
         return
@@ -365,7 +436,10 @@ def check_tokenizer_fits(tokenizer: Any, model_config: Any, *, tokenizer_source:
             f"tokenizer {tokenizer_source} does not match the model: it has {size} tokens but "
             f"the model's embedding has {rows} rows{detail}"
         )
-    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is None:
+    if (
+        getattr(tokenizer, "pad_token", None) is None
+        and getattr(tokenizer, "eos_token", None) is None
+    ):
         raise SFTInputError(f"tokenizer {tokenizer_source} has neither a pad nor an eos token")
 
 
@@ -387,7 +461,6 @@ class SFTPlan:
     checkpoints: CheckpointStore | None = None
     resume: CheckpointRef | None = None
     deepspeed: dict[str, Any] | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def _topology() -> tuple[int, int, int, int]:
@@ -425,10 +498,46 @@ def _skip_cpu_shm_op() -> None:
         compatible["deepspeed_shm_comm"] = False
 
 
-def _local_first() -> Any:
+T = TypeVar("T")
+
+
+def _local_main_first(fn: Callable[[], T]) -> T:
+    """Run `fn` on each node's main process first (downloads), then on the other ranks.
+
+    An error is raised only after the barrier, so the other ranks are never left waiting.
+    """
     from accelerate import PartialState
 
-    return PartialState().local_main_process_first()
+    error: Exception | None = None
+    result: T | None = None
+    with PartialState().local_main_process_first():
+        try:
+            result = fn()
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        raise error
+    return result  # type: ignore[return-value]
+
+
+def _fetch_inputs(config: SFTConfig, cache: Path) -> tuple[Path, Path, LoadedRows]:
+    """The base checkpoint, tokenizer and dataset as local paths (downloaded when URIs)."""
+    try:
+        model_dir = materialize(config.model, cache / "model")
+    except (FileNotFoundError, ValueError, StoreError) as exc:
+        raise SFTInputError(f"base checkpoint {config.model}: {exc}") from None
+    if not (model_dir / "config.json").is_file():
+        raise SFTInputError(f"base checkpoint {config.model} has no config.json")
+    if not _has_weights(model_dir):
+        raise SFTInputError(f"base checkpoint {config.model} holds no weights")
+    tokenizer_dir = model_dir
+    if config.tokenizer:
+        try:
+            tokenizer_dir = materialize(config.tokenizer, cache / "tokenizer")
+        except (FileNotFoundError, ValueError, StoreError) as exc:
+            raise SFTInputError(f"tokenizer {config.tokenizer}: {exc}") from None
+    loaded = load_rows(config.dataset, split=config.dataset_split, cache_dir=cache / "dataset")
+    return model_dir, tokenizer_dir, loaded
 
 
 def plan_sft(config: SFTConfig) -> SFTPlan:
@@ -442,8 +551,10 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
     resume_from = config.checkpoint.resume_from
     if resume_from and "://" not in resume_from and not Path(resume_from).is_dir():
         raise SFTInputError(f"resume checkpoint {resume_from} does not exist")
-    if config.checkpoint.store is None and config.checkpoint.resume == "latest" and not (
-        latest_local(output_dir)
+    if (
+        config.checkpoint.store is None
+        and config.checkpoint.resume == "latest"
+        and not (latest_local(output_dir))
     ):
         raise SFTInputError(
             f"resume: no complete checkpoint in {output_dir} (and no checkpoint store configured)"
@@ -462,28 +573,11 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
     args = config.to_trl(bf16=config.resolve_bf16(cuda_bf16=cuda_bf16), deepspeed=ds_config)
 
     # 3. inputs that may live in a store: one download per node
-    with _local_first():
-        try:
-            model_dir = materialize(config.model, cache / "model")
-        except FileNotFoundError as exc:
-            raise SFTInputError(f"base checkpoint {config.model}: {exc}") from None
-        if not (model_dir / "config.json").is_file():
-            raise SFTInputError(f"base checkpoint {config.model} has no config.json")
-        if not _has_weights(model_dir):
-            raise SFTInputError(f"base checkpoint {config.model} holds no weights")
-        tokenizer_dir = model_dir
-        if config.tokenizer:
-            try:
-                tokenizer_dir = materialize(config.tokenizer, cache / "tokenizer")
-            except FileNotFoundError as exc:
-                raise SFTInputError(f"tokenizer {config.tokenizer}: {exc}") from None
-        rows = load_rows(config.dataset, split=config.dataset_split, cache_dir=cache / "dataset")
+    model_dir, tokenizer_dir, loaded = _local_main_first(lambda: _fetch_inputs(config, cache))
 
     tokenizer_source = config.tokenizer or config.model
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            tokenizer_dir, local_files_only=True
-        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     except Exception as exc:
         raise SFTInputError(
             f"tokenizer {tokenizer_source}: cannot load it: {type(exc).__name__}: {exc}"
@@ -501,14 +595,18 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
         tokenizer.pad_token = tokenizer.eos_token
 
     # 4. the data: labels with turn-level masking; nothing trainable is an error
+    weighting = config.weighting
+    if weighting == "auto":
+        weighting = "none" if weights_realized(loaded) else "repeat"
     dataset, stats = prepare_dataset(
-        rows,
+        loaded.rows,
         tokenizer,
         name=config.dataset,
         max_length=config.max_length,
-        weighting=config.weighting,
+        weighting=weighting,
         seed=config.seed,
     )
+    stats.weighting = weighting
 
     # 5. where to resume from
     checkpoints = (
@@ -519,8 +617,7 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
     hidden = getattr(model_config.get_text_config(), "hidden_size", None)
     checkpointing = config.resolve_gradient_checkpointing(hidden)
     args.activation_checkpointing = args.gradient_checkpointing = checkpointing
-    with _local_first():
-        resume = find_resume(config, output_dir, checkpoints)
+    resume = _local_main_first(lambda: find_resume(config, output_dir, checkpoints))
     return SFTPlan(
         config=config,
         output_dir=output_dir,
@@ -554,7 +651,7 @@ def find_resume(
 
         try:
             store = open_store(explicit)
-            dest = output_dir / f"resume-{abs(hash(explicit)) % 10**8}"
+            dest = output_dir / f"resume-{hashlib.sha256(explicit.encode()).hexdigest()[:12]}"
             folder = download_checkpoint(store, "", dest)
         except (CheckpointError, ValueError) as exc:
             raise SFTInputError(f"resume checkpoint {explicit}: {exc}") from None
@@ -624,7 +721,7 @@ class _CountingCollator:
 def _callback_class() -> type:
     from transformers import TrainerCallback
 
-    class QpaCallback(TrainerCallback):  # type: ignore[misc]
+    class QpaCallback(TrainerCallback):
         """Metrics on every log; every save handed to the checkpoint uploader (background)."""
 
         def __init__(

@@ -138,7 +138,7 @@ def oracle_conversations(
         if not task.reference_plan:
             continue
         recorder = _Recorder(OracleBackend(task))
-        trajectory = run_episode(make_env("sandbox"), task, HarnessPlanner(recorder))  # type: ignore[arg-type]
+        trajectory = run_episode(make_env("sandbox"), task, HarnessPlanner(recorder))
         if recorder.last is None:
             continue
         messages, tools, completion = recorder.last
@@ -333,7 +333,7 @@ def build_model(config: TinyConfig, *, tokenizer: Any = None, vocab_size: int | 
         num_key_value_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
         max_position_embeddings=config.max_position_embeddings,
-        rope_theta=config.rope_theta,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
         tie_word_embeddings=config.tie_word_embeddings,
         eos_token_id=eos,
         pad_token_id=pad,
@@ -373,9 +373,7 @@ def make_tiny_checkpoint(
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
     (out / TINY_MANIFEST).write_text(
-        json.dumps(
-            {"tiny_config": config.model_dump(), "tokenizer_size": len(tokenizer)}, indent=2
-        )
+        json.dumps({"tiny_config": config.model_dump(), "tokenizer_size": len(tokenizer)}, indent=2)
         + "\n"
     )
     return out

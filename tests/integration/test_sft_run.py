@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ from qpa.train.deepspeed import (  # noqa: E402
     launch_env,
 )
 from qpa.train.metrics import TrainMetrics, read_metrics  # noqa: E402
-from qpa.train.sft import SFTInputError, train_sft  # noqa: E402
+from qpa.train.sft import SFTInputError, repeat_indices, train_sft  # noqa: E402
 from qpa.train.tiny import (  # noqa: E402
     TinyConfig,
     build_model,
@@ -45,6 +46,17 @@ from qpa.train.tiny import (  # noqa: E402
     sft_rows_from_suite,
     suite_corpus,
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Any:
+    """One intra-op thread: on a 2-core machine whose other core is busy, two OpenMP threads
+    wait on each other and a step takes ten times longer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 TINY = TinyConfig(
     vocab_size=2048, hidden_size=64, intermediate_size=128, num_attention_heads=2,
@@ -129,7 +141,7 @@ def test_killed_run_resumes_to_the_same_weights(inputs: dict[str, Path], tmp_pat
     class Killed(Exception):
         pass
 
-    class KillAtStep5(TrainerCallback):  # type: ignore[misc]
+    class KillAtStep5(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step == 5:
                 raise Killed
@@ -149,7 +161,10 @@ def test_killed_run_resumes_to_the_same_weights(inputs: dict[str, Path], tmp_pat
         shutil.rmtree(folder)
     resumed = train_sft(
         settings(
-            inputs, tmp_path / "broken", max_steps=6, checkpoint={"store": store, "resume": "latest"}
+            inputs,
+            tmp_path / "broken",
+            max_steps=6,
+            checkpoint={"store": store, "resume": "latest"},
         )
     )
     assert resumed.resumed_step == 4 and resumed.global_step == whole.global_step == 6
@@ -267,7 +282,9 @@ def test_bad_inputs_are_rejected_before_compute(inputs: dict[str, Path], tmp_pat
         for message in row["messages"]:
             message["train"] = False
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "masked"))
-    with pytest.raises(SFTInputError, match=f"dataset {tmp_path / 'masked'} has no trainable"):
+    with pytest.raises(
+        SFTInputError, match=re.escape(f"dataset {tmp_path / 'masked'} has no trainable")
+    ):
         train_sft(settings(inputs, tmp_path / "r1", dataset=str(tmp_path / "masked")))
     # a tokenizer that does not match the model's embedding
     from transformers import AutoTokenizer
@@ -278,14 +295,16 @@ def test_bad_inputs_are_rejected_before_compute(inputs: dict[str, Path], tmp_pat
     with pytest.raises(SFTInputError, match=r"does not match the model: it has \d+ tokens"):
         train_sft(settings(inputs, tmp_path / "r2", model=str(tmp_path / "small")))
     # missing base checkpoint, missing resume checkpoint, nothing to resume from
-    with pytest.raises(SFTInputError, match=f"base checkpoint {tmp_path / 'nowhere'}"):
+    with pytest.raises(SFTInputError, match=re.escape(f"base checkpoint {tmp_path / 'nowhere'}")):
         train_sft(settings(inputs, tmp_path / "r3", model=str(tmp_path / "nowhere")))
-    with pytest.raises(SFTInputError, match=f"resume checkpoint {tmp_path / 'gone'}"):
-        train_sft(settings(inputs, tmp_path / "r4", checkpoint={"resume_from": str(tmp_path / "gone")}))
+    with pytest.raises(SFTInputError, match=re.escape(f"resume checkpoint {tmp_path / 'gone'}")):
+        train_sft(
+            settings(inputs, tmp_path / "r4", checkpoint={"resume_from": str(tmp_path / "gone")})
+        )
     with pytest.raises(SFTInputError, match="resume: no complete checkpoint in"):
         train_sft(settings(inputs, tmp_path / "r5", checkpoint={"resume": "latest"}))
     store = (tmp_path / "store").as_uri()
-    with pytest.raises(SFTInputError, match="resume checkpoint file://.*no complete checkpoint"):
+    with pytest.raises(SFTInputError, match=r"resume checkpoint file://.*no complete checkpoint"):
         train_sft(settings(inputs, tmp_path / "r6", checkpoint={"resume_from": store + "/x"}))
     # and the CLI says so in one line, with exit code 2
     from typer.testing import CliRunner
@@ -303,6 +322,86 @@ def test_bad_inputs_are_rejected_before_compute(inputs: dict[str, Path], tmp_pat
     assert result.exit_code == 2 and "learning_rat" in result.output
 
 
+def test_datasets_from_a_store_prefix_a_jsonl_file_and_weights(
+    inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A mixture as `qpa data mix` writes it (`manifest.json` + `dataset/` under a store
+    prefix, weights already drawn as copies), verified by hash; a JSON Lines file; weights."""
+    from qpa.store import open_store, sha256_file
+    from qpa.train.sft import plan_sft
+
+    rows = sft_rows_from_suite(4, seed=5, error_rate=0.0)
+    for i, row in enumerate(rows):
+        row["trajectory_id"] = f"{row['task_id']}#0"
+        row["weight"] = 3.0 if i == 0 else 1.0
+    local = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(local))
+    store = open_store((tmp_path / "store").as_uri())
+    files = []
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        key = f"dataset/{path.relative_to(local).as_posix()}"
+        info = store.put_file(f"mixes/m1/{key}", path)
+        files.append({"key": key, "sha256": info.sha256, "size": info.size})
+    manifest = {
+        "name": "m1",
+        "kind": "sft",
+        "files": files,
+        "lineage": {"generator": "qpa.data.mix"},
+    }
+    store.put_bytes("mixes/m1/manifest.json", json.dumps(manifest).encode())
+    uri = store.uri("mixes/m1")
+    plan = plan_sft(settings(inputs, tmp_path / "p1", dataset=uri))
+    assert plan.stats.rows == 4 and plan.stats.weighting == "none" and plan.stats.examples == 4
+    # the same rows as a JSON Lines file: weights applied by repetition (auto -> repeat)
+    jsonl = tmp_path / "rows.jsonl"
+    plain = [{k: v for k, v in r.items() if k != "trajectory_id"} for r in rows]
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in plain))
+    plan = plan_sft(settings(inputs, tmp_path / "p2", dataset=str(jsonl)))
+    order = repeat_indices([3.0, 1.0, 1.0, 1.0], seed=plan.config.seed)
+    assert plan.stats.weighting == "repeat" and plan.stats.examples == len(order)
+    assert order.count(0) == 2  # weight 3 of a mean 1.5: twice; the others 2/3 of a time each
+    # a file of the mixture that does not match its manifest is refused before compute
+    arrow = next((tmp_path / "store" / "mixes" / "m1" / "dataset").glob("*.arrow"))
+    arrow.write_bytes(arrow.read_bytes() + b"tampered")
+    assert sha256_file(arrow)[0] != next(f["sha256"] for f in files if f["key"].endswith(".arrow"))
+    with pytest.raises(SFTInputError, match="does not match its SHA-256"):
+        plan_sft(settings(inputs, tmp_path / "p3", dataset=uri))
+
+
+def test_base_checkpoint_from_an_object_store_uri(
+    inputs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real checkpoint is just a URI: its objects are downloaded once per node, then reused.
+    (The S3 store is stood in for by a `FileStore` behind an `s3://` URI.)"""
+    import qpa.train.checkpoint as checkpoint
+    from qpa.store import FileStore
+    from qpa.train.sft import plan_sft
+
+    bucket = FileStore(tmp_path / "bucket")
+    for path in sorted(p for p in inputs["model"].rglob("*") if p.is_file()):
+        bucket.put_file(f"models/tiny/{path.relative_to(inputs['model']).as_posix()}", path)
+    opened: list[str] = []
+
+    def fake_open_store(root: str) -> FileStore:
+        opened.append(root)
+        return FileStore(tmp_path / "bucket" / root.removeprefix("s3://qpa/"))
+
+    def fake_open_object(uri: str) -> tuple[FileStore, str]:
+        head, _, key = uri.rpartition("/")
+        return fake_open_store(head), key
+
+    monkeypatch.setattr(checkpoint, "open_store", fake_open_store)
+    monkeypatch.setattr(checkpoint, "open_object", fake_open_object)
+    config = settings(inputs, tmp_path / "from-s3", model="s3://qpa/models/tiny")
+    plan = plan_sft(config)
+    assert plan.model_dir == tmp_path / "from-s3" / ".inputs" / "model"
+    assert (plan.model_dir / "model.safetensors").is_file() and opened == ["s3://qpa/models/tiny"]
+    plan_sft(config)  # the second time the download is reused
+    assert opened == ["s3://qpa/models/tiny"]
+    with pytest.raises(SFTInputError, match="base checkpoint s3://qpa/models/none: nothing"):
+        plan_sft(settings(inputs, tmp_path / "none", model="s3://qpa/models/none"))
+
+
 # --------------------------------------------------------------------------- pure parts
 
 
@@ -314,7 +413,10 @@ def test_deepspeed_config_from_settings() -> None:
     assert zero2["train_micro_batch_size_per_gpu"] == "auto"
     zero3 = deepspeed_config(
         DeepSpeedSettings(
-            zero_stage=3, offload_optimizer=True, offload_param=True, extra={"zero_optimization": {"sub_group_size": 1000}}
+            zero_stage=3,
+            offload_optimizer=True,
+            offload_param=True,
+            extra={"zero_optimization": {"sub_group_size": 1000}},
         ),
         cuda=True,
     )
@@ -387,9 +489,9 @@ def test_settings_map_to_trl_and_reject_unknown_fields(tmp_path: Path) -> None:
     assert args.logging_first_step is False and args.max_length == config.max_length
     assert config.resolve_gradient_checkpointing(64) is False
     assert config.resolve_gradient_checkpointing(4096) is True
-    with pytest.raises(ConfigError, match="unknown trl.SFTConfig fields: no_such_field"):
+    with pytest.raises(ConfigError, match=r"unknown trl\.SFTConfig fields: no_such_field"):
         config.model_copy(update={"trl": {"no_such_field": 1}}).to_trl()
-    with pytest.raises(ConfigError, match="deepspeed.zero_stage"):
+    with pytest.raises(ConfigError, match=r"deepspeed\.zero_stage"):
         SFTConfig.from_dict({"model": "m", "dataset": "d", "deepspeed": {"zero_stage": 5}})
 
 

@@ -36,6 +36,17 @@ from qpa.train.sft import (  # noqa: E402
 )
 from qpa.train.tiny import TinyConfig, make_tiny_checkpoint  # noqa: E402
 
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Any:
+    """One intra-op thread: on a 2-core machine whose other core is busy, two OpenMP threads
+    wait on each other and a step takes ten times longer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 CORPUS = [
     "You are a mobile planner agent. Call one tool per turn.",
     "Book a ride to the airport for two people tomorrow at nine.",
@@ -47,7 +58,9 @@ CORPUS = [
     "<finish>Your ride is booked.</finish>",
 ] * 3
 
-GOOD_1 = '<tool_call>\n{"name": "rides_get_estimates", "arguments": {"pickup": "home"}}\n</tool_call>'
+GOOD_1 = (
+    '<tool_call>\n{"name": "rides_get_estimates", "arguments": {"pickup": "home"}}\n</tool_call>'
+)
 WRONG = '<tool_call>\n{"name": "open_menu", "arguments": {}}\n</tool_call>'
 GOOD_2 = "<finish>Your ride is booked.</finish>"
 
@@ -126,7 +139,9 @@ def test_rendering_is_what_the_local_backend_sends(tokenizer: Any) -> None:
     messages = conversation()
     plain = [{"role": m["role"], "content": m["content"]} for m in messages]
     ours = tokenizer.apply_chat_template(messages, tokenize=False)
-    assert ours == tokenizer.apply_chat_template(plain, tokenize=False, chat_template=CHATML_TEMPLATE)
+    assert ours == tokenizer.apply_chat_template(
+        plain, tokenize=False, chat_template=CHATML_TEMPLATE
+    )
 
 
 def test_other_chat_templates_work_when_content_is_verbatim(tokenizer: Any) -> None:
@@ -181,7 +196,9 @@ def test_prepare_dataset_drops_untrainable_rows_and_counts(tokenizer: Any) -> No
     with pytest.raises(SFTInputError, match="dataset empty-mix has no trainable tokens"):
         prepare_dataset(only_nothing, tokenizer, name="empty-mix", max_length=512)
     with pytest.raises(SFTInputError, match="no 'messages' column"):
-        prepare_dataset(datasets.Dataset.from_list([{"text": "x"}]), tokenizer, name="t", max_length=8)
+        prepare_dataset(
+            datasets.Dataset.from_list([{"text": "x"}]), tokenizer, name="t", max_length=8
+        )
 
 
 # --------------------------------------------------------------------------- gradients

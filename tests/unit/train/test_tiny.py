@@ -27,6 +27,17 @@ from qpa.train.tiny import (  # noqa: E402
     suite_corpus,
 )
 
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Any:
+    """One intra-op thread: on a 2-core machine whose other core is busy, two OpenMP threads
+    wait on each other and a step takes ten times longer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 SMALL = TinyConfig(
     vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=2,
     num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,

@@ -1,0 +1,503 @@
+"""Shared pieces of every child manifest: names, labels, owner references, security, secrets.
+
+Everything here is a pure function of its arguments (a parsed custom resource from `qpa.api`,
+plain values, or `Defaults`): no API calls, no clock, no environment. The kind modules
+(`taskbatch`, `rolloutpool`, ...) compose these into whole manifests, and handlers send what
+they return.
+
+Conventions every child follows:
+
+- **names**: `<owner>-<suffix>` (`nightly-collect`, `sandbox-env`): deterministic, so running
+  a handler twice can never create a second copy; owners' names are at most 52 characters
+  (`qpa.api.MAX_NAME_LENGTH`), which keeps children DNS labels;
+- **labels**: the recommended `app.kubernetes.io/*` set plus `qpa.ai/<kind>: <owner>`; the
+  operator's watches select `app.kubernetes.io/managed-by=qpa-operator` on the server side;
+- **owner references** to the custom resource (controller, blockOwnerDeletion), so deleting
+  the resource garbage-collects its children;
+- **`qpa.ai/spec-hash`**: a hash of the manifest as built; a child whose annotation differs
+  from a fresh build has drifted from its owner's spec and is patched;
+- **restricted pod security** for every pod but the device bridge: non-root, read-only root
+  filesystem, no privilege escalation, all capabilities dropped, seccomp RuntimeDefault, no
+  service-account token unless the pod talks to the API (Leases);
+- **secrets by reference**: S3 credentials as a Secret volume (`QPA_S3_*_FILE`), API keys as
+  `secretKeyRef` environment variables; no secret value ever appears in a manifest.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from qpa.api.v1alpha1 import (
+    ConfigMapKeySelector,
+    CustomResource,
+    ObjectStore,
+    ResourceRequirements,
+    SecretKeySelector,
+)
+
+JsonDict = dict[str, Any]
+
+MANAGED_BY: Final = "qpa-operator"
+PART_OF: Final = "qpa"
+APP_NAME: Final = "qpa"
+
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_VERSION: Final = "app.kubernetes.io/version"
+
+HASH_ANNOTATION: Final = "qpa.ai/spec-hash"
+CONFIG_HASH_ANNOTATION: Final = "qpa.ai/config-hash"
+#: The server-side selector of every watch the operator opens on child kinds.
+MANAGED_SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+#: Where a container writes its JSON summary for the operator (kubelet's default path).
+TERMINATION_LOG: Final = "/dev/termination-log"
+STORE_SECRET_MOUNT: Final = "/var/run/secrets/qpa/store"
+HARNESS_CONFIG_MOUNT: Final = "/etc/qpa/harness"
+
+
+def kind_label(kind: str) -> str:
+    """`qpa.ai/taskbatch` for TaskBatch: the label naming a child's owner."""
+    return f"qpa.ai/{kind.lower()}"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Operator-wide settings the builders need beyond a resource's spec.
+
+    `from_env` reads them once at start-up (the Helm chart sets the variables); builders take
+    the frozen value, so they stay pure.
+    """
+
+    image: str = "ghcr.io/qpa-ai/qpa:0.1.0"
+    trainer_image: str = "ghcr.io/qpa-ai/qpa-trainer:0.1.0"
+    cluster_domain: str = "cluster.local"
+    run_as_user: int = 1000
+    rendezvous_port: int = 29500
+    version: str = "0.1.0"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Defaults:
+        env = os.environ if environ is None else environ
+        base = cls()
+        return cls(
+            image=env.get("QPA_OPERATOR_IMAGE") or base.image,
+            trainer_image=env.get("QPA_OPERATOR_TRAINER_IMAGE") or base.trainer_image,
+            cluster_domain=env.get("QPA_CLUSTER_DOMAIN") or base.cluster_domain,
+            run_as_user=int(env.get("QPA_OPERATOR_RUN_AS_USER") or base.run_as_user),
+        )
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def owner_name(owner: CustomResource) -> str:
+    if not owner.metadata.name:
+        raise ValueError(f"a {owner.kind} needs metadata.name")
+    return owner.metadata.name
+
+
+def owner_namespace(owner: CustomResource) -> str:
+    return owner.metadata.namespace or "default"
+
+
+def child_name(owner: CustomResource, suffix: str) -> str:
+    """`<owner>-<suffix>`: the one name a child of this role ever has."""
+    return f"{owner_name(owner)}-{suffix}"
+
+
+def selector_labels(owner: CustomResource, component: str) -> dict[str, str]:
+    """The immutable subset used in Deployment/DaemonSet/Service selectors."""
+    return {
+        LABEL_INSTANCE: owner_name(owner),
+        LABEL_COMPONENT: component,
+        kind_label(owner.kind): owner_name(owner),
+    }
+
+
+def labels(owner: CustomResource, component: str, defaults: Defaults) -> dict[str, str]:
+    """Every label a child (and its pods) carries."""
+    return {
+        LABEL_NAME: APP_NAME,
+        **selector_labels(owner, component),
+        LABEL_PART_OF: PART_OF,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_VERSION: defaults.version,
+    }
+
+
+def owner_references(owner: CustomResource) -> list[JsonDict]:
+    return [owner.owner_reference().to_k8s()]
+
+
+def metadata(
+    owner: CustomResource,
+    name: str,
+    component: str,
+    defaults: Defaults,
+    *,
+    annotations: Mapping[str, str] | None = None,
+    namespaced: bool = True,
+) -> JsonDict:
+    meta: JsonDict = {"name": name}
+    if namespaced:
+        meta["namespace"] = owner_namespace(owner)
+    meta["labels"] = labels(owner, component, defaults)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    meta["ownerReferences"] = owner_references(owner)
+    return meta
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def content_hash(value: Any, length: int = 16) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:length]
+
+
+def with_spec_hash(manifest: JsonDict) -> JsonDict:
+    """The manifest with `qpa.ai/spec-hash` over everything but that annotation."""
+    result = copy.deepcopy(manifest)
+    meta = result.setdefault("metadata", {})
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != HASH_ANNOTATION}
+    hashed = {**result, "metadata": {**meta, "annotations": annotations}}
+    meta["annotations"] = {**annotations, HASH_ANNOTATION: content_hash(hashed)}
+    return result
+
+
+def spec_hash_of(manifest: Mapping[str, Any]) -> str | None:
+    annotations = (manifest.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(HASH_ANNOTATION)
+    return value if isinstance(value, str) else None
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def restricted_pod_security(defaults: Defaults) -> JsonDict:
+    """Pod-level securityContext of the Kubernetes `restricted` Pod Security Standard."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": defaults.run_as_user,
+        "runAsGroup": defaults.run_as_user,
+        "fsGroup": defaults.run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def restricted_container_security() -> JsonDict:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def quantity(value: int | float | str) -> str:
+    """Quantities as strings, the form the API server stores (`1`, `500m`, `1Gi`)."""
+    return str(value)
+
+
+def resources(
+    spec: ResourceRequirements | None,
+    *,
+    gpus: int = 0,
+    gpu_resource: str = "nvidia.com/gpu",
+) -> JsonDict:
+    """Requests and limits of a container; GPUs go to both (extended resources must match)."""
+    requests = {k: quantity(v) for k, v in (spec.requests if spec else {}).items()}
+    limits = {k: quantity(v) for k, v in (spec.limits if spec else {}).items()}
+    if gpus > 0:
+        requests[gpu_resource] = quantity(gpus)
+        limits[gpu_resource] = quantity(gpus)
+    result: JsonDict = {}
+    if requests:
+        result["requests"] = dict(sorted(requests.items()))
+    if limits:
+        result["limits"] = dict(sorted(limits.items()))
+    return result
+
+
+def empty_dir(name: str, *, memory: bool = False, size_limit: str | None = None) -> JsonDict:
+    source: JsonDict = {}
+    if memory:
+        source["medium"] = "Memory"
+    if size_limit:
+        source["sizeLimit"] = size_limit
+    return {"name": name, "emptyDir": source}
+
+
+def env_var(name: str, value: str) -> JsonDict:
+    return {"name": name, "value": value}
+
+
+def field_env(name: str, path: str) -> JsonDict:
+    """An environment variable from the downward API (`metadata.name`, `spec.nodeName`)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+@dataclass(frozen=True)
+class PodParts:
+    """Environment variables, volumes and mounts one concern adds to a pod."""
+
+    env: tuple[JsonDict, ...] = ()
+    volumes: tuple[JsonDict, ...] = ()
+    mounts: tuple[JsonDict, ...] = ()
+
+    def __add__(self, other: PodParts) -> PodParts:
+        return PodParts(
+            self.env + other.env, self.volumes + other.volumes, self.mounts + other.mounts
+        )
+
+
+def combine(parts: Iterable[PodParts]) -> PodParts:
+    total = PodParts()
+    for part in parts:
+        total = total + part
+    return total
+
+
+def store_parts(store: ObjectStore | None) -> PodParts:
+    """S3 settings as `QPA_S3_*` variables; the credentials as files of a Secret volume."""
+    if store is None:
+        return PodParts()
+    ref = store.secret_ref
+    volume = {
+        "name": "store-credentials",
+        "secret": {
+            "secretName": ref.name,
+            "items": [
+                {"key": ref.access_key_id_key, "path": "access-key-id"},
+                {"key": ref.secret_access_key_key, "path": "secret-access-key"},
+            ],
+            "defaultMode": 0o440,
+        },
+    }
+    mount = {"name": "store-credentials", "mountPath": STORE_SECRET_MOUNT, "readOnly": True}
+    env = (
+        env_var("QPA_S3_ENDPOINT", store.endpoint),
+        env_var("QPA_S3_REGION", store.region),
+        env_var("QPA_S3_ACCESS_KEY_FILE", f"{STORE_SECRET_MOUNT}/access-key-id"),
+        env_var("QPA_S3_SECRET_KEY_FILE", f"{STORE_SECRET_MOUNT}/secret-access-key"),
+    )
+    return PodParts(env=env, volumes=(volume,), mounts=(mount,))
+
+
+API_KEY_ENV: Final = "QPA_API_KEY"
+
+
+def api_key_parts(ref: SecretKeySelector | None, variable: str = API_KEY_ENV) -> PodParts:
+    """The endpoint's API key as an environment variable read from a Secret key."""
+    if ref is None:
+        return PodParts()
+    env = {
+        "name": variable,
+        "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+    }
+    return PodParts(env=(env,))
+
+
+def harness_config_parts(ref: ConfigMapKeySelector | None) -> tuple[PodParts, str | None]:
+    """The Harness YAML from a ConfigMap key, mounted read-only; returns its path too."""
+    if ref is None:
+        return PodParts(), None
+    volume = {
+        "name": "harness-config",
+        "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]},
+    }
+    mount = {"name": "harness-config", "mountPath": HARNESS_CONFIG_MOUNT, "readOnly": True}
+    return PodParts(volumes=(volume,), mounts=(mount,)), f"{HARNESS_CONFIG_MOUNT}/{ref.key}"
+
+
+def service_host(name: str, namespace: str, defaults: Defaults) -> str:
+    return f"{name}.{namespace}.svc.{defaults.cluster_domain}"
+
+
+def rollout_pool_service(pool: str) -> str:
+    """The Service in front of a RolloutPool's environment servers."""
+    return f"{pool}-env"
+
+
+def rollout_pool_url(pool: str, namespace: str, defaults: Defaults) -> str:
+    """Base URL of a RolloutPool's environment servers (its Service listens on port 80)."""
+    return f"http://{service_host(rollout_pool_service(pool), namespace, defaults)}"
+
+
+def summary_wrapper(program: str) -> list[str]:
+    """`sh -c` that runs its arguments with stdout in the termination log, then echoes it.
+
+    `qpa collect --json` prints one JSON summary on stdout (progress goes to stderr); kubelet
+    hands the termination log to the operator in the pod's status, which is how shard counts
+    reach the TaskBatch without the operator reading the object store.
+    """
+    script = f'"$@" > {TERMINATION_LOG}; rc=$?; cat {TERMINATION_LOG}; exit $rc'
+    return ["sh", "-c", script, program]
+
+
+def lease_rbac(
+    owner: CustomResource, name: str, component: str, defaults: Defaults
+) -> list[JsonDict]:
+    """ServiceAccount + Role + RoleBinding letting a pod manage `coordination.k8s.io` Leases.
+
+    Only the device bridge (phone Leases) and device-backed environment servers (leasing a
+    phone) talk to the API; the Role names exact verbs on one resource, no wildcards.
+    """
+    meta = lambda: metadata(owner, name, component, defaults)  # noqa: E731
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": meta(),
+        "automountServiceAccountToken": False,
+    }
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": meta(),
+        "rules": [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta(),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": name, "namespace": owner_namespace(owner)}
+        ],
+    }
+    return [account, role, binding]
+
+
+def parse_summary(message: str | None) -> JsonDict | None:
+    """The JSON object a container left in its termination message, or None."""
+    if not message:
+        return None
+    text = message.strip()
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        value = json.loads(text[start:])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def terminated_container(pod: Mapping[str, Any], container: str) -> JsonDict | None:
+    """`state.terminated` of a container of a pod (None while it runs)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            terminated = (status.get("state") or {}).get("terminated")
+            return dict(terminated) if isinstance(terminated, Mapping) else None
+    return None
+
+
+# --------------------------------------------------------------------------- Job status
+
+
+def count_indexes(text: str | None) -> int:
+    """How many indexes a Job's `completedIndexes`/`failedIndexes` names (`"0,2-4"` -> 4)."""
+    total = 0
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        try:
+            total += (int(high) - int(low) + 1) if high else 1
+        except ValueError:
+            continue
+    return total
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What a batch/v1 Job's status says, reduced to what the reconcilers report."""
+
+    name: str | None = None
+    exists: bool = False
+    started: bool = False
+    active: int = 0
+    ready: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    completed_indexes: int = 0
+    failed_indexes: int = 0
+    complete: bool = False
+    failed_for_good: bool = False
+    reason: str | None = None
+    message: str = ""
+    start_time: str | None = None
+    completion_time: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.complete or self.failed_for_good
+
+
+def job_state(job: Mapping[str, Any] | None) -> JobState:
+    if not job:
+        return JobState()
+    status = job.get("status") or {}
+    conditions = {
+        c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"
+    }
+    failed = conditions.get("Failed")
+    complete = conditions.get("Complete")
+    active = int(status.get("active") or 0)
+    ready = int(status.get("ready") or 0)
+    succeeded = int(status.get("succeeded") or 0)
+    reason, message = None, ""
+    if failed is not None:
+        reason, message = failed.get("reason") or "JobFailed", failed.get("message") or ""
+    elif complete is not None:
+        reason, message = complete.get("reason") or "JobComplete", complete.get("message") or ""
+    return JobState(
+        name=(job.get("metadata") or {}).get("name"),
+        exists=True,
+        started=bool(status.get("startTime")) or active > 0 or succeeded > 0,
+        active=active,
+        ready=ready,
+        succeeded=succeeded,
+        failed=int(status.get("failed") or 0),
+        completed_indexes=count_indexes(status.get("completedIndexes")),
+        failed_indexes=count_indexes(status.get("failedIndexes")),
+        complete=complete is not None and failed is None,
+        failed_for_good=failed is not None,
+        reason=reason,
+        message=message,
+        start_time=status.get("startTime"),
+        completion_time=status.get("completionTime"),
+    )
+
+
+def reason_word(text: str | None, fallback: str) -> str:
+    """A condition reason (CamelCase, `[A-Za-z][A-Za-z0-9_,:]*`) from a free-form word."""
+    if not text:
+        return fallback
+    cleaned = "".join(ch for ch in text if ch.isalnum() or ch in "_,:")
+    while cleaned and not cleaned[0].isalpha():
+        cleaned = cleaned[1:]
+    cleaned = cleaned.rstrip(",:")
+    return cleaned or fallback

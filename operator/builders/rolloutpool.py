@@ -1,0 +1,310 @@
+"""RolloutPool -> a Deployment of `qpa env serve`, its Service, and an autoscaler.
+
+Each pod runs
+
+    qpa env serve --kind <environment> --host 0.0.0.0 --port <port> --max-sessions <n> ...
+
+behind the Service `<pool>-env` on port 80 (so clients need not know the container port:
+TaskBatch and TrainingRun pass `--env-url http://<pool>-env.<ns>.svc.<domain>`).
+`replicas.min` pods are kept warm; when `replicas.max` is larger, a HorizontalPodAutoscaler
+scales on CPU between the two and owns the Deployment's `replicas`.
+
+For `environment: device` the pods are wired to their DevicePool: they get the bridge Service
+(`<devicepool>-bridge:5037`), the pool's name and a ServiceAccount allowed to take and renew
+`coordination.k8s.io` Leases (one per phone), since a device session leases a phone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Final
+
+from qpa.api import RolloutPool
+from qpa.api.v1alpha1 import RolloutPoolStatus, set_condition
+
+from qpa_operator.builders.common import (
+    Defaults,
+    JsonDict,
+    PodParts,
+    api_key_parts,
+    child_name,
+    combine,
+    empty_dir,
+    env_var,
+    field_env,
+    labels,
+    lease_rbac,
+    metadata,
+    owner_namespace,
+    resources,
+    restricted_container_security,
+    restricted_pod_security,
+    rollout_pool_service,
+    rollout_pool_url,
+    selector_labels,
+    service_host,
+    with_spec_hash,
+)
+
+COMPONENT: Final = "env-server"
+CONTAINER: Final = "env-server"
+SERVICE_PORT: Final = 80
+BRIDGE_PORT: Final = 5037
+CPU_TARGET_PERCENT: Final = 70
+
+
+def deployment_name(pool: RolloutPool) -> str:
+    return child_name(pool, "env")
+
+
+def service_name(pool: RolloutPool) -> str:
+    return rollout_pool_service(pool.metadata.name or "")
+
+
+def account_name(pool: RolloutPool) -> str:
+    return child_name(pool, "env")
+
+
+def autoscaled(pool: RolloutPool) -> bool:
+    return pool.spec.replicas.max > pool.spec.replicas.min
+
+
+def bridge_service(device_pool: str) -> str:
+    """The Service in front of a DevicePool's bridges (see `builders.devicepool`)."""
+    return f"{device_pool}-bridge"
+
+
+def serve_args(pool: RolloutPool) -> list[str]:
+    """The `qpa env serve` command line (flags as `qpa env serve --help`)."""
+    spec = pool.spec
+    args = [
+        "qpa", "env", "serve",
+        "--kind", spec.environment,
+        "--host", "0.0.0.0",
+        "--port", str(spec.port),
+        "--max-sessions", str(spec.sessions_per_pod),
+        "--session-ttl", f"{spec.session_ttl_seconds:g}",
+    ]  # fmt: skip
+    if spec.llm_sim is not None:
+        args += ["--model-url", spec.llm_sim.model_url]
+        if spec.llm_sim.model:
+            args += ["--model", spec.llm_sim.model]
+        if spec.llm_sim.api_key_secret_ref is not None:
+            args += ["--api-key-env", "QPA_API_KEY"]
+    return args
+
+
+def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
+    spec = pool.spec
+    namespace = owner_namespace(pool)
+    extra = PodParts(
+        env=(env_var("HOME", "/tmp"), env_var("QPA_ROLLOUT_POOL", pool.metadata.name or "")),
+        volumes=(empty_dir("tmp"),),
+        mounts=({"name": "tmp", "mountPath": "/tmp"},),
+    )
+    device = PodParts()
+    if spec.device_pool_ref is not None:
+        bridge = service_host(bridge_service(spec.device_pool_ref.name), namespace, defaults)
+        device = PodParts(
+            env=(
+                env_var("QPA_DEVICE_POOL", spec.device_pool_ref.name),
+                env_var("QPA_DEVICE_BRIDGE", f"{bridge}:{BRIDGE_PORT}"),
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+            )
+        )
+    llm = api_key_parts(spec.llm_sim.api_key_secret_ref if spec.llm_sim else None)
+    parts = combine([extra, device, llm])
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
+    container: JsonDict = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "args": serve_args(pool),
+        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+        "env": list(parts.env),
+        "volumeMounts": list(parts.mounts),
+        "readinessProbe": {**probe, "initialDelaySeconds": 2},
+        "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
+        "securityContext": restricted_container_security(),
+    }
+    container_resources = resources(spec.resources)
+    if container_resources:
+        container["resources"] = container_resources
+    pod_spec: JsonDict = {
+        "automountServiceAccountToken": spec.device_pool_ref is not None,
+        "enableServiceLinks": False,
+        "securityContext": restricted_pod_security(defaults),
+        "containers": [container],
+        "volumes": list(parts.volumes),
+    }
+    if spec.device_pool_ref is not None:
+        pod_spec["serviceAccountName"] = account_name(pool)
+    manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(pool, deployment_name(pool), COMPONENT, defaults),
+        "spec": {
+            "replicas": spec.replicas.min,
+            "selector": {"matchLabels": selector_labels(pool, COMPONENT)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {"labels": labels(pool, COMPONENT, defaults)},
+                "spec": pod_spec,
+            },
+        },
+    }
+    return with_spec_hash(manifest)
+
+
+def service(pool: RolloutPool, defaults: Defaults) -> JsonDict:
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(pool, service_name(pool), COMPONENT, defaults),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(pool, COMPONENT),
+            "ports": [
+                {"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+    return with_spec_hash(manifest)
+
+
+def autoscaler(pool: RolloutPool, defaults: Defaults) -> JsonDict:
+    manifest = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": metadata(pool, deployment_name(pool), COMPONENT, defaults),
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": deployment_name(pool),
+            },
+            "minReplicas": max(1, pool.spec.replicas.min),
+            "maxReplicas": pool.spec.replicas.max,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {
+                            "type": "Utilization",
+                            "averageUtilization": CPU_TARGET_PERCENT,
+                        },
+                    },
+                }
+            ],
+        },
+    }
+    return with_spec_hash(manifest)
+
+
+def children(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
+    result: list[JsonDict] = []
+    if pool.spec.device_pool_ref is not None:
+        result += [
+            with_spec_hash(obj)
+            for obj in lease_rbac(pool, account_name(pool), COMPONENT, defaults)
+        ]
+    result += [deployment(pool, defaults), service(pool, defaults)]
+    if autoscaled(pool):
+        result.append(autoscaler(pool, defaults))
+    return result
+
+
+def unmanaged_fields(pool: RolloutPool) -> tuple[str, ...]:
+    """Paths of the Deployment another controller owns (the autoscaler owns `replicas`)."""
+    return ("spec.replicas",) if autoscaled(pool) else ()
+
+
+def service_url(pool: RolloutPool, defaults: Defaults) -> str:
+    return rollout_pool_url(pool.metadata.name or "", owner_namespace(pool), defaults)
+
+
+# --------------------------------------------------------------------------- status
+
+
+def _condition_true(obj: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def rolloutpool_status(
+    pool: RolloutPool,
+    deployment: Mapping[str, Any] | None,
+    *,
+    leased: int,
+    phones_available: int | None,
+    device_pool_found: bool | None,
+    observed_generation: int | None,
+    defaults: Defaults,
+    now: datetime,
+) -> RolloutPoolStatus:
+    """Ready and leased capacity of a pool, from its Deployment and the Leases it holds.
+
+    `phones_available` bounds a device pool's capacity (one session per phone);
+    `device_pool_found` is None for pools that are not device-backed.
+    """
+    current = pool.status or RolloutPoolStatus()
+    status = (deployment or {}).get("status") or {}
+    replicas = int(status.get("replicas") or 0)
+    ready = int(status.get("readyReplicas") or 0)
+    capacity = ready * pool.spec.sessions_per_pod
+    if phones_available is not None:
+        capacity = min(capacity, phones_available + leased)
+    wanted = pool.spec.replicas.min
+    progressing = _condition_true(deployment, "Progressing")
+    if deployment is None:
+        phase, reason, message = "Pending", "DeploymentMissing", "the Deployment is not there yet"
+    elif progressing is not None and progressing.get("reason") == "ProgressDeadlineExceeded":
+        phase, reason = "Failed", "ProgressDeadlineExceeded"
+        message = str(progressing.get("message") or "the rollout exceeded its deadline")
+    elif ready >= max(1, wanted) or (wanted == 0 and ready == 0):
+        phase, reason, message = "Ready", "PodsReady", f"{ready} of {wanted}+ pods ready"
+    elif ready > 0:
+        phase, reason, message = "Degraded", "PodsNotReady", f"{ready} of {wanted} pods ready"
+    else:
+        phase, reason, message = "Pending", "PodsStarting", f"0 of {wanted} pods ready"
+
+    generation = observed_generation
+    conditions = set_condition(
+        current.conditions,
+        "Ready",
+        "True" if phase == "Ready" else "False",
+        reason,
+        message,
+        observed_generation=generation,
+        now=now,
+    )
+    if device_pool_found is not None:
+        device_pool = pool.spec.device_pool_ref.name if pool.spec.device_pool_ref else ""
+        conditions = set_condition(
+            conditions,
+            "DevicePoolFound",
+            "True" if device_pool_found else "False",
+            "Found" if device_pool_found else "NotFound",
+            f"DevicePool {device_pool}" + ("" if device_pool_found else " does not exist"),
+            observed_generation=generation,
+            now=now,
+        )
+        if not device_pool_found and phase == "Ready":
+            phase = "Degraded"
+    return RolloutPoolStatus(
+        phase=phase,
+        observed_generation=observed_generation,
+        conditions=conditions,
+        replicas=replicas,
+        ready_replicas=ready,
+        capacity=capacity,
+        leased=leased,
+        service_url=service_url(pool, defaults),
+    )

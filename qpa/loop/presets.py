@@ -1,0 +1,378 @@
+"""Loop presets: every setting of one run of the closed loop, embedded, validated, hashable.
+
+A `LoopPreset` names the curriculum (which task templates the run covers), the tiny model and
+its tokenizer, the first Harness version, and the budgets of every stage (collection, mixture,
+SFT, evaluation, the Harness revision, the weakness-targeted second round and CARE RL). Stages
+hash the part of the preset they read, so changing one setting reruns that stage and what
+depends on it, and nothing else.
+
+Three presets ship:
+
+- `local` (`qpa loop --preset local`, what `make demo` runs): the whole loop on 2 CPU cores in
+  at most 15 minutes. It is sized for a tiny model trained from scratch in minutes, so it
+  makes choices a real run would not, all recorded here and in the report:
+
+  * **A curriculum.** Nine templates of the `mobilepa` suite (three per capability `tool_use`,
+    `memory` and `skills`) whose reference plans are short (one or two tool calls, then
+    finish) and whose arguments are copied from the instruction, the user's memory or the
+    previous tool result. Training uses their `train` split and freshly generated train
+    variants; the held-out evaluation is their canonical `test` split (never trained on); the
+    validation split drives diagnosis, the Harness revision and the weakness targeting.
+    `subagent` templates (7+ steps) are out of a tiny model's reach and left out.
+  * **A tokenizer with macro tokens.** Lines of the Harness's prompts that recur across the
+    training conversations (the rules, the tool protocol, each tool's schema line, Skills,
+    reset observations) are single added tokens, so the fixed text costs a token per line and
+    a conversation is about 500 tokens instead of about 1,800. The text the model sees is
+    exactly the Harness's (`qpa.data.render`); only its tokenization is compact. A real
+    planner uses its own tokenizer.
+  * **A compact first Harness** (`harness-v1`): at most 4 tools and a 100-token adapter budget
+    (tool lines only, no Skills). Diagnosis then finds the Harness-side failures this causes
+    (`tool_not_exposed`, `skill_not_injected`) and the revision (`harness-v2`) fixes them.
+  * A 2-layer, hidden-128 Qwen3, bf16 autocast on CPU, greedy decoding, 96 new tokens a turn.
+
+- `small`: the same loop on three templates with a few dozen optimizer steps, for tests (< 3
+  minutes). Its numbers prove the plumbing, not learning.
+- `cluster`: the loop's settings at cluster scale plus where things live (object store,
+  images, pools); `qpa loop --preset cluster --dry-run` prints the TaskBatch, TrainingRun and
+  HarnessRelease resources that run it on Kubernetes (`qpa.loop.cluster`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from qpa.harness.agent import HarnessConfig
+from qpa.train.tiny import TinyConfig
+
+PresetName = Literal["local", "small", "cluster"]
+PRESET_NAMES: tuple[PresetName, ...] = ("local", "small", "cluster")
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenizerSettings(_Settings):
+    """The tiny model's tokenizer: byte-level BPE plus macro tokens for recurring prompt lines.
+
+    Words, spaces, punctuation and digits are pre-tokenized apart (each digit alone), so a name
+    or a number has the same tokens in the instruction, in a tool result and in the call that
+    copies it.
+    """
+
+    vocab_size: int = Field(default=2048, ge=300, description="BPE vocabulary (before macros)")
+    macro_lines: bool = Field(default=True, description="recurring prompt lines as one token")
+    macro_min_count: int = Field(default=2, ge=1, description="seen in this many conversations")
+    macro_min_chars: int = Field(default=12, ge=2)
+    macro_max: int = Field(default=6000, ge=0, description="at most this many macro tokens")
+    conversations: int = Field(
+        default=400, ge=1, description="oracle conversations (train split) mined for macros"
+    )
+
+
+class TaskSettings(_Settings):
+    """The curriculum and the first round of generated training tasks."""
+
+    templates: list[str] = Field(min_length=1, description="templates the loop covers")
+    generated_per_template: int = Field(
+        default=40, ge=0, description="round 1: fresh train variants per template"
+    )
+    per_cell: int = Field(default=4, ge=0, description="coverage target per cell (round 1)")
+    validation_per_template: int | None = Field(
+        default=None, ge=1, description="cap on validation tasks per template (all when unset)"
+    )
+    test_per_template: int | None = Field(
+        default=None, ge=1, description="cap on test tasks per template (all when unset)"
+    )
+
+
+class CollectSettings(_Settings):
+    """Trajectory collection on the training tasks: the oracle and the noisy oracle."""
+
+    oracle_samples: int = Field(default=1, ge=1)
+    noisy_samples: int = Field(default=1, ge=0, description="0: no noisy trajectories")
+    noise: float = Field(default=0.5, ge=0.0, le=1.0, description="noisy planner's fault rate")
+    concurrency: int = Field(default=2, ge=1)
+    max_turns: int = Field(default=12, ge=1)
+
+
+class MixSettings(_Settings):
+    """The SFT mixture (`qpa.data.mix`): size, weights, failures kept with masked turns."""
+
+    target_size: int = Field(default=600, ge=1)
+    include_failures: bool = True
+    capability_weights: dict[str, float] = Field(default_factory=dict)
+    difficulty_weights: dict[int, float] = Field(default_factory=dict)
+    source_weights: dict[str, float] = Field(default_factory=dict)
+
+
+class SFTSettings(_Settings):
+    """The SFT cold start (`qpa.train.sft`)."""
+
+    max_steps: int = Field(default=300, ge=1)
+    batch_size: int = Field(default=8, ge=1)
+    learning_rate: float = Field(default=3e-3, gt=0)
+    warmup: float = Field(default=0.05, ge=0)
+    max_length: int = Field(default=2048, ge=64)
+    bf16: bool | Literal["auto"] = Field(
+        default=True, description="bf16 autocast (on CPU too: AMX/AVX-512 make it ~2x faster)"
+    )
+    checkpoint_every: int = Field(default=100, ge=1, description="resumable every N steps")
+
+
+class EvalSettings(_Settings):
+    """Greedy evaluation of a checkpoint through the Harness (batched across episodes)."""
+
+    max_new_tokens: int = Field(default=96, ge=8)
+    workers: int = Field(default=64, ge=1, description="episodes in flight (one generate call)")
+
+
+class RevisionSettings(_Settings):
+    """How Harness-side failures become a Harness revision, and its limits."""
+
+    max_tools_cap: int = Field(default=16, ge=1)
+    token_budget_cap: int = Field(default=1500, ge=100)
+    memory_k_cap: int = Field(default=10, ge=1)
+    max_turns_cap: int = Field(default=24, ge=1)
+
+
+class Round2Settings(_Settings):
+    """The second round: tasks generated for the weaknesses validation showed, and their mix."""
+
+    count: int = Field(default=120, ge=1, description="generated tasks for the weaknesses")
+    per_cell: int = Field(default=4, ge=0)
+    weak_threshold: float = Field(default=0.7, gt=0.0, le=1.0)
+    weak_boost: float = Field(default=2.0, ge=0.0)
+    target_size: int = Field(default=240, ge=1, description="RL task pool: mixture draws")
+
+
+class CareSettings(_Settings):
+    """CARE (`qpa.train.care.CareConfig`) as the loop sets it."""
+
+    low: float = Field(default=0.2, ge=0.0, le=1.0)
+    high: float = Field(default=0.8, ge=0.0, le=1.0)
+    progress_weight: float = Field(default=0.8, ge=0.0, lt=1.0)
+    token_weight: float = Field(default=0.1, ge=0.0)
+    call_weight: float = Field(default=0.05, ge=0.0)
+    anchor: float = Field(default=1.0, gt=0.0)
+
+
+class RLSettings(_Settings):
+    """Online RL with CARE (`qpa.train.rl`) from the SFT checkpoint, through the revised Harness."""
+
+    steps: int = Field(default=12, ge=1)
+    tasks_per_step: int = Field(default=8, ge=1)
+    samples_per_task: int = Field(default=4, ge=2)
+    learning_rate: float = Field(default=1e-4, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
+    max_new_tokens: int = Field(default=96, ge=8)
+    micro_batch_size: int = Field(default=8, ge=1)
+    clip_high: float = Field(default=0.28, ge=0.0)
+    warmup_steps: int = Field(default=1, ge=0)
+    checkpoint_every: int = Field(default=4, ge=1)
+    care: CareSettings = Field(default_factory=CareSettings)
+
+
+class ClusterSettings(_Settings):
+    """Where the cluster loop runs: namespace, object store, images, pools, hardware."""
+
+    namespace: str = "qpa"
+    name: str = "loop"
+    store_uri: str = "s3://qpa/loop"
+    store_endpoint: str = "http://minio.qpa.svc:9000"
+    store_secret: str = "qpa-minio"
+    image: str = "ghcr.io/qpa/qpa:0.1.0"
+    trainer_image: str = "ghcr.io/qpa/trainer:0.1.0"
+    harness_image: str = "ghcr.io/qpa/harness:0.1.0"
+    rollout_pool: str = "sandbox"
+    base_model_uri: str = "s3://qpa/models/qwen3-8b"
+    policy_model_url: str = "http://planner-predictor.qpa.svc/v1"
+    nodes: int = Field(default=2, ge=1)
+    gpus_per_node: int = Field(default=8, ge=0)
+    parallelism: int = Field(default=32, ge=1)
+
+
+class LoopPreset(_Settings):
+    """Everything one run of the loop needs; `qpa loop --preset NAME` picks one."""
+
+    name: PresetName
+    description: str = ""
+    seed: int = 0
+    suite: str = "mobilepa"
+    budget_s: float = Field(default=900.0, gt=0, description="wall-time target of the run")
+    tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
+    model: TinyConfig = Field(default_factory=TinyConfig)
+    tasks: TaskSettings
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    collect: CollectSettings = Field(default_factory=CollectSettings)
+    mix: MixSettings = Field(default_factory=MixSettings)
+    sft: SFTSettings = Field(default_factory=SFTSettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    revision: RevisionSettings = Field(default_factory=RevisionSettings)
+    round2: Round2Settings = Field(default_factory=Round2Settings)
+    rl: RLSettings = Field(default_factory=RLSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+
+    def with_seed(self, seed: int) -> LoopPreset:
+        """The same preset with another seed (every stage's seed derives from it)."""
+        return self.model_copy(update={"seed": seed})
+
+    def section(self, *names: str) -> dict[str, Any]:
+        """The named settings as plain JSON data (what a stage's hash covers)."""
+        data = json.loads(self.model_dump_json())
+        return {name: data[name] for name in names}
+
+    def fingerprint(self) -> str:
+        """A short hash of every setting."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- the presets
+
+LOCAL_TEMPLATES = [
+    # tool_use: arguments copied from the instruction (and, for the text, from a search result)
+    "add_new_contact",
+    "room_lights_brightness",
+    "text_contact_by_name",
+    # memory: a remembered value (the strongest evidence) goes into the call
+    "alarm_with_preferred_sound",
+    "remind_with_usual_list_and_time",
+    "text_partner_from_memory",
+    # skills: an app procedure the tool schemas alone do not reveal
+    "cancel_meeting_with_attendees",
+    "skip_alarm_for_one_day",
+    "schedule_text",
+]
+SMALL_TEMPLATES = ["add_new_contact", "alarm_with_preferred_sound", "cancel_meeting_with_attendees"]
+
+COMPACT_HARNESS = HarnessConfig(
+    version="harness-v1",
+    token_budget=100,
+    max_tools=4,
+    memory_k=3,
+    max_turns=6,
+)
+"""The first Harness for the tiny model: 4 tools, tool lines only (no Skills), 6 turns."""
+
+TINY_MODEL = TinyConfig(
+    vocab_size=2048,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=4096,
+)
+
+
+def local_preset() -> LoopPreset:
+    return LoopPreset(
+        name="local",
+        description="the whole loop on a tiny model, 2 CPU cores, <= 15 minutes",
+        budget_s=900.0,
+        model=TINY_MODEL,
+        tasks=TaskSettings(templates=list(LOCAL_TEMPLATES), generated_per_template=40),
+        harness=COMPACT_HARNESS,
+        collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5),
+        mix=MixSettings(target_size=600),
+        sft=SFTSettings(max_steps=300, batch_size=8, learning_rate=3e-3),
+        round2=Round2Settings(count=120, target_size=240),
+        rl=RLSettings(steps=12, tasks_per_step=8, samples_per_task=4, learning_rate=1e-4),
+    )
+
+
+def small_preset() -> LoopPreset:
+    return LoopPreset(
+        name="small",
+        description="the loop's plumbing on three templates, for tests (< 3 minutes)",
+        budget_s=180.0,
+        tokenizer=TokenizerSettings(conversations=60),
+        model=TINY_MODEL.model_copy(
+            update={"hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
+        ),
+        tasks=TaskSettings(
+            templates=list(SMALL_TEMPLATES),
+            generated_per_template=6,
+            validation_per_template=3,
+            test_per_template=4,
+        ),
+        harness=COMPACT_HARNESS,
+        collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5),
+        mix=MixSettings(target_size=60),
+        sft=SFTSettings(max_steps=30, batch_size=8, learning_rate=3e-3, checkpoint_every=15),
+        eval=EvalSettings(max_new_tokens=48),
+        round2=Round2Settings(count=12, target_size=24),
+        rl=RLSettings(
+            steps=2,
+            tasks_per_step=2,
+            samples_per_task=2,
+            max_new_tokens=48,
+            checkpoint_every=1,
+        ),
+    )
+
+
+def cluster_preset() -> LoopPreset:
+    """The loop at cluster scale: the whole suite, a real base model, GPUs (see `cluster`)."""
+    return LoopPreset(
+        name="cluster",
+        description="the same loop as Kubernetes resources (TaskBatch, TrainingRun, "
+        "HarnessRelease) on a GPU cluster",
+        budget_s=86400.0,
+        tasks=TaskSettings(templates=list(LOCAL_TEMPLATES), generated_per_template=400),
+        harness=HarnessConfig(version="harness-v1", max_turns=40),
+        collect=CollectSettings(oracle_samples=1, noisy_samples=4, concurrency=32, max_turns=40),
+        mix=MixSettings(target_size=20000),
+        sft=SFTSettings(
+            max_steps=2000, batch_size=4, learning_rate=1e-5, max_length=8192, checkpoint_every=500
+        ),
+        eval=EvalSettings(max_new_tokens=512),
+        round2=Round2Settings(count=2000, target_size=4000),
+        rl=RLSettings(
+            steps=200,
+            tasks_per_step=64,
+            samples_per_task=8,
+            learning_rate=1e-6,
+            max_new_tokens=512,
+            checkpoint_every=20,
+        ),
+    )
+
+
+def get_preset(name: str, *, seed: int | None = None) -> LoopPreset:
+    """The preset called `name` (`local`, `small` or `cluster`), with `seed` when given."""
+    builders = {"local": local_preset, "small": small_preset, "cluster": cluster_preset}
+    if name not in builders:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESET_NAMES)}")
+    preset = builders[name]()
+    return preset if seed is None else preset.with_seed(seed)
+
+
+__all__ = [
+    "COMPACT_HARNESS",
+    "LOCAL_TEMPLATES",
+    "PRESET_NAMES",
+    "SMALL_TEMPLATES",
+    "TINY_MODEL",
+    "CareSettings",
+    "ClusterSettings",
+    "CollectSettings",
+    "EvalSettings",
+    "LoopPreset",
+    "MixSettings",
+    "PresetName",
+    "RLSettings",
+    "RevisionSettings",
+    "Round2Settings",
+    "SFTSettings",
+    "TaskSettings",
+    "TokenizerSettings",
+    "get_preset",
+    "local_preset",
+    "small_preset",
+]
