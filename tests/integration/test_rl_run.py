@@ -137,10 +137,10 @@ def test_example_config_and_task_sources(tasks: list[Task], tmp_path: Path) -> N
     from qpa.store import FileStore
     from qpa.store.manifest import DatasetManifest, Lineage, ManifestFile, write_manifest
 
-    example = RLConfig.from_yaml(Path(__file__).parents[2] / "examples" / "rl.yaml")
+    example = RLConfig.from_yaml(Path(__file__).parents[2] / "examples" / "local" / "rl.yaml")
     assert example.care.enabled and example.samples_per_task >= 2
     off = RLConfig.from_yaml(
-        Path(__file__).parents[2] / "examples" / "rl.yaml", {"care.enabled": False}
+        Path(__file__).parents[2] / "examples" / "local" / "rl.yaml", {"care.enabled": False}
     )
     assert not off.care.enabled and off.care.care_config().low == example.care.low
     with pytest.raises(ConfigError, match="care"):

@@ -480,7 +480,7 @@ def test_launch_env_and_argv_for_an_indexed_job() -> None:
 
 
 def test_settings_map_to_trl_and_reject_unknown_fields(tmp_path: Path) -> None:
-    path = Path(__file__).resolve().parents[2] / "examples" / "sft.yaml"
+    path = Path(__file__).resolve().parents[2] / "examples" / "local" / "sft.yaml"
     config = SFTConfig.from_yaml(path, {"deepspeed.zero_stage": 3, "trl.logging_first_step": False})
     assert config.deepspeed.zero_stage == 3 and config.checkpoint.resume == "auto"
     args = config.to_trl(bf16=False, gradient_checkpointing=False)
