@@ -23,10 +23,8 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import os
-import queue
 import threading
 import time
 from collections import defaultdict
@@ -47,8 +45,9 @@ from qpa.bench.scoring import (
     score,
 )
 from qpa.contract import CAPABILITIES, CorruptLineError, Environment, Policy, Task, Trajectory
-from qpa.harness.factory import PlannerFactory, PlannerSpec
-from qpa.harness.runner import DEFAULT_MAX_TURNS, run_episode
+from qpa.harness.factory import PlannerSpec
+from qpa.harness.pool import check_remote, env_maker, policy_of, run_episodes
+from qpa.harness.runner import DEFAULT_MAX_TURNS
 
 TRAJECTORIES = "trajectories.jsonl"
 MANIFEST = "run.json"
@@ -220,47 +219,8 @@ class BenchRun:
         return len(self.task_ids) * self.samples - len(self.records)
 
 
-@dataclass
-class _Done:
-    line: bytes
-    record: EpisodeRecord
-
-
-@dataclass
-class _Failed:
-    error: BaseException
-
-
-_FINISHED = object()
-
-
-def policy_of(spec: PlannerSpec) -> Policy:
-    return Policy(planner=spec.name, model=spec.policy_model, harness_version=spec.harness.version)
-
-
 def _check_remote(urls: Sequence[str]) -> None:
-    from qpa.envs.remote import RemoteEnv
-
-    for url in dict.fromkeys(urls):
-        try:
-            with RemoteEnv(url, retries=1) as env:
-                env.health()
-        except Exception as exc:  # unreachable, not a URL, not an environment server
-            raise BenchError(f"environment server {url} is not answering: {exc}") from None
-
-
-def _env_maker(env_urls: Sequence[str], env_kind: str) -> Callable[[int], Environment]:
-    if env_urls:
-        from qpa.envs.remote import RemoteEnv
-
-        def remote(worker: int) -> Environment:
-            env: Environment = RemoteEnv(env_urls[worker % len(env_urls)])
-            return env
-
-        return remote
-    from qpa.envs.factory import make_env
-
-    return lambda worker: make_env(env_kind)
+    check_remote(urls, BenchError)
 
 
 def run_bench(
@@ -340,7 +300,7 @@ def run_bench(
                 policy,
                 path,
                 concurrency=min(concurrency, len(pending)),
-                make_env=_env_maker(env_urls, env_kind),
+                make_env=env_maker(env_urls, env_kind),
                 max_turns=max_turns,
                 resume=resume,
                 on_episode=on_episode,
@@ -400,91 +360,32 @@ def _execute(
     on_episode: Callable[[EpisodeRecord], None] | None,
     stop: threading.Event,
 ) -> tuple[int, bool]:
-    work: queue.SimpleQueue[tuple[Task, int]] = queue.SimpleQueue()
-    for episode in pending:
-        work.put(episode)
-    results: queue.Queue[_Done | _Failed | object] = queue.Queue()
-    shared = PlannerFactory(spec)
-    factories: dict[int, PlannerFactory] = {}
-    factories_lock = threading.Lock()
-
-    def factory_for(sample: int) -> PlannerFactory:
-        if spec.name != "noisy":
-            return shared
-        with factories_lock:
-            if sample not in factories:
-                factories[sample] = PlannerFactory(
-                    dataclasses.replace(spec, seed=spec.seed + sample)
-                )
-            return factories[sample]
-
-    def worker(index: int) -> None:
-        env: Environment | None = None
-        try:
-            env = make_env(index)
-            while not stop.is_set():
-                try:
-                    task, sample = work.get_nowait()
-                except queue.Empty:
-                    break
-                trajectory = run_episode(
-                    env,
-                    task,
-                    factory_for(sample)(),
-                    policy=policy,
-                    sample=sample,
-                    max_turns=max_turns,
-                )
-                line = trajectory.model_dump_json().encode() + b"\n"
-                results.put(_Done(line, EpisodeRecord.of(trajectory)))
-        except BaseException as exc:
-            results.put(_Failed(exc))
-        finally:
-            if env is not None:
-                try:
-                    env.close()
-                except Exception as exc:
-                    results.put(_Failed(exc))
-            results.put(_FINISHED)
-
-    # Build the shared model backend and memory once, here, before workers race to.
-    factory_for(pending[0][1])()
-    threads = [
-        threading.Thread(target=worker, args=(i,), name=f"bench-{i}", daemon=True)
-        for i in range(concurrency)
-    ]
-    for thread in threads:
-        thread.start()
-    alive, ran, interrupted = len(threads), 0, False
-    failure: BaseException | None = None
+    """Run the episodes; append each to `path` as it finishes. Returns (ran, interrupted)."""
+    ran = 0
     with open(path, "ab") as stream:
-        while alive:
-            try:
-                item = results.get(timeout=0.2)
-                if item is _FINISHED:
-                    alive -= 1
-                elif isinstance(item, _Failed):
-                    failure = failure or item.error
-                    stop.set()
-                elif isinstance(item, _Done):
-                    stream.write(item.line)
-                    stream.flush()
-                    resume.records[item.record.key] = item.record
-                    ran += 1
-                    if on_episode is not None:
-                        on_episode(item.record)
-            except queue.Empty:
-                continue
-            except KeyboardInterrupt:
-                if interrupted:  # a second Ctrl-C: stop waiting for the episodes in flight
-                    raise
-                stop.set()  # the first: finish and write the episodes in flight, start none
-                interrupted = True
-    for thread in threads:
-        thread.join()
-    if failure is not None:
-        raise failure
-    return ran, interrupted or stop.is_set()
+
+        def record(trajectory: Trajectory) -> None:
+            nonlocal ran
+            stream.write(trajectory.model_dump_json().encode() + b"\n")
+            stream.flush()
+            episode = EpisodeRecord.of(trajectory)
+            resume.records[episode.key] = episode
+            ran += 1
+            if on_episode is not None:
+                on_episode(episode)
+
+        interrupted = run_episodes(
+            pending,
+            spec,
+            policy,
+            record,
+            concurrency=concurrency,
+            make_env=make_env,
+            max_turns=max_turns,
+            stop=stop,
+            name="bench",
+        )
+    return ran, interrupted
 
 
 # --------------------------------------------------------------------------- scoring

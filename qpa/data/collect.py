@@ -26,10 +26,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
-import queue
 import tempfile
 import threading
 import time
@@ -43,8 +41,9 @@ from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from qpa.contract import CorruptLineError, Environment, Policy, Task, Trajectory
-from qpa.harness.factory import PlannerFactory, PlannerSpec
-from qpa.harness.runner import DEFAULT_MAX_TURNS, run_episode
+from qpa.harness.factory import PlannerSpec
+from qpa.harness.pool import check_remote, env_maker, policy_of, run_episodes
+from qpa.harness.runner import DEFAULT_MAX_TURNS
 from qpa.store import (
     ArtifactNotFound,
     ArtifactStore,
@@ -292,36 +291,11 @@ def default_spool_dir() -> Path:
     return Path(os.environ.get("QPA_SPOOL_DIR") or Path(tempfile.gettempdir()) / "qpa-spool")
 
 
-def policy_of(spec: PlannerSpec) -> Policy:
-    return Policy(planner=spec.name, model=spec.policy_model, harness_version=spec.harness.version)
-
-
 def _check_remote(urls: Sequence[str]) -> None:
-    from qpa.envs.remote import RemoteEnv, RemoteEnvError
-
-    for url in dict.fromkeys(urls):
-        try:
-            with RemoteEnv(url, retries=1) as env:
-                env.health()
-        except (RemoteEnvError, ValueError, OSError) as exc:
-            raise CollectError(f"environment server {url} is not answering: {exc}") from None
+    check_remote(urls, CollectError)
 
 
 # --------------------------------------------------------------------------- the collection
-
-
-@dataclass
-class _Done:
-    trajectory: Trajectory
-    line: bytes
-
-
-@dataclass
-class _Failed:
-    error: BaseException
-
-
-_FINISHED = object()
 
 
 def collect(
@@ -527,7 +501,7 @@ def _collect(
             shard_label,
             record,
             concurrency=min(concurrency, len(pending)),
-            make_env=_env_maker(urls, env_kind),
+            make_env=env_maker(urls, env_kind),
             max_turns=max_turns,
             stop=stop,
         )
@@ -674,20 +648,6 @@ def _merge_shards(
     return manifest
 
 
-def _env_maker(urls: Sequence[str], env_kind: str) -> Callable[[int], Environment]:
-    if urls:
-        from qpa.envs.remote import RemoteEnv
-
-        def remote(worker: int) -> Environment:
-            env: Environment = RemoteEnv(urls[worker % len(urls)])
-            return env
-
-        return remote
-    from qpa.envs.factory import make_env
-
-    return lambda worker: make_env(env_kind)
-
-
 def _execute(
     pending: list[tuple[Task, int]],
     spec: PlannerSpec,
@@ -701,85 +661,23 @@ def _execute(
     stop: threading.Event,
 ) -> bool:
     """Run the episodes on worker threads; `record` each in this thread. True if interrupted."""
-    work: queue.SimpleQueue[tuple[Task, int]] = queue.SimpleQueue()
-    for episode in pending:
-        work.put(episode)
-    results: queue.Queue[_Done | _Failed | object] = queue.Queue()
-    shared = PlannerFactory(spec)
-    factories: dict[int, PlannerFactory] = {}
-    factories_lock = threading.Lock()
 
-    def factory_for(sample: int) -> PlannerFactory:
-        if spec.name != "noisy":
-            return shared
-        with factories_lock:
-            if sample not in factories:
-                factories[sample] = PlannerFactory(
-                    dataclasses.replace(spec, seed=spec.seed + sample)
-                )
-            return factories[sample]
+    def labelled(trajectory: Trajectory) -> None:
+        trajectory.metadata["group"] = trajectory.task.id
+        trajectory.metadata["shard"] = shard_label
+        record(trajectory, trajectory.model_dump_json().encode())
 
-    def worker(number: int) -> None:
-        env: Environment | None = None
-        try:
-            env = make_env(number)
-            while not stop.is_set():
-                try:
-                    task, sample = work.get_nowait()
-                except queue.Empty:
-                    break
-                trajectory = run_episode(
-                    env, task, factory_for(sample)(), policy=policy, sample=sample,
-                    max_turns=max_turns,
-                )  # fmt: skip
-                trajectory.metadata["group"] = task.id
-                trajectory.metadata["shard"] = shard_label
-                results.put(_Done(trajectory, trajectory.model_dump_json().encode()))
-        except BaseException as exc:
-            results.put(_Failed(exc))
-        finally:
-            if env is not None:
-                try:
-                    env.close()
-                except Exception as exc:
-                    results.put(_Failed(exc))
-            results.put(_FINISHED)
-
-    factory_for(pending[0][1])()  # build shared backends once, before the workers race to
-    threads = [
-        threading.Thread(target=worker, args=(i,), name=f"collect-{i}", daemon=True)
-        for i in range(concurrency)
-    ]
-    for thread in threads:
-        thread.start()
-    alive, interrupted = len(threads), False
-    failure: BaseException | None = None
-    while alive:
-        try:
-            item = results.get(timeout=0.2)
-            if item is _FINISHED:
-                alive -= 1
-            elif isinstance(item, _Failed):
-                failure = failure or item.error
-                stop.set()
-            elif isinstance(item, _Done):
-                record(item.trajectory, item.line)
-        except queue.Empty:
-            continue
-        except KeyboardInterrupt:
-            if interrupted:
-                stop.set()
-                raise
-            stop.set()  # the first Ctrl-C: finish and spool the episodes in flight
-            interrupted = True
-        except BaseException:
-            stop.set()  # recording failed (e.g. the spool's disk): start no more episodes
-            raise
-    for thread in threads:
-        thread.join()
-    if failure is not None:
-        raise failure
-    return interrupted or stop.is_set()
+    return run_episodes(
+        pending,
+        spec,
+        policy,
+        labelled,
+        concurrency=concurrency,
+        make_env=make_env,
+        max_turns=max_turns,
+        stop=stop,
+        name="collect",
+    )
 
 
 def read_collected(out: str, config: StoreConfig | None = None) -> list[Trajectory]:

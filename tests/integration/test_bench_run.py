@@ -21,7 +21,6 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-import qpa.bench.run as bench_run
 from qpa.bench.gate import load_report
 from qpa.bench.report import compare, write_report
 from qpa.bench.run import finish, run_bench, select_tasks
@@ -201,7 +200,9 @@ def test_resume_after_a_crash_runs_exactly_the_missing_episodes(
 def test_a_stopped_run_loses_at_most_the_episodes_in_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slow_episode = bench_run.run_episode
+    import qpa.harness.pool as pool
+
+    slow_episode = pool.run_episode
     started: list[int] = []
 
     def slow(*args: Any, **kwargs: Any) -> Any:
@@ -209,7 +210,7 @@ def test_a_stopped_run_loses_at_most_the_episodes_in_flight(
         time.sleep(0.02)
         return slow_episode(*args, **kwargs)
 
-    monkeypatch.setattr(bench_run, "run_episode", slow)
+    monkeypatch.setattr(pool, "run_episode", slow)
     stop, seen = threading.Event(), []
 
     def on_episode(record: Any) -> None:
