@@ -30,6 +30,14 @@ from qpa.bench.run import BenchError, finish, rescore, run_bench, select_tasks
 from qpa.bench.scoring import EpisodeRecord, PriceTableError, Report, load_price_table
 from qpa.cli import app
 from qpa.cli.common import console, die, err_console, print_json
+from qpa.cli.options import (
+    ApiKeyEnvOpt,
+    HarnessConfigOpt,
+    ModelOpt,
+    ModelPathOpt,
+    ModelUrlOpt,
+    NoiseOpt,
+)
 from qpa.cli.run import planner_spec
 from qpa.contract import CAPABILITIES, SPLITS, CorruptLineError
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, generate_suite
@@ -125,20 +133,12 @@ def run_command(
         Path | None, typer.Option(help="Price table YAML (per-1M token prices per model).")
     ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots with report.md.")] = True,
-    model_url: Annotated[
-        str | None, typer.Option(help="OpenAI-compatible endpoint (planner openai).")
-    ] = None,
-    model: Annotated[str, typer.Option(help="Model name at the endpoint.")] = "planner",
-    model_path: Annotated[
-        str | None, typer.Option(help="Local checkpoint folder (planner local).")
-    ] = None,
-    api_key_env: Annotated[
-        str | None, typer.Option(help="Environment variable holding the endpoint's API key.")
-    ] = None,
-    harness_config: Annotated[
-        Path | None, typer.Option(help="Harness version YAML (adapter, Skills, memory, budgets).")
-    ] = None,
-    noise: Annotated[float, typer.Option(help="Fault rate of the noisy planner.")] = 0.5,
+    model_url: ModelUrlOpt = None,
+    model: ModelOpt = "planner",
+    model_path: ModelPathOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    harness_config: HarnessConfigOpt = None,
+    noise: NoiseOpt = 0.5,
     planner_seed: Annotated[int, typer.Option(help="Seed of the noisy planner.")] = 0,
 ) -> None:
     """Run every selected task k times and write trajectories.jsonl, report.json and report.md.

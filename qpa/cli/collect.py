@@ -29,6 +29,14 @@ from rich.progress import (
 
 from qpa.cli import app
 from qpa.cli.common import console, die, err_console, print_json
+from qpa.cli.options import (
+    ApiKeyEnvOpt,
+    HarnessConfigOpt,
+    ModelOpt,
+    ModelPathOpt,
+    ModelUrlOpt,
+    NoiseOpt,
+)
 from qpa.cli.run import planner_spec
 from qpa.contract import SPLITS, CorruptLineError, Task, Trajectory
 from qpa.data.collect import (
@@ -104,20 +112,12 @@ def collect_command(
     s3_endpoint: Annotated[
         str | None, typer.Option(help="S3 endpoint (default QPA_S3_ENDPOINT).")
     ] = None,
-    model_url: Annotated[
-        str | None, typer.Option(help="OpenAI-compatible endpoint (planner openai).")
-    ] = None,
-    model: Annotated[str, typer.Option(help="Model name at the endpoint.")] = "planner",
-    model_path: Annotated[
-        str | None, typer.Option(help="Local checkpoint folder (planner local).")
-    ] = None,
-    api_key_env: Annotated[
-        str | None, typer.Option(help="Environment variable holding the endpoint's API key.")
-    ] = None,
-    harness_config: Annotated[
-        Path | None, typer.Option(help="Harness version YAML (adapter, Skills, memory, budgets).")
-    ] = None,
-    noise: Annotated[float, typer.Option(help="Fault rate of the noisy planner.")] = 0.5,
+    model_url: ModelUrlOpt = None,
+    model: ModelOpt = "planner",
+    model_path: ModelPathOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    harness_config: HarnessConfigOpt = None,
+    noise: NoiseOpt = 0.5,
     planner_seed: Annotated[int, typer.Option(help="Seed of the noisy planner.")] = 0,
     json_: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:

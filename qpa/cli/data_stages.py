@@ -16,6 +16,7 @@ from rich.table import Table
 
 from qpa.cli.common import console, die, print_json
 from qpa.cli.data import data_app
+from qpa.cli.options import ModelOpt
 from qpa.contract import CorruptLineError, Task
 from qpa.store import ArtifactNotFound, StoreError
 
@@ -70,7 +71,7 @@ def generate_command(
     ] = None,
     planner: Annotated[str, typer.Option(help="template, or openai (LLM variants).")] = "template",
     model_url: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL.")] = None,
-    model: Annotated[str, typer.Option(help="Model name at the endpoint.")] = "planner",
+    model: ModelOpt = "planner",
     api_key_env: Annotated[str | None, typer.Option(help="Env var holding the API key.")] = None,
     api_key_file: Annotated[str | None, typer.Option(help="File holding the API key.")] = None,
     variants: Annotated[int, typer.Option(min=1, help="LLM variants kept per task.")] = 1,

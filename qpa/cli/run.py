@@ -11,6 +11,14 @@ from rich.panel import Panel
 
 from qpa.cli import app
 from qpa.cli.common import console, die
+from qpa.cli.options import (
+    ApiKeyEnvOpt,
+    HarnessConfigOpt,
+    ModelOpt,
+    ModelPathOpt,
+    ModelUrlOpt,
+    NoiseOpt,
+)
 from qpa.contract import Environment, Policy, Step, Trajectory, write_trajectories
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, get_task
@@ -96,20 +104,12 @@ def run(
     env_url: Annotated[
         str | None, typer.Option(help="Environment server URL (default: in-process).")
     ] = None,
-    model_url: Annotated[
-        str | None, typer.Option(help="OpenAI-compatible endpoint (planner openai).")
-    ] = None,
-    model: Annotated[str, typer.Option(help="Model name at the endpoint.")] = "planner",
-    model_path: Annotated[
-        str | None, typer.Option(help="Local checkpoint folder (planner local).")
-    ] = None,
-    api_key_env: Annotated[
-        str | None, typer.Option(help="Environment variable holding the endpoint's API key.")
-    ] = None,
-    harness_config: Annotated[
-        Path | None, typer.Option(help="Harness version YAML (adapter, Skills, memory, budgets).")
-    ] = None,
-    noise: Annotated[float, typer.Option(help="Fault rate of the noisy planner.")] = 0.5,
+    model_url: ModelUrlOpt = None,
+    model: ModelOpt = "planner",
+    model_path: ModelPathOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    harness_config: HarnessConfigOpt = None,
+    noise: NoiseOpt = 0.5,
     out: Annotated[
         Path | None, typer.Option(help="Append the trajectory to this JSON Lines file.")
     ] = None,

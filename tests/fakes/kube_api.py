@@ -35,7 +35,8 @@ parts"); `KubeAPI` subclasses it and serves, on 127.0.0.1 only:
 - **garbage collection**: deleting an owner deletes its dependents (background or foreground,
   or orphans them), recursively; deleting a namespace deletes what is in it;
 - **fault injection** (`kube.faults`): fail a fraction or the next N requests with 500, 409,
-  429 (with Retry-After) or 503, optionally by method and resource, for reliability tests.
+  429 (with Retry-After) or 503, optionally by method and resource, for reliability tests;
+  `slow_down(seconds)` answers later, like a loaded server.
 
 Simplifications (documented, not hidden): one stored version per resource (no conversion),
 garbage collection runs synchronously right after the owner is gone, namespaces need no
@@ -278,6 +279,8 @@ def builtin_types() -> list[ResourceType]:
                  fields=("status.successful",)),
         _builtin("batch", "cronjobs", "CronJob", short=("cj",), sub=("status",),
                  categories=("all",)),
+        _builtin("autoscaling", "horizontalpodautoscalers", "HorizontalPodAutoscaler",
+                 version="v2", short=("hpa",), sub=("status",), categories=("all",)),
         _builtin("coordination.k8s.io", "leases", "Lease"),
         _builtin("events.k8s.io", "events", "Event", short=("ev",)),
         _builtin("policy", "poddisruptionbudgets", "PodDisruptionBudget", short=("pdb",),
@@ -857,6 +860,7 @@ class FaultInjector:
 
     def __init__(self, seed: int = 0) -> None:
         self._faults: list[Fault] = []
+        self._delays: list[tuple[float, frozenset[str] | None]] = []
         self._lock = threading.Lock()
         self._random = random.Random(seed)
         self.log: list[tuple[int, str, str]] = []  # (status, method, path) of each injection
@@ -896,9 +900,23 @@ class FaultInjector:
         """Each matching request fails with probability `rate` (seeded, reproducible)."""
         return self.add(status, rate=rate, **options)
 
+    def slow_down(self, seconds: float, *, methods: Iterable[str] | None = None) -> None:
+        """Answer matching resource requests `seconds` later (a loaded API server)."""
+        wanted = frozenset(m.upper() for m in methods) if methods is not None else None
+        with self._lock:
+            self._delays.append((seconds, wanted))
+
+    def delay(self, request: rendering.Request) -> float:
+        if request.params.get("watch") in ("true", "1"):
+            return 0.0
+        method = str(request.method.value if request.method else "").upper()
+        with self._lock:
+            return sum(s for s, methods in self._delays if methods is None or method in methods)
+
     def clear(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._delays.clear()
 
     @property
     def injected(self) -> int:
@@ -937,6 +955,7 @@ class KubeAPI(kmock.KubernetesEmulator):
     require_namespaces: bool = True  # creating in a missing namespace answers 404
     namespaces: Sequence[str] = DEFAULT_NAMESPACES
     history_limit: int = 10_000  # watch events kept for resuming from a resourceVersion
+    bookmark_interval: float = 60.0  # BOOKMARK period of watches asking for them (0: never)
     seed: int = 0
     faults: FaultInjector = attrs.field(factory=FaultInjector)
 
@@ -948,14 +967,17 @@ class KubeAPI(kmock.KubernetesEmulator):
     _closing: bool = attrs.field(default=False, init=False)
     _random: random.Random = attrs.field(factory=random.Random, init=False)
     warnings: list[str] = attrs.field(factory=list, init=False)
+    _resource_reaction: Any = attrs.field(default=None, init=False)
+    _builtin_payloads: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         # Discovery routes and the final 404 of the scaffold, but not kmock's naive
         # object-handling fallbacks: every resource request goes to `_dispatch`.
         kmock.KubernetesScaffold.__attrs_post_init__(self)
         self.fallback["get", re.compile(r"/(healthz|livez|readyz)(/.*)?")] << b"ok"
-        self.fallback[self._is_resource_request] << self._dispatch
+        self._resource_reaction = self.fallback[self._is_resource_request] << self._dispatch
         self.fallback << self._unknown_endpoint
+        self._builtin_payloads = len(self._payloads)
         self._random.seed(self.seed)
         for rtype in builtin_types():
             self.register(rtype)
@@ -1053,9 +1075,19 @@ class KubeAPI(kmock.KubernetesEmulator):
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if self._is_resource_request(request):
+            if delay := self.faults.delay(request):
+                await asyncio.sleep(delay)
             fault = self.faults.pick(request)
             if fault is not None:
                 return await fault.error(request).response()(request)
+            # With no reactions added after start-up, a resource request can only reach
+            # `_dispatch`: go there directly. kmock's matching checks `request in view`, which
+            # scans every request served so far, so matching made each request O(history).
+            if (
+                self._resource_reaction is not None
+                and len(self._payloads) == self._builtin_payloads
+            ):
+                return await self._resource_reaction(request)
         # Skip KubernetesEmulator._handle: it stores bodies naively before any validation.
         return await kmock.RawHandler._handle(self, request)
 
@@ -1505,11 +1537,18 @@ class KubeAPI(kmock.KubernetesEmulator):
                 yield _line("ERROR", gone.status())
                 return
         raw = request._raw_request
+        bookmarks = params.get("allowWatchBookmarks") in ("true", "1") and self.bookmark_interval
+        next_bookmark = loop.time() + (self.bookmark_interval or 0.0)
         while not self._closing:
             changed = self._changed
-            for event in list(self._history):
+            # Only the events newer than `position`, found from the end: a scan of the whole
+            # history per change made every watch O(history) with many objects.
+            fresh: list[_Event] = []
+            for event in reversed(self._history):
                 if event.rv <= position:
-                    continue
+                    break
+                fresh.append(event)
+            for event in reversed(fresh):
                 position = event.rv
                 if event.key != rtype.key:
                     continue
@@ -1527,6 +1566,16 @@ class KubeAPI(kmock.KubernetesEmulator):
                         yield _line("MODIFIED", event.obj)
                 elif now_matches:
                     yield _line(event.type, event.obj)
+            if bookmarks and loop.time() >= next_bookmark:
+                # As a real server does about once a minute: clients see the stream is alive.
+                next_bookmark = loop.time() + self.bookmark_interval
+                bookmark = {
+                    "apiVersion": rtype.api_version,
+                    "kind": rtype.kind,
+                    "metadata": {"resourceVersion": str(max(position, self._rv))},
+                }
+                position = max(position, self._rv)
+                yield _line("BOOKMARK", bookmark)
             if deadline is not None and loop.time() >= deadline:
                 return
             if raw is not None and (raw.transport is None or raw.transport.is_closing()):
@@ -2446,6 +2495,26 @@ class KubeAPIServer:
     @property
     def requests(self) -> list[rendering.Request]:
         return self.call(lambda: list(self.kube._requests))
+
+    def request_count(self) -> int:
+        """How many requests the server has received so far (watches count once, at start)."""
+        return int(self.call(lambda: len(self.kube._requests)))
+
+    def request_log(self, since: int = 0) -> list[tuple[str, str, str, bool]]:
+        """(method, path, user agent, is-a-watch) of every request from number `since` on."""
+
+        def collect() -> list[tuple[str, str, str, bool]]:
+            log = []
+            for request in list(self.kube._requests)[since:]:
+                method = str(request.method.value if request.method else "").upper()
+                agent = next(
+                    (v for k, v in request.headers.items() if k.lower() == "user-agent"), ""
+                )
+                watch = request.params.get("watch") in ("true", "1")
+                log.append((method, request.url.path, str(agent), watch))
+            return log
+
+        return list(self.call(collect))
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn(*args, **kwargs)` in the server's loop and return its result (or raise)."""
