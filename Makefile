@@ -33,6 +33,9 @@ demo: $(STAMP_BASE)
 test: $(STAMP_DEV)
 	$(BIN)/ruff check qpa operator tests benchmarks
 	$(BIN)/mypy qpa
+	# mypy cannot follow the editable install's renamed package: give it qpa_operator by path
+	mkdir -p build/mypy && ln -sfn $(CURDIR)/operator build/mypy/qpa_operator && ln -sfn $(CURDIR)/qpa build/mypy/qpa
+	cd build && MYPYPATH=$(CURDIR)/build/mypy $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p qpa_operator
 	$(BIN)/lint-imports
 	$(BIN)/pytest
 

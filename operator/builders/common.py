@@ -115,6 +115,20 @@ def child_name(owner: CustomResource, suffix: str) -> str:
     return f"{owner_name(owner)}-{suffix}"
 
 
+def bounded_name(owner: CustomResource, suffix: str, limit: int) -> str:
+    """`<owner>-<suffix>`, or `<owner prefix>-<hash>-<suffix>` when that exceeds `limit`.
+
+    For children whose name other controllers extend (KServe names its Services
+    `<isvc>-predictor[-00001]`), so the longest owner names still give DNS labels.
+    """
+    name = child_name(owner, suffix)
+    if len(name) <= limit:
+        return name
+    digest = content_hash(owner_name(owner), 6)
+    keep = max(1, limit - len(suffix) - len(digest) - 2)
+    return f"{owner_name(owner)[:keep].rstrip('-')}-{digest}-{suffix}"
+
+
 def selector_labels(owner: CustomResource, component: str) -> dict[str, str]:
     """The immutable subset used in Deployment/DaemonSet/Service selectors."""
     return {
@@ -382,9 +396,7 @@ def lease_rbac(
         "kind": "RoleBinding",
         "metadata": meta(),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": name, "namespace": owner_namespace(owner)}
-        ],
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner_namespace(owner)}],
     }
     return [account, role, binding]
 

@@ -20,9 +20,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from qpa.api import RolloutPool
-from qpa.api.v1alpha1 import RolloutPoolStatus, set_condition
-
 from qpa_operator.builders.common import (
     Defaults,
     JsonDict,
@@ -46,6 +43,9 @@ from qpa_operator.builders.common import (
     service_host,
     with_spec_hash,
 )
+
+from qpa.api import RolloutPool
+from qpa.api.v1alpha1 import RolloutPoolStatus, set_condition
 
 COMPONENT: Final = "env-server"
 CONTAINER: Final = "env-server"
@@ -210,8 +210,7 @@ def children(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
     result: list[JsonDict] = []
     if pool.spec.device_pool_ref is not None:
         result += [
-            with_spec_hash(obj)
-            for obj in lease_rbac(pool, account_name(pool), COMPONENT, defaults)
+            with_spec_hash(obj) for obj in lease_rbac(pool, account_name(pool), COMPONENT, defaults)
         ]
     result += [deployment(pool, defaults), service(pool, defaults)]
     if autoscaled(pool):

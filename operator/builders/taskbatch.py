@@ -17,10 +17,6 @@ from datetime import datetime
 from typing import Any, Final
 
 import yaml
-
-from qpa.api import TaskBatch
-from qpa.api.v1alpha1 import TaskBatchStatus, set_condition
-
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
@@ -28,6 +24,7 @@ from qpa_operator.builders.common import (
     JsonDict,
     PodParts,
     api_key_parts,
+    bounded_name,
     child_name,
     combine,
     empty_dir,
@@ -49,6 +46,9 @@ from qpa_operator.builders.common import (
     with_spec_hash,
 )
 
+from qpa.api import TaskBatch
+from qpa.api.v1alpha1 import TaskBatchStatus, set_condition
+
 COMPONENT: Final = "collector"
 CONTAINER: Final = "collect"
 SPEC_MOUNT: Final = "/etc/qpa/taskbatch"
@@ -60,8 +60,12 @@ COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
 PHASE_RANK: Final = {None: -1, "Pending": 0, "Running": 1, "Succeeded": 2, "Failed": 2}
 
 
+#: Pods of an indexed Job are named `<job>-<index>` (a DNS label); shards go up to 10000.
+JOB_NAME_LIMIT: Final = 63 - len("-9999")
+
+
 def job_name(tb: TaskBatch) -> str:
-    return child_name(tb, "collect")
+    return bounded_name(tb, "collect", JOB_NAME_LIMIT)
 
 
 def config_map_name(tb: TaskBatch) -> str:

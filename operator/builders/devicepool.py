@@ -1,0 +1,290 @@
+"""DevicePool -> a DaemonSet of the device bridge on the device nodes, and what it needs.
+
+On every node matching `nodeSelector` one bridge pod runs
+
+    qpa device bridge --pool <name> --config /etc/qpa/bridge/devicepool.yaml --adb-port 5037
+
+with the node's `/dev/bus/usb` mounted (hostPath). It is the only privileged pod qpa runs:
+adb needs the raw USB devices. The pool's spec (filters, health checks, lease duration) reaches
+it as a ConfigMap in the `DevicePoolSpec` wire form, so the bridge parses it with `qpa.api`; the
+pod template carries the ConfigMap's hash, so a spec change rolls the bridges. A headless
+Service `<pool>-bridge` lists the bridges for device-backed RolloutPools, and a ServiceAccount
+with a Role on `coordination.k8s.io` Leases lets the bridge publish phones.
+
+**Phone Leases** are the contract between the bridge and the operator: one Lease per phone,
+labelled `qpa.ai/devicepool=<pool>`, owned by the DevicePool, carrying the phone in
+annotations (`qpa.ai/serial`, `qpa.ai/node`, `qpa.ai/model`, `qpa.ai/android-version`,
+`qpa.ai/state`, `qpa.ai/reason`, `qpa.ai/last-seen`) and its holder in
+`spec.holderIdentity` while a rollout leases it. `devicepool_status` turns them into
+`status.phones`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import yaml
+from qpa_operator.builders.common import (
+    CONFIG_HASH_ANNOTATION,
+    Defaults,
+    JsonDict,
+    child_name,
+    content_hash,
+    env_var,
+    field_env,
+    labels,
+    lease_rbac,
+    metadata,
+    owner_namespace,
+    selector_labels,
+    with_spec_hash,
+)
+
+from qpa.api import DevicePool
+from qpa.api.v1alpha1 import DevicePoolStatus, Phone, set_condition
+
+COMPONENT: Final = "device-bridge"
+CONTAINER: Final = "bridge"
+CONFIG_MOUNT: Final = "/etc/qpa/bridge"
+CONFIG_KEY: Final = "devicepool.yaml"
+USB_PATH: Final = "/dev/bus/usb"
+SERVICE_PORT: Final = 5037
+
+POOL_LABEL: Final = "qpa.ai/devicepool"
+PHONE_LABEL: Final = "qpa.ai/phone"
+ROLLOUT_POOL_LABEL: Final = "qpa.ai/rolloutpool"
+SERIAL_ANNOTATION: Final = "qpa.ai/serial"
+NODE_ANNOTATION: Final = "qpa.ai/node"
+MODEL_ANNOTATION: Final = "qpa.ai/model"
+ANDROID_ANNOTATION: Final = "qpa.ai/android-version"
+STATE_ANNOTATION: Final = "qpa.ai/state"
+REASON_ANNOTATION: Final = "qpa.ai/reason"
+LAST_SEEN_ANNOTATION: Final = "qpa.ai/last-seen"
+PHONE_STATES: Final = ("available", "leased", "quarantined", "offline")
+
+
+def daemonset_name(pool: DevicePool) -> str:
+    return child_name(pool, "bridge")
+
+
+def config_map_name(pool: DevicePool) -> str:
+    return child_name(pool, "bridge")
+
+
+def service_name(pool: DevicePool) -> str:
+    return child_name(pool, "bridge")
+
+
+def account_name(pool: DevicePool) -> str:
+    return child_name(pool, "bridge")
+
+
+def config_text(pool: DevicePool) -> str:
+    return yaml.safe_dump(pool.spec.to_k8s(), sort_keys=True)
+
+
+def config_map(pool: DevicePool, defaults: Defaults) -> JsonDict:
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(pool, config_map_name(pool), COMPONENT, defaults),
+        "data": {CONFIG_KEY: config_text(pool)},
+    }
+    return with_spec_hash(manifest)
+
+
+def bridge_args(pool: DevicePool) -> list[str]:
+    return [
+        "qpa", "device", "bridge",
+        "--pool", pool.metadata.name or "",
+        "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}",
+        "--adb-port", str(pool.spec.adb_port),
+    ]  # fmt: skip
+
+
+def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
+    spec = pool.spec
+    container: JsonDict = {
+        "name": CONTAINER,
+        "image": spec.bridge_image,
+        "args": bridge_args(pool),
+        "ports": [{"name": "adb", "containerPort": spec.adb_port, "protocol": "TCP"}],
+        "env": [
+            env_var("QPA_DEVICE_POOL", pool.metadata.name or ""),
+            field_env("NODE_NAME", "spec.nodeName"),
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ],
+        "volumeMounts": [
+            {"name": "usb", "mountPath": USB_PATH},
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        ],
+        # The one privileged container of qpa: adb opens the node's raw USB devices.
+        "securityContext": {
+            "privileged": True,
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": True,
+        },
+    }
+    manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": metadata(pool, daemonset_name(pool), COMPONENT, defaults),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(pool, COMPONENT)},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {
+                    "labels": labels(pool, COMPONENT, defaults),
+                    "annotations": {CONFIG_HASH_ANNOTATION: content_hash(config_text(pool))},
+                },
+                "spec": {
+                    "serviceAccountName": account_name(pool),
+                    "automountServiceAccountToken": True,
+                    "enableServiceLinks": False,
+                    "nodeSelector": dict(sorted(spec.node_selector.items())),
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "usb", "hostPath": {"path": USB_PATH, "type": "Directory"}},
+                        {"name": "config", "configMap": {"name": config_map_name(pool)}},
+                    ],
+                },
+            },
+        },
+    }
+    return with_spec_hash(manifest)
+
+
+def service(pool: DevicePool, defaults: Defaults) -> JsonDict:
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(pool, service_name(pool), COMPONENT, defaults),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(pool, COMPONENT),
+            "ports": [
+                {"name": "adb", "port": SERVICE_PORT, "targetPort": "adb", "protocol": "TCP"}
+            ],
+        },
+    }
+    return with_spec_hash(manifest)
+
+
+def children(pool: DevicePool, defaults: Defaults) -> list[JsonDict]:
+    rbac = [with_spec_hash(o) for o in lease_rbac(pool, account_name(pool), COMPONENT, defaults)]
+    return [*rbac, config_map(pool, defaults), daemonset(pool, defaults), service(pool, defaults)]
+
+
+def lease_selector(pool: DevicePool) -> str:
+    """Label selector of the pool's phone Leases (what deletion cleans up)."""
+    return f"{POOL_LABEL}={pool.metadata.name}"
+
+
+def pool_namespace(pool: DevicePool) -> str:
+    return owner_namespace(pool)
+
+
+# --------------------------------------------------------------------------- status
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def phone_from_lease(lease: Mapping[str, Any], now: datetime) -> Phone | None:
+    """The phone a bridge published as a Lease (None when the Lease names no serial/node)."""
+    meta = lease.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    spec = lease.get("spec") or {}
+    serial = notes.get(SERIAL_ANNOTATION) or (meta.get("labels") or {}).get(PHONE_LABEL)
+    node = notes.get(NODE_ANNOTATION)
+    if not serial or not node:
+        return None
+    holder = spec.get("holderIdentity") or None
+    renewed = _time(spec.get("renewTime")) or _time(spec.get("acquireTime"))
+    duration = spec.get("leaseDurationSeconds")
+    expired = (
+        holder is not None
+        and renewed is not None
+        and isinstance(duration, int)
+        and renewed + timedelta(seconds=duration) < now
+    )
+    state = notes.get(STATE_ANNOTATION)
+    if state not in PHONE_STATES:
+        state = "leased" if holder and not expired else "available"
+    if state == "leased" and expired:
+        state = "available"
+    return Phone(
+        serial=str(serial),
+        node=str(node),
+        model=notes.get(MODEL_ANNOTATION),
+        android_version=notes.get(ANDROID_ANNOTATION),
+        state=state,
+        leased_by=holder if state == "leased" else None,
+        reason=notes.get(REASON_ANNOTATION),
+        last_seen=_time(notes.get(LAST_SEEN_ANNOTATION)),
+    )
+
+
+def devicepool_status(
+    pool: DevicePool,
+    daemonset: Mapping[str, Any] | None,
+    leases: Iterable[Mapping[str, Any]],
+    *,
+    observed_generation: int | None,
+    now: datetime,
+) -> DevicePoolStatus:
+    current = pool.status or DevicePoolStatus()
+    phones = sorted(
+        (p for p in (phone_from_lease(lease, now) for lease in leases) if p is not None),
+        key=lambda p: p.serial,
+    )
+    by_state = {state: sum(1 for p in phones if p.state == state) for state in PHONE_STATES}
+    status = (daemonset or {}).get("status") or {}
+    desired = int(status.get("desiredNumberScheduled") or 0)
+    ready = int(status.get("numberReady") or 0)
+    unhealthy = by_state["quarantined"] + by_state["offline"]
+    if daemonset is None:
+        phase, reason, message = "Pending", "DaemonSetMissing", "the bridge DaemonSet is not there"
+    elif desired == 0:
+        phase, reason = "Pending", "NoDeviceNodes"
+        message = "no node matches the nodeSelector yet"
+    elif ready == 0:
+        phase, reason, message = "Pending", "BridgesStarting", f"0 of {desired} bridges ready"
+    elif ready < desired:
+        phase, reason, message = "Degraded", "BridgesNotReady", f"{ready} of {desired} ready"
+    elif unhealthy:
+        phase, reason = "Degraded", "PhonesUnhealthy"
+        message = f"{by_state['quarantined']} quarantined, {by_state['offline']} offline"
+    else:
+        phase, reason = "Ready", "BridgesReady"
+        message = f"{ready} bridges, {len(phones)} phones"
+    conditions = set_condition(
+        current.conditions,
+        "Ready",
+        "True" if phase == "Ready" else "False",
+        reason,
+        message,
+        observed_generation=observed_generation,
+        now=now,
+    )
+    return DevicePoolStatus(
+        phase=phase,
+        observed_generation=observed_generation,
+        conditions=conditions,
+        phones=phones,
+        total=len(phones),
+        available=by_state["available"],
+        leased=by_state["leased"],
+        quarantined=by_state["quarantined"],
+    )

@@ -1,0 +1,139 @@
+"""DevicePool handlers: the bridge DaemonSet (with its ConfigMap, Service and lease RBAC);
+DaemonSet and phone-Lease events refresh `status.phones`.
+
+Deletion: the children go with their owner references; phone Leases a bridge left without an
+owner reference are deleted when the pool's deletion is seen, and any such Lease of a pool
+that no longer exists is deleted when the operator (re)starts and lists the Leases.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from qpa_operator.builders import devicepool as builder
+from qpa_operator.builders.common import kind_label
+from qpa_operator.handlers.common import (
+    Views,
+    child_event,
+    ensure_all,
+    fresher,
+    generation_of,
+    measured,
+    now,
+    observed,
+    parse,
+    runtime,
+    write_status,
+)
+from qpa_operator.kube import ApiError
+
+from qpa.api import GROUP, VERSION, DevicePool
+
+KIND = "DevicePool"
+PLURAL = DevicePool.info.plural
+logger = logging.getLogger("qpa_operator.devicepool")
+
+
+async def refresh_status(
+    obj: Mapping[str, Any],
+    views: Views,
+    *,
+    daemonset: Mapping[str, Any] | None = None,
+    generation: int | None = None,
+) -> None:
+    meta = obj["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+
+    def compute(resource: DevicePool) -> Any:
+        live = fresher(
+            daemonset, views.child("DaemonSet", namespace, builder.daemonset_name(resource))
+        )
+        return builder.devicepool_status(
+            resource,
+            live,
+            views.values("qpa_phone_leases", (namespace, name)),
+            observed_generation=generation if generation is not None else observed(resource),
+            now=now(),
+        )
+
+    await write_status(
+        DevicePool,
+        obj,
+        compute,
+        reread=lambda: views.parent(KIND, obj["metadata"]["namespace"], obj["metadata"]["name"]),
+    )
+
+
+async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
+    resource = parse(obj, DevicePool)
+    if resource is None:
+        return
+    rt = await runtime()
+    live = await ensure_all(builder.children(resource, rt.defaults), views, resource)
+    daemonset = live.get(("DaemonSet", builder.daemonset_name(resource)))
+    await refresh_status(obj, views, daemonset=daemonset, generation=generation_of(obj))
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+async def devicepool_reconcile(body: Any, reason: str, **kwargs: Any) -> None:
+    async with measured(KIND, str(reason)):
+        await reconcile(dict(body), Views(kwargs), str(reason))
+
+
+@kopf.on.event("apps", "v1", "daemonsets", labels={kind_label(KIND): kopf.PRESENT})
+async def devicepool_daemonset_event(type: str | None, body: Any, **kwargs: Any) -> None:
+    await child_event(KIND, body, type, Views(kwargs), reconcile, _refresh)
+
+
+@kopf.on.event("coordination.k8s.io", "v1", "leases", labels={builder.POOL_LABEL: kopf.PRESENT})
+async def devicepool_lease_event(type: str | None, body: Any, **kwargs: Any) -> None:
+    """A phone changed: refresh its pool; a Lease of a pool that is gone is cleaned up."""
+    views = Views(kwargs)
+    meta = body.get("metadata") or {}
+    namespace, pool = (
+        meta.get("namespace") or "",
+        (meta.get("labels") or {}).get(builder.POOL_LABEL, ""),
+    )
+    parent = views.parent(KIND, namespace, pool)
+    try:
+        async with measured(KIND, "lease"):
+            if parent is not None:
+                await refresh_status(parent, views)
+            elif type != "DELETED" and not meta.get("ownerReferences"):
+                rt = await runtime()
+                await rt.client.delete(
+                    "coordination.k8s.io/v1", "leases", namespace, str(meta.get("name"))
+                )
+                logger.info("deleted Lease %s/%s of DevicePool %s, which is gone",
+                            namespace, meta.get("name"), pool)  # fmt: skip
+    except kopf.TemporaryError as exc:
+        logger.warning("Lease %s/%s: %s", namespace, meta.get("name"), exc)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def devicepool_deleted(type: str | None, body: Any, **_: Any) -> None:
+    """Explicit clean-up of what owner references do not cover: the pool's orphaned Leases."""
+    if type != "DELETED":
+        return
+    meta = body.get("metadata") or {}
+    try:
+        rt = await runtime()
+        await rt.client.delete_collection(
+            "coordination.k8s.io/v1",
+            "leases",
+            str(meta.get("namespace")),
+            label_selector=f"{builder.POOL_LABEL}={meta.get('name')}",
+        )
+    except (ApiError, kopf.TemporaryError) as exc:
+        logger.warning(
+            "Leases of DevicePool %s stay for the restart sweep: %s", meta.get("name"), exc
+        )
+
+
+async def _refresh(obj: Mapping[str, Any], views: Views) -> None:
+    await refresh_status(obj, views)

@@ -1,0 +1,136 @@
+"""The qpa operator's entry point: `kopf run -A -m qpa_operator.main` (the image's command).
+
+Importing this module registers every handler (`qpa_operator.handlers`); the start-up handler
+configures kopf:
+
+- **peering**: one operator is active at a time; replicas share the peering object
+  `qpa-operator` (cluster-wide with `-A`; the Helm chart installs kopf's peering CRDs).
+  `--standalone` (or `QPA_OPERATOR_STANDALONE=true`) turns it off, as tests do;
+- **persistence**: handler progress and the last handled spec live in `qpa.ai/*` annotations
+  (the CRD schemas prune `status.kopf`); no finalizers are needed: children carry owner
+  references and leftovers are cleaned from watch events;
+- **events**: explicit Events only (`kopf.info`/`kopf.warn` on phase transitions), from INFO;
+- **watches**: on child kinds only objects labelled `app.kubernetes.io/managed-by=qpa-operator`
+  (phone Leases: `app.kubernetes.io/part-of=qpa`) are listed and watched;
+- **metrics**: Prometheus `/metrics` on `QPA_OPERATOR_METRICS_PORT` when set.
+
+Environment: `QPA_OPERATOR_IMAGE`, `QPA_OPERATOR_TRAINER_IMAGE`, `QPA_CLUSTER_DOMAIN` (defaults
+for the builders), `QPA_OPERATOR_PEERING` (peering name), `QPA_OPERATOR_STANDALONE`,
+`QPA_OPERATOR_METRICS_PORT`, `QPA_OPERATOR_RETRY_SCALE` (multiplies every backoff; tests use
+0.1), `QPA_OPERATOR_EXIT_TIMEOUT` (seconds in-flight handlers get at shutdown; kopf: 2),
+`QPA_OPERATOR_CONSISTENCY_TIMEOUT` (seconds to wait for the echo of kopf's own patches; 15).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+from qpa_operator import handlers, metrics
+from qpa_operator.builders.common import MANAGED_SELECTOR, PART_OF, Defaults
+from qpa_operator.handlers import common
+
+__all__ = ["handlers", "login", "settings_from_env"]
+
+PEERING_NAME = "qpa-operator"
+PREFIX = "qpa.ai"
+#: Child kinds whose watches select only what the operator manages (group, version, plural).
+MANAGED_RESOURCES = (
+    ("", "v1", "configmaps"),
+    ("", "v1", "services"),
+    ("", "v1", "serviceaccounts"),
+    ("", "v1", "pods"),
+    ("apps", "v1", "deployments"),
+    ("apps", "v1", "daemonsets"),
+    ("batch", "v1", "jobs"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("serving.kserve.io", "v1beta1", "inferenceservices"),
+)
+logger = logging.getLogger("qpa_operator")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _scaled(values: tuple[float, ...], scale: float) -> list[float]:
+    return [round(v * scale, 3) for v in values]
+
+
+def settings_from_env(settings: kopf.OperatorSettings, environ: Any = None) -> float:
+    """Apply qpa's kopf settings; returns the retry scale."""
+    env = os.environ if environ is None else environ
+    scale = float(env.get("QPA_OPERATOR_RETRY_SCALE") or 1.0)
+
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+
+    settings.posting.enabled = True
+    settings.posting.level = logging.INFO
+    settings.posting.reporting_component = "qpa-operator"
+    settings.posting.reporting_instance = env.get("POD_NAME") or "qpa-operator"
+
+    if _truthy(env.get("QPA_OPERATOR_STANDALONE")):
+        settings.peering.standalone = True
+    if not settings.peering.standalone:
+        if settings.peering.name == "default":  # not given on the command line
+            settings.peering.name = env.get("QPA_OPERATOR_PEERING") or PEERING_NAME
+        settings.peering.mandatory = True
+
+    for resource in MANAGED_RESOURCES:
+        settings.watching.label_selectors[resource] = MANAGED_SELECTOR
+    settings.watching.label_selectors["coordination.k8s.io", "v1", "leases"] = (
+        f"app.kubernetes.io/part-of={PART_OF}"
+    )
+
+    # How long kopf waits for the echo of its own patch before it handles older events as if
+    # they were current (kopf: 5 s). On a loaded API server the echo comes later, and kopf
+    # then runs a creation handler again: harmless (handlers are idempotent), but wasted.
+    settings.persistence.consistency_timeout = float(
+        env.get("QPA_OPERATOR_CONSISTENCY_TIMEOUT") or 15.0
+    )
+    if env.get("QPA_OPERATOR_EXIT_TIMEOUT"):
+        settings.queueing.exit_timeout = float(env["QPA_OPERATOR_EXIT_TIMEOUT"])
+    settings.networking.error_backoffs = _scaled((1, 1, 2, 3, 5, 8, 13, 21), scale)
+    settings.queueing.error_delays = _scaled((1, 1, 2, 3, 5, 8, 13, 21, 34, 55), scale)
+    settings.posting.default_backoffs = _scaled((1, 1, 2, 3, 5, 8, 13, 21), scale)
+    return scale
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    scale = settings_from_env(settings)
+    common.configure(defaults=Defaults.from_env(), retry_scale=scale)
+    metrics.OBJECTS.clear()
+    port = os.environ.get("QPA_OPERATOR_METRICS_PORT")
+    if port:
+        metrics.serve(int(port), os.environ.get("QPA_OPERATOR_METRICS_ADDRESS", "0.0.0.0"))
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    await common.shutdown()
+    metrics.stop()
+
+
+def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    return kopf.login_via_client(**kwargs)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own login (in-cluster or kubeconfig); the operator's client reuses it."""
+    info = _login(**kwargs)
+    common.remember_login(info, lambda: _login(logger=logger))
+    return info
