@@ -74,6 +74,25 @@ class TokenizerSettings(_Settings):
     )
 
 
+class WarmupSettings(_Settings):
+    """An induction warm-up of the random tiny model, before any task data.
+
+    A real planner starts from a pretrained LM that can copy from its context; a tiny model
+    built from a config cannot, and learning to copy from the few copy tokens of SFT data
+    (a name, a number) takes far more steps than a CPU run has. So the tiny model first learns
+    copying alone: sequences of random tokens of its own vocabulary, repeated once, with the loss
+    on the repeat (the classic induction-head task). No task, tool or test text is involved;
+    about 150 steps form the induction heads.
+    """
+
+    steps: int = Field(default=150, ge=0, description="0: no warm-up")
+    batch_size: int = Field(default=32, ge=1)
+    length: int = Field(default=48, ge=4, description="random tokens, then the same again")
+    learning_rate: float = Field(default=2e-3, gt=0)
+    token_low: int = Field(default=100, ge=0, description="token ids drawn from [low, high)")
+    token_high: int = Field(default=1100, ge=1)
+
+
 class TaskSettings(_Settings):
     """The curriculum and the first round of generated training tasks."""
 
@@ -206,6 +225,7 @@ class LoopPreset(_Settings):
     budget_s: float = Field(default=900.0, gt=0, description="wall-time target of the run")
     tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
     model: TinyConfig = Field(default_factory=TinyConfig)
+    warmup: WarmupSettings = Field(default_factory=WarmupSettings)
     tasks: TaskSettings
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     collect: CollectSettings = Field(default_factory=CollectSettings)
@@ -372,6 +392,7 @@ __all__ = [
     "SFTSettings",
     "TaskSettings",
     "TokenizerSettings",
+    "WarmupSettings",
     "get_preset",
     "local_preset",
     "small_preset",

@@ -475,6 +475,9 @@ def make_checkpoint(
         model_max_length=preset.model.max_position_embeddings,
     )
     model = build_model(preset.model, tokenizer=tokenizer)
+    warmup = induction_warmup(
+        model, preset.warmup, seed=stage_seed(preset.seed, "tiny-warmup"), log=log
+    )
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
@@ -497,6 +500,7 @@ def make_checkpoint(
         "macro_tokens": len(macros),
         "parameters": sum(p.numel() for p in model.parameters()),
         "mean_conversation_tokens": round(sum(lengths) / max(1, len(lengths)), 1),
+        "warmup": warmup,
     }
     (out / TINY_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     log(
@@ -504,6 +508,51 @@ def make_checkpoint(
         f"({len(macros)} macro lines), {manifest['mean_conversation_tokens']} tokens/conversation"
     )
     return manifest
+
+
+def induction_warmup(
+    model: Any, settings: Any, *, seed: int, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Teach a random model to copy from its context (see `WarmupSettings`): random token
+    sequences repeated once, next-token loss on the repeat, AdamW, bf16 autocast on CPU."""
+    if settings.steps <= 0:
+        return {"steps": 0}
+    import torch
+
+    rng = random.Random(seed)
+    low = settings.token_low
+    high = min(settings.token_high, int(model.get_input_embeddings().num_embeddings))
+    if high - low < 2:
+        raise StageError(f"warm-up token range [{low}, {high}) is empty")
+    device = next(iter(model.parameters())).device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
+    model.train()
+    clock = time.perf_counter()
+    first = last = float("nan")
+    n = settings.length
+    for step in range(settings.steps):
+        rows = [[rng.randrange(low, high) for _ in range(n)] for _ in range(settings.batch_size)]
+        ids = torch.tensor([row + row for row in rows], dtype=torch.long, device=device)
+        labels = ids.clone()
+        labels[:, :n] = -100
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cpu"):
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        value = float(loss.detach())
+        first = value if step == 0 else first
+        last = value
+    model.eval()
+    summary = {
+        "steps": settings.steps,
+        "first_loss": round(first, 4),
+        "final_loss": round(last, 4),
+        "seconds": round(time.perf_counter() - clock, 1),
+    }
+    log(f"tiny: induction warm-up {settings.steps} steps, copy loss {first:.2f} -> {last:.3f}")
+    return summary
 
 
 # =========================================================================== evaluation
@@ -626,7 +675,7 @@ def load_model(model_dir: Path) -> tuple[Any, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         model_dir, local_files_only=True, dtype=torch.float32
     )
     if torch.cuda.is_available():
@@ -776,10 +825,13 @@ def revise_harness(
 ) -> Revision:
     """Turn Harness-side failures (task, cause) into the next Harness version.
 
-    - `tool_not_exposed`: `max_tools` becomes the smallest value exposing every reference-plan
-      tool of each such task (the adapter is simulated on the task's scenario);
-    - `skill_not_injected`: `token_budget` becomes the smallest budget (steps of 50) at which the
-      adapter injects every Skill each such task needs (`qpa.diagnose.skills_needed`);
+    The diagnosis reports the first Harness gap of a failure (a missing tool hides a missing
+    Skill behind it), so every gap of the failed tasks is closed, the adapter simulated on each
+    task's scenario:
+
+    - tools: `max_tools` becomes the smallest value exposing every reference-plan tool;
+    - Skills: `token_budget` becomes the smallest budget (steps of 50) at which the adapter
+      injects every Skill the task needs (`qpa.diagnose.skills_needed`);
     - `memory_retrieval_miss`: `memory_k` grows by 2; `budget_cut`: `max_turns` covers the
       longest reference plan plus 2 recovery turns.
 
@@ -794,19 +846,32 @@ def revise_harness(
     update: dict[str, Any] = {}
     changes: list[dict[str, Any]] = []
     max_tools = current.max_tools
-    tool_tasks = [t for t, c in failures if c == "tool_not_exposed"]
+    # The diagnosis names the first Harness gap it finds (tools before Skills); a fix must close
+    # every gap of those tasks, or the next diagnosis only finds the one behind it.
+    tasks = list({t.id: t for t, _ in failures}.values())
+
+    def missing_tools(config: HarnessConfig, task: Task) -> list[str]:
+        names = set(_exposure(config, task, library).tool_names)
+        return [
+            a.tool
+            for a in task.reference_plan or []
+            if isinstance(a, ToolCall) and a.tool not in names
+        ]
+
+    def missing_skills(config: HarnessConfig, task: Task) -> list[str]:
+        needed = skills_needed(task)
+        if not needed:
+            return []
+        exposed = set(_exposure(config, task, library).skill_ids)
+        return [s for s in needed if s not in exposed]
+
+    tool_tasks = [t for t in tasks if missing_tools(current, t)]
     if tool_tasks and max_tools is not None:
         start = max_tools
 
         def tools_ok(n: int) -> bool:
             trial = current.model_copy(update={"max_tools": n})
-            for task in tool_tasks:
-                names = set(_exposure(trial, task, library).tool_names)
-                if any(
-                    isinstance(a, ToolCall) and a.tool not in names for a in task.reference_plan
-                ):
-                    return False
-            return True
+            return not any(missing_tools(trial, t) for t in tool_tasks)
 
         max_tools = _smallest(
             range(start + 1, settings.max_tools_cap + 1), tools_ok, settings.max_tools_cap
@@ -819,26 +884,24 @@ def revise_harness(
                 "to": max_tools,
                 "cause": "tool_not_exposed",
                 "failures": causes["tool_not_exposed"],
+                "tasks": len(tool_tasks),
+                "tools": sorted({n for t in tool_tasks for n in missing_tools(current, t)}),
                 "why": "the reference plan's tools were cut by the adapter's tool cap",
             }
         )
-    skill_tasks = [t for t, c in failures if c == "skill_not_injected"]
+    widened = current.model_copy(update={"max_tools": max_tools})
+    skill_tasks = [t for t in tasks if missing_skills(widened, t)]
     if skill_tasks:
         start = current.token_budget
-        base = current.model_copy(update={"max_tools": max_tools})
 
         def skills_ok(budget: int) -> bool:
-            trial = base.model_copy(update={"token_budget": budget})
-            for task in skill_tasks:
-                exposed = set(_exposure(trial, task, library).skill_ids)
-                if any(s not in exposed for s in skills_needed(task)):
-                    return False
-            return True
+            trial = widened.model_copy(update={"token_budget": budget})
+            return not any(missing_skills(trial, t) for t in skill_tasks)
 
         budgets = range(start + 50, settings.token_budget_cap + 1, 50)
         budget = _smallest(budgets, skills_ok, settings.token_budget_cap)
         update["token_budget"] = budget
-        needed = sorted({s for t in skill_tasks for s in skills_needed(t)})
+        needed = sorted({s for t in skill_tasks for s in missing_skills(widened, t)})
         changes.append(
             {
                 "setting": "token_budget",
@@ -846,6 +909,7 @@ def revise_harness(
                 "to": budget,
                 "cause": "skill_not_injected",
                 "failures": causes["skill_not_injected"],
+                "tasks": len(skill_tasks),
                 "skills": needed,
                 "why": "Skills the tasks need did not fit the adapter's budget",
             }
@@ -864,7 +928,7 @@ def revise_harness(
             }
         )
     if causes["budget_cut"]:
-        longest = max(len(t.reference_plan) for t, c in failures if c == "budget_cut")
+        longest = max(len(t.reference_plan or []) for t, c in failures if c == "budget_cut")
         turns = min(settings.max_turns_cap, max(current.max_turns, longest + 2))
         if turns != current.max_turns:
             update["max_turns"] = turns
@@ -988,7 +1052,12 @@ def _collect(
     )
     if not result.complete:
         raise StageError(f"collection into {out} did not complete")
-    return {"trajectories": result.trajectories, "successes": result.successes}
+    manifest = json.loads((out / "manifest.json").read_text())
+    counts = manifest.get("counts", {})
+    return {
+        "trajectories": int(counts.get("trajectories", result.total)),
+        "successes": int(counts.get("successes", result.successes)),
+    }
 
 
 def _curate(inputs: Sequence[Path], out: Path) -> dict[str, Any]:
@@ -1451,7 +1520,7 @@ STAGES: tuple[Stage, ...] = (
         "tiny",
         "build the tiny model",
         (),
-        ("model", "tokenizer", "tasks", "harness", "revision"),
+        ("model", "tokenizer", "warmup", "tasks", "harness", "revision"),
         stage_tiny,
     ),
     Stage("tasks", "generate tasks", (), ("tasks",), stage_tasks),

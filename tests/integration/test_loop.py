@@ -26,9 +26,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
-from qpa.loop.presets import get_preset  # noqa: E402
-from qpa.loop.report import comparable  # noqa: E402
-from qpa.loop.run import LoopRun, plan, run_loop  # noqa: E402
+from qpa.loop.presets import get_preset
+from qpa.loop.report import comparable
+from qpa.loop.run import LoopRun, plan, run_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDES = ("model", "harness", "environment")
@@ -95,7 +95,7 @@ def test_small_preset_end_to_end(first_run: tuple[LoopRun, float]) -> None:
     assert {"sft_mixture", "round2_mixture", "curated"} <= set(lineage["datasets"])
     for dataset in lineage["datasets"].values():
         assert (out / dataset["manifest"]).is_file()
-    assert [h["version"] for h in lineage["harness_versions"]][0] == "harness-v1"
+    assert lineage["harness_versions"][0]["version"] == "harness-v1"
     timing = report["timing"]
     assert set(timing["stages_s"]) == set(timing["status"])
     assert all(s == "ran" for s in timing["status"].values())
