@@ -28,6 +28,7 @@ _COMMAND_MODULES = [
     "crds",
     "train",
     "train_rl",
+    "release",
 ]
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"qpa.cli.{_name}")
