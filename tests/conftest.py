@@ -11,4 +11,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 
 # Reusable fixtures: a deterministic OpenAI-compatible server on 127.0.0.1 (tests/fakes).
-pytest_plugins = ["fakes.openai_server", "fakes.seaweed", "fakes.kube_api", "fakes.kubectl"]
+pytest_plugins = [
+    "fakes.openai_server",
+    "fakes.seaweed",
+    "fakes.kube_api",
+    "fakes.kubectl",
+    "fakes.adbd",
+]
