@@ -44,6 +44,7 @@ PLURALS: Final[dict[tuple[str, str], str]] = {
     ("apps/v1", "Deployment"): "deployments",
     ("apps/v1", "DaemonSet"): "daemonsets",
     ("batch/v1", "Job"): "jobs",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("coordination.k8s.io/v1", "Lease"): "leases",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",

@@ -14,8 +14,11 @@ configures kopf:
   (phone Leases: `app.kubernetes.io/part-of=qpa`) are listed and watched;
 - **metrics**: Prometheus `/metrics` on `QPA_OPERATOR_METRICS_PORT` when set.
 
-Environment: `QPA_OPERATOR_IMAGE`, `QPA_OPERATOR_TRAINER_IMAGE`, `QPA_CLUSTER_DOMAIN` (defaults
-for the builders), `QPA_OPERATOR_PEERING` (peering name), `QPA_OPERATOR_STANDALONE`,
+Environment: `QPA_OPERATOR_IMAGE` (sandbox/collector), `QPA_OPERATOR_TRAINER_IMAGE`,
+`QPA_OPERATOR_HARNESS_IMAGE`, `QPA_OPERATOR_BRIDGE_IMAGE`, `QPA_OPERATOR_STORE_ENDPOINT`/`_SECRET`/
+`_REGION`, `QPA_OPERATOR_GPU_NODE_SELECTOR`/`_TOLERATIONS` (JSON), `QPA_CLUSTER_DOMAIN` (defaults
+for the builders), `QPA_OPERATOR_PEERING` (peering name), `QPA_OPERATOR_PRIORITY` (an integer,
+or `auto`: one per pod from `POD_NAME`, so replicas never tie), `QPA_OPERATOR_STANDALONE`,
 `QPA_OPERATOR_METRICS_PORT`, `QPA_OPERATOR_RETRY_SCALE` (multiplies every backoff; tests use
 0.1), `QPA_OPERATOR_EXIT_TIMEOUT` (seconds in-flight handlers get at shutdown; kopf: 2),
 `QPA_OPERATOR_CONSISTENCY_TIMEOUT` (seconds to wait for the echo of kopf's own patches; 15).
@@ -23,6 +26,7 @@ for the builders), `QPA_OPERATOR_PEERING` (peering name), `QPA_OPERATOR_STANDALO
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from typing import Any
@@ -45,6 +49,7 @@ MANAGED_RESOURCES = (
     ("apps", "v1", "deployments"),
     ("apps", "v1", "daemonsets"),
     ("batch", "v1", "jobs"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
@@ -59,6 +64,28 @@ def _truthy(value: str | None) -> bool:
 
 def _scaled(values: tuple[float, ...], scale: float) -> list[float]:
     return [round(v * scale, 3) for v in values]
+
+
+def peering_priority(env: Any) -> int:
+    """`QPA_OPERATOR_PRIORITY`: an integer, or `auto` for one derived from `POD_NAME`.
+
+    kopf pauses every operator of a peering when two have the same priority, so the replicas
+    of one Deployment (identical pods) need different ones: `auto` hashes the pod's name into
+    1..2**30, and the replica with the highest runs while the others stand by.
+    """
+    raw = (env.get("QPA_OPERATOR_PRIORITY") or "").strip()
+    if not raw:
+        return 0
+    if raw.lower() != "auto":
+        try:
+            return int(raw)
+        except ValueError:
+            msg = f"QPA_OPERATOR_PRIORITY: {raw!r} is neither an integer nor auto"
+            raise ValueError(msg) from None
+    pod = env.get("POD_NAME") or ""
+    if not pod:
+        raise ValueError("QPA_OPERATOR_PRIORITY=auto needs POD_NAME (the downward API)")
+    return 1 + int.from_bytes(hashlib.sha256(pod.encode()).digest()[:4], "big") % (2**30)
 
 
 def settings_from_env(settings: kopf.OperatorSettings, environ: Any = None) -> float:
@@ -83,6 +110,8 @@ def settings_from_env(settings: kopf.OperatorSettings, environ: Any = None) -> f
         if settings.peering.name == "default":  # not given on the command line
             settings.peering.name = env.get("QPA_OPERATOR_PEERING") or PEERING_NAME
         settings.peering.mandatory = True
+        if settings.peering.priority == 0:  # not given with --priority
+            settings.peering.priority = peering_priority(env)
 
     for resource in MANAGED_RESOURCES:
         settings.watching.label_selectors[resource] = MANAGED_SELECTOR

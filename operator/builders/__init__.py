@@ -3,14 +3,16 @@
 One module per kind (`taskbatch`, `rolloutpool`, `devicepool`, `trainingrun`,
 `harnessrelease`), each with `children(...)` (the manifests to create, in order) and a
 `*_status(...)` function turning what the children report into the resource's status; `common`
-holds names, labels, owner references, security contexts and secret wiring. Nothing here talks
-to the API server, reads the clock or the environment: handlers pass those in.
+holds names, labels, owner references, security contexts and secret wiring; `netpol` the
+egress NetworkPolicies of the pods that run episodes. Nothing here talks to the API server,
+reads the clock or the environment: handlers pass those in.
 """
 
 from qpa_operator.builders import (
     common,
     devicepool,
     harnessrelease,
+    netpol,
     rolloutpool,
     taskbatch,
     trainingrun,
@@ -22,6 +24,7 @@ __all__ = [
     "common",
     "devicepool",
     "harnessrelease",
+    "netpol",
     "rolloutpool",
     "taskbatch",
     "trainingrun",

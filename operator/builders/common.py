@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pydantic import ValidationError
+
 from qpa.api.v1alpha1 import (
     ConfigMapKeySelector,
     CustomResource,
@@ -75,26 +77,74 @@ class Defaults:
     """Operator-wide settings the builders need beyond a resource's spec.
 
     `from_env` reads them once at start-up (the Helm chart sets the variables); builders take
-    the frozen value, so they stay pure.
+    the frozen value, so they stay pure. A resource's own setting (its `image`, `store`) always
+    wins over these.
     """
 
-    image: str = "ghcr.io/qpa-ai/qpa:0.1.0"
+    image: str = "ghcr.io/qpa-ai/qpa-sandbox:0.1.0"
     trainer_image: str = "ghcr.io/qpa-ai/qpa-trainer:0.1.0"
+    harness_image: str = "ghcr.io/qpa-ai/qpa-harness:0.1.0"
+    bridge_image: str = "ghcr.io/qpa-ai/qpa-device-bridge:0.1.0"
     cluster_domain: str = "cluster.local"
     run_as_user: int = 1000
     rendezvous_port: int = 29500
     version: str = "0.1.0"
+    #: the object store of resources that name none (the chart's `objectStore`)
+    store: ObjectStore | None = None
+    #: added to the pods that request GPUs (the chart's `gpu.nodeSelector`/`gpu.tolerations`)
+    gpu_node_selector: tuple[tuple[str, str], ...] = ()
+    gpu_tolerations: tuple[JsonDict, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Defaults:
+        """Settings from `QPA_OPERATOR_*` variables; a malformed one raises ValueError naming it."""
         env = os.environ if environ is None else environ
         base = cls()
         return cls(
             image=env.get("QPA_OPERATOR_IMAGE") or base.image,
             trainer_image=env.get("QPA_OPERATOR_TRAINER_IMAGE") or base.trainer_image,
+            harness_image=env.get("QPA_OPERATOR_HARNESS_IMAGE") or base.harness_image,
+            bridge_image=env.get("QPA_OPERATOR_BRIDGE_IMAGE") or base.bridge_image,
             cluster_domain=env.get("QPA_CLUSTER_DOMAIN") or base.cluster_domain,
             run_as_user=int(env.get("QPA_OPERATOR_RUN_AS_USER") or base.run_as_user),
+            store=_store_from_env(env),
+            gpu_node_selector=tuple(
+                sorted(_json_env(env, "QPA_OPERATOR_GPU_NODE_SELECTOR", dict).items())
+            ),
+            gpu_tolerations=tuple(_json_env(env, "QPA_OPERATOR_GPU_TOLERATIONS", list)),
         )
+
+
+def _json_env(env: Mapping[str, str], name: str, kind: type) -> Any:
+    raw = env.get(name)
+    if not raw:
+        return kind()
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}: not JSON ({exc})") from exc
+    if not isinstance(value, kind):
+        raise ValueError(f"{name}: expected a JSON {'object' if kind is dict else 'array'}")
+    return value
+
+
+def _store_from_env(env: Mapping[str, str]) -> ObjectStore | None:
+    """`QPA_OPERATOR_STORE_ENDPOINT` + `_SECRET` (+ `_REGION`) as an `ObjectStore`, or None."""
+    endpoint, secret = env.get("QPA_OPERATOR_STORE_ENDPOINT"), env.get("QPA_OPERATOR_STORE_SECRET")
+    if not endpoint and not secret:
+        return None
+    if not endpoint or not secret:
+        raise ValueError("QPA_OPERATOR_STORE_ENDPOINT and QPA_OPERATOR_STORE_SECRET go together")
+    try:
+        return ObjectStore.model_validate(
+            {
+                "endpoint": endpoint,
+                "region": env.get("QPA_OPERATOR_STORE_REGION") or "us-east-1",
+                "secretRef": {"name": secret},
+            }
+        )
+    except ValidationError as exc:
+        raise ValueError(f"QPA_OPERATOR_STORE_*: {exc}") from exc
 
 
 # --------------------------------------------------------------------------- identity
@@ -246,6 +296,22 @@ def resources(
     if limits:
         result["limits"] = dict(sorted(limits.items()))
     return result
+
+
+def gpu_placement(defaults: Defaults, gpu_resource: str = "nvidia.com/gpu") -> JsonDict:
+    """nodeSelector and tolerations of a pod that requests GPUs.
+
+    Always tolerates the `<gpu_resource>` taint the GPU operators put on GPU nodes; the
+    operator-wide `gpu_node_selector`/`gpu_tolerations` (the chart's `gpu` values) add to that.
+    """
+    tolerations: list[JsonDict] = [
+        {"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    tolerations += [dict(t) for t in defaults.gpu_tolerations if dict(t) not in tolerations]
+    placement: JsonDict = {"tolerations": tolerations}
+    if defaults.gpu_node_selector:
+        placement["nodeSelector"] = dict(defaults.gpu_node_selector)
+    return placement
 
 
 def empty_dir(name: str, *, memory: bool = False, size_limit: str | None = None) -> JsonDict:

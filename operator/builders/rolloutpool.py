@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
+from qpa_operator.builders import netpol
 from qpa_operator.builders.common import (
     Defaults,
     JsonDict,
@@ -119,7 +120,7 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
     container: JsonDict = {
         "name": CONTAINER,
-        "image": spec.image,
+        "image": spec.image or defaults.image,
         "args": serve_args(pool),
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
         "env": list(parts.env),
@@ -206,8 +207,25 @@ def autoscaler(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     return with_spec_hash(manifest)
 
 
+def egress_policy(pool: RolloutPool, defaults: Defaults) -> JsonDict:
+    """Env servers reach DNS only; LLM-simulated apps also their model, device-backed ones
+    their DevicePool's bridges and the API server (phone Leases)."""
+    spec = pool.spec
+    rules = []
+    if spec.device_pool_ref is not None:
+        bridges = netpol.component_pods("DevicePool", spec.device_pool_ref.name, "device-bridge")
+        rules += [netpol.pods_rule(bridges), netpol.api_server_rule()]
+    return netpol.egress_policy(
+        pool,
+        COMPONENT,
+        defaults,
+        endpoints=[spec.llm_sim.model_url if spec.llm_sim else None],
+        rules=rules,
+    )
+
+
 def children(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
-    result: list[JsonDict] = []
+    result: list[JsonDict] = [egress_policy(pool, defaults)]
     if pool.spec.device_pool_ref is not None:
         result += [
             with_spec_hash(obj) for obj in lease_rbac(pool, account_name(pool), COMPONENT, defaults)

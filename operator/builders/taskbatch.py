@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Final
 
 import yaml
+from qpa_operator.builders import netpol
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
@@ -166,7 +167,7 @@ def job(tb: TaskBatch, defaults: Defaults) -> JsonDict:
                     {"name": "taskbatch-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
                 ),
             ),
-            store_parts(spec.store),
+            store_parts(spec.store or defaults.store),
             api_key_parts(spec.policy.api_key_secret_ref),
             harness_parts,
         ]
@@ -213,9 +214,27 @@ def job(tb: TaskBatch, defaults: Defaults) -> JsonDict:
     return with_spec_hash(manifest)
 
 
+def egress_policy(tb: TaskBatch, defaults: Defaults) -> JsonDict:
+    """Collectors reach DNS, the model, the object store and their RolloutPool only."""
+    spec = tb.spec
+    store = spec.store or defaults.store
+    rules = []
+    if spec.rollout_pool_ref is not None:
+        pool = spec.rollout_pool_ref.name
+        rules.append(netpol.pods_rule(netpol.component_pods("RolloutPool", pool, "env-server")))
+    return netpol.egress_policy(
+        tb,
+        COMPONENT,
+        defaults,
+        endpoints=[spec.policy.model_url, store.endpoint if store else None],
+        rules=rules,
+    )
+
+
 def children(tb: TaskBatch, defaults: Defaults) -> list[JsonDict]:
-    """Every child of a TaskBatch, in creation order (the ConfigMap the pods mount first)."""
-    return [config_map(tb, defaults), job(tb, defaults)]
+    """Every child of a TaskBatch, in creation order (the egress policy and the ConfigMap the
+    pods need come before the Job)."""
+    return [egress_policy(tb, defaults), config_map(tb, defaults), job(tb, defaults)]
 
 
 #: Fields of a Job's spec that may change after creation (the pod template may not).

@@ -39,6 +39,7 @@ from qpa_operator.builders.common import (
     content_hash,
     empty_dir,
     env_var,
+    gpu_placement,
     job_state,
     labels,
     metadata,
@@ -293,7 +294,7 @@ def train_args(tr: TrainingRun, attempt: int, defaults: Defaults) -> list[str]:
     return launch + stage
 
 
-def _pod_parts(tr: TrainingRun) -> PodParts:
+def _pod_parts(tr: TrainingRun, defaults: Defaults) -> PodParts:
     return combine(
         [
             PodParts(
@@ -315,14 +316,14 @@ def _pod_parts(tr: TrainingRun) -> PodParts:
                     {"name": "tmp", "mountPath": "/tmp"},
                 ),
             ),
-            store_parts(tr.spec.store),
+            store_parts(tr.spec.store or defaults.store),
         ]
     )
 
 
 def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
     spec = tr.spec
-    parts = _pod_parts(tr) + PodParts(
+    parts = _pod_parts(tr, defaults) + PodParts(
         volumes=(empty_dir("dshm", memory=True),),
         mounts=({"name": "dshm", "mountPath": "/dev/shm"},),
     )
@@ -353,9 +354,7 @@ def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
         "volumes": list(parts.volumes),
     }
     if spec.gpus_per_node > 0:
-        pod_spec["tolerations"] = [
-            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-        ]
+        pod_spec.update(gpu_placement(defaults, GPU_RESOURCE))
     meta = metadata(tr, job_name(tr, attempt), COMPONENT, defaults)
     meta["labels"][ATTEMPT_LABEL] = str(attempt)
     manifest = {
@@ -377,7 +376,7 @@ def data_job(tr: TrainingRun, plan: DataPlan, defaults: Defaults) -> JsonDict | 
     """One pod that curates and mixes the inputs, or None when nothing needs preparing."""
     if not plan.steps:
         return None
-    parts = _pod_parts(tr)
+    parts = _pod_parts(tr, defaults)
     script = " && ".join(" ".join(_quote(word) for word in step) for step in plan.steps)
     container: JsonDict = {
         "name": "data",

@@ -172,6 +172,7 @@ CHILD_INDEXES: Final[dict[str, tuple[str, str]]] = {
     "qpa_daemonsets": ("apps/v1", "DaemonSet"),
     "qpa_hpas": ("autoscaling/v2", "HorizontalPodAutoscaler"),
     "qpa_jobs": ("batch/v1", "Job"),
+    "qpa_networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy"),
     "qpa_inferenceservices": ("serving.kserve.io/v1beta1", "InferenceService"),
 }
 #: index id -> kind of the custom resources it holds, keyed (namespace, name).

@@ -124,6 +124,14 @@ async def rolloutpool_service_event(type: str | None, body: Any, **kwargs: Any) 
 
 
 @kopf.on.event(
+    "networking.k8s.io", "v1", "networkpolicies", labels={kind_label(KIND): kopf.PRESENT}
+)
+async def rolloutpool_netpol_event(type: str | None, body: Any, **kwargs: Any) -> None:
+    if type == "DELETED":  # a deleted egress policy is re-created at once
+        await child_event(KIND, body, type, Views(kwargs), reconcile, _refresh)
+
+
+@kopf.on.event(
     "coordination.k8s.io", "v1", "leases", labels={dp_builder.ROLLOUT_POOL_LABEL: kopf.PRESENT}
 )
 async def rolloutpool_lease_event(body: Any, **kwargs: Any) -> None:

@@ -90,6 +90,14 @@ async def taskbatch_job_event(type: str | None, body: Any, **kwargs: Any) -> Non
     await child_event(KIND, body, type, Views(kwargs), reconcile, _refresh_from_event)
 
 
+@kopf.on.event(
+    "networking.k8s.io", "v1", "networkpolicies", labels={kind_label(KIND): kopf.PRESENT}
+)
+async def taskbatch_netpol_event(type: str | None, body: Any, **kwargs: Any) -> None:
+    if type == "DELETED":  # a deleted egress policy is re-created at once
+        await child_event(KIND, body, type, Views(kwargs), reconcile, _refresh_from_event)
+
+
 @kopf.on.event("", "v1", "pods", labels={kind_label(KIND): kopf.PRESENT})
 async def taskbatch_pod_event(type: str | None, body: Any, **kwargs: Any) -> None:
     if type == "DELETED" or builder.shard_summary(body) is None:

@@ -544,7 +544,11 @@ class RolloutPoolSpec(_Model):
         description="Environment kind served (qpa env serve --kind).",
         json_schema_extra=_immutable("environment is immutable"),
     )
-    image: str = Field(pattern=IMAGE, description="Image with qpa installed.")
+    image: str | None = Field(
+        default=None,
+        pattern=IMAGE,
+        description="Image with qpa installed (the operator's sandbox image if unset).",
+    )
     replicas: ReplicaRange = _defaulted(ReplicaRange, "Pod count range.")
     sessions_per_pod: int = Field(
         default=16, ge=1, le=1024, description="Concurrent episodes per pod (--max-sessions)."
@@ -1003,6 +1007,32 @@ class GateSettings(_Model):
     require_complete: bool = Field(default=True, description="Fail a partial report.")
 
 
+class ReleaseTimeouts(_Model):
+    """How long each stage of a release may take before it is rolled back (fail closed)."""
+
+    deploy_seconds: int = Field(
+        default=1800,
+        ge=10,
+        le=86400,
+        description="From deploying the candidate until both InferenceServices are Ready; "
+        "also the longest a canary step may wait for the Harness to be Ready.",
+    )
+    benchmark_seconds: int = Field(
+        default=21600,
+        ge=10,
+        le=604800,
+        description="The benchmark Job's activeDeadlineSeconds; from its start until the "
+        "verdict (report read) the release waits at most this plus reportSeconds.",
+    )
+    report_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description="After the benchmark finished, how long an unreachable object store may "
+        "delay reading the report before the release is rolled back.",
+    )
+
+
 class CanarySettings(_Model):
     """Traffic steps of the canary (percent of requests to the candidate)."""
 
@@ -1040,8 +1070,11 @@ class HarnessReleaseSpec(_Model):
     benchmark: BenchmarkSettings = _defaulted(BenchmarkSettings, "Benchmark of the candidate.")
     gate: GateSettings = _defaulted(GateSettings, "Thresholds the candidate must pass.")
     canary: CanarySettings = _defaulted(CanarySettings, "Canary traffic steps.")
+    timeouts: ReleaseTimeouts = _defaulted(ReleaseTimeouts, "Deadlines of each stage.")
     promotion: Literal["auto", "manual"] = Field(
-        default="auto", description="Promote automatically when the gate passes, or wait."
+        default="auto",
+        description="auto: start the canary when the gate passes; manual: wait for the "
+        "annotation qpa.ai/override=promote.",
     )
     report_uri: str = Field(
         pattern=ARTIFACT_URI,
@@ -1062,12 +1095,26 @@ class HarnessReleaseSpec(_Model):
     )
 
 
-class ReleaseVersion(_Model):
-    """A model + Harness pair as deployed."""
+#: Annotation a person sets on a HarnessRelease to force the current candidate through
+#: (`promote`: skip the benchmark or overrule the gate) or to stop it (`abort`: roll back).
+#: The operator records it in status (`override`, condition `Overridden`) and removes it.
+OVERRIDE_ANNOTATION: Final = "qpa.ai/override"
+OverrideAction = Literal["promote", "abort"]
 
+
+class ReleaseVersion(_Model):
+    """A model + Harness pair as deployed: enough to deploy it again or to promote it."""
+
+    id: str = Field(
+        min_length=1, max_length=63, description="Hash of model and Harness serving settings."
+    )
     model_uri: str = Field(description="Model storageUri.")
     harness_image: str = Field(description="Harness image.")
     harness_version: str = Field(description="Harness version.")
+    model: ModelServing = Field(description="The model as served.")
+    harness: HarnessServing = Field(description="The Harness as served.")
+    report_uri: str | None = Field(default=None, description="Its benchmark report.json.")
+    promoted_at: datetime | None = _timestamp("When it became stable.")
 
 
 class Scores(_Model):
@@ -1085,8 +1132,22 @@ class Scores(_Model):
 
 
 HarnessReleasePhase = Literal[
-    "Pending", "Deploying", "Benchmarking", "Canary", "Promoted", "RolledBack", "Failed"
+    "Pending",
+    "Deploying",
+    "Benchmarking",
+    "AwaitingPromotion",
+    "Canary",
+    "Promoted",
+    "RolledBack",
 ]
+
+
+class ReleaseOverride(_Model):
+    """A manual override the operator acted on (from the `qpa.ai/override` annotation)."""
+
+    action: OverrideAction = Field(description="promote or abort.")
+    version: str = Field(description="Id of the candidate it applied to.")
+    at: datetime = Field(description="When the operator acted on it.")
 
 
 class HarnessReleaseStatus(_Model):
@@ -1097,6 +1158,11 @@ class HarnessReleaseStatus(_Model):
     conditions: list[Condition] = _conditions()
     candidate: ReleaseVersion | None = Field(default=None, description="Version under test.")
     stable: ReleaseVersion | None = Field(default=None, description="Version serving now.")
+    previous: ReleaseVersion | None = Field(
+        default=None, description="The stable version before the last promotion (kept deployed)."
+    )
+    since: datetime | None = _timestamp("When the current phase or canary step began.")
+    benchmark_job: str | None = Field(default=None, description="The candidate's benchmark Job.")
     scores: Scores | None = Field(default=None, description="The candidate's scores.")
     stable_scores: Scores | None = Field(default=None, description="The stable version's scores.")
     deltas: dict[str, float] = Field(
@@ -1106,6 +1172,9 @@ class HarnessReleaseStatus(_Model):
         default=None, description="The gate's decision (missing results never promote)."
     )
     reasons: list[str] = Field(default_factory=list, description="Why, one line per check.")
+    override: ReleaseOverride | None = Field(
+        default=None, description="The manual override applied to the candidate, if any."
+    )
     canary_step: int | None = Field(default=None, ge=0, description="Index of the canary step.")
     traffic_percent: int = Field(
         default=0, ge=0, le=100, description="Share of traffic on the candidate."
@@ -1341,12 +1410,56 @@ class HarnessRelease(CustomResource):
         description="HarnessRelease deploys a model (KServe + vLLM) and a Harness version as a "
         "canary, benchmarks it, and promotes or rolls back by the gate.",
         printer_columns=(
-            PrinterColumn(name="Harness", type="string", json_path=".spec.harness.version"),
+            PrinterColumn(
+                name="Harness",
+                type="string",
+                json_path=".spec.harness.version",
+                description="The candidate's Harness version.",
+            ),
             PHASE_COLUMN,
             PrinterColumn(name="Decision", type="string", json_path=".status.decision"),
-            PrinterColumn(name="Score", type="number", json_path=".status.scores.overall"),
+            PrinterColumn(
+                name="Score",
+                type="number",
+                json_path=".status.scores.overall",
+                description="The candidate's overall success rate.",
+            ),
+            PrinterColumn(
+                name="Delta",
+                type="number",
+                json_path=".status.deltas.overall",
+                description="Overall success, candidate minus stable.",
+            ),
+            PrinterColumn(
+                name="Stable",
+                type="string",
+                json_path=".status.stable.harnessVersion",
+                description="The Harness version serving now.",
+            ),
             PrinterColumn(name="Traffic", type="integer", json_path=".status.trafficPercent"),
             PrinterColumn(name="Model", type="string", json_path=".spec.model.uri", priority=1),
+            *(
+                PrinterColumn(
+                    name=label,
+                    type="number",
+                    json_path=f".status.scores.byCapability.{capability}",
+                    description=f"The candidate's {capability} success rate.",
+                    priority=1,
+                )
+                for capability, label in (
+                    ("tool_use", "ToolUse"),
+                    ("memory", "Memory"),
+                    ("skills", "Skills"),
+                    ("subagent", "Subagent"),
+                )
+            ),
+            PrinterColumn(
+                name="Reason",
+                type="string",
+                json_path=".status.reasons[0]",
+                description="The first reason of the decision.",
+                priority=1,
+            ),
             AGE_COLUMN,
         ),
     )

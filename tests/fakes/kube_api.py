@@ -282,6 +282,7 @@ def builtin_types() -> list[ResourceType]:
         _builtin("autoscaling", "horizontalpodautoscalers", "HorizontalPodAutoscaler",
                  version="v2", short=("hpa",), sub=("status",), categories=("all",)),
         _builtin("coordination.k8s.io", "leases", "Lease"),
+        _builtin("networking.k8s.io", "networkpolicies", "NetworkPolicy", short=("netpol",)),
         _builtin("events.k8s.io", "events", "Event", short=("ev",)),
         _builtin("policy", "poddisruptionbudgets", "PodDisruptionBudget", short=("pdb",),
                  sub=("status",)),
@@ -2604,6 +2605,24 @@ def write_kubeconfig(path: str | Path, server_url: str, namespace: str = "defaul
 
 
 # --------------------------------------------------------------------------- pytest fixtures
+
+
+@pytest.fixture(autouse=True)
+def _kopf_default_registry() -> Iterator[None]:
+    """Restore kopf's process-wide default registry after every test.
+
+    `KopfRunner(..., registry=R)` makes R the default registry for good (kopf's CLI calls
+    `set_default_registry`); a later `kopf run -m qpa_operator.main` in the same process would
+    then register the operator's handlers next to that test's own handlers.
+    """
+    try:
+        import kopf
+    except ImportError:  # the operator extra is not installed: nothing to restore
+        yield
+        return
+    saved = kopf.get_default_registry()
+    yield
+    kopf.set_default_registry(saved)
 
 
 @pytest.fixture

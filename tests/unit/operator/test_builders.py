@@ -314,12 +314,14 @@ def test_taskbatch_config_map_carries_the_task_spec() -> None:
 def test_rolloutpool_autoscales_between_min_and_max_and_wires_devices() -> None:
     sandbox, phones = load("rolloutpool.yaml", 0), load("rolloutpool.yaml", 1)
     kinds = [c["kind"] for c in rolloutpool.children(sandbox, D)]
-    assert kinds == ["Deployment", "Service", "HorizontalPodAutoscaler"]
+    assert kinds == ["NetworkPolicy", "Deployment", "Service", "HorizontalPodAutoscaler"]
     assert rolloutpool.unmanaged_fields(sandbox) == ("spec.replicas",)
     phone_kinds = [c["kind"] for c in rolloutpool.children(phones, D)]
-    assert phone_kinds == ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"]
+    assert phone_kinds == [
+        "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service",
+    ]  # fmt: skip
     assert rolloutpool.unmanaged_fields(phones) == ()
-    role = rolloutpool.children(phones, D)[1]
+    role = rolloutpool.children(phones, D)[2]
     assert role["rules"] == [
         {
             "apiGroups": ["coordination.k8s.io"],

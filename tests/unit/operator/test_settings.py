@@ -71,3 +71,57 @@ def test_credentials_follow_kopfs_connection(tmp_path: Path) -> None:
     basic = kopf.ConnectionInfo(server="http://127.0.0.1:8080", username="u", password="p")
     headers, context = _credentials(basic, tmp_path)
     assert headers == {"Authorization": "Basic dTpw"} and context is None
+
+
+def test_replicas_get_distinct_priorities_so_peering_never_ties() -> None:
+    from qpa_operator.main import peering_priority
+
+    assert peering_priority({}) == 0
+    assert peering_priority({"QPA_OPERATOR_PRIORITY": "100"}) == 100
+    one = peering_priority({"QPA_OPERATOR_PRIORITY": "auto", "POD_NAME": "qpa-operator-abc-1"})
+    two = peering_priority({"QPA_OPERATOR_PRIORITY": "auto", "POD_NAME": "qpa-operator-abc-2"})
+    assert 1 <= one <= 2**30 and 1 <= two <= 2**30 and one != two
+    settings = kopf.OperatorSettings()
+    settings_from_env(settings, {"QPA_OPERATOR_PRIORITY": "auto", "POD_NAME": "qpa-operator-x"})
+    assert settings.peering.priority == peering_priority(
+        {"QPA_OPERATOR_PRIORITY": "auto", "POD_NAME": "qpa-operator-x"}
+    )
+    with pytest.raises(ValueError, match="QPA_OPERATOR_PRIORITY"):
+        peering_priority({"QPA_OPERATOR_PRIORITY": "high"})
+    with pytest.raises(ValueError, match="POD_NAME"):
+        peering_priority({"QPA_OPERATOR_PRIORITY": "auto"})
+
+
+def test_defaults_from_the_charts_variables() -> None:
+    from qpa_operator.builders import Defaults
+
+    defaults = Defaults.from_env(
+        {
+            "QPA_OPERATOR_IMAGE": "reg/sandbox:1",
+            "QPA_OPERATOR_HARNESS_IMAGE": "reg/harness:1",
+            "QPA_OPERATOR_BRIDGE_IMAGE": "reg/bridge:1",
+            "QPA_OPERATOR_STORE_ENDPOINT": "http://store.qpa-system.svc:8333",
+            "QPA_OPERATOR_STORE_SECRET": "qpa-store",
+            "QPA_OPERATOR_GPU_NODE_SELECTOR": '{"nvidia.com/gpu.present": "true"}',
+            "QPA_OPERATOR_GPU_TOLERATIONS": '[{"key": "gpu", "operator": "Exists"}]',
+        }
+    )
+    assert (defaults.image, defaults.harness_image, defaults.bridge_image) == (
+        "reg/sandbox:1",
+        "reg/harness:1",
+        "reg/bridge:1",
+    )
+    assert defaults.store is not None and defaults.store.secret_ref.name == "qpa-store"
+    assert defaults.gpu_node_selector == (("nvidia.com/gpu.present", "true"),)
+    assert defaults.gpu_tolerations == ({"key": "gpu", "operator": "Exists"},)
+    assert Defaults.from_env({}) == Defaults()
+    with pytest.raises(ValueError, match="QPA_OPERATOR_GPU_TOLERATIONS"):
+        Defaults.from_env({"QPA_OPERATOR_GPU_TOLERATIONS": "{not json"})
+    with pytest.raises(ValueError, match="QPA_OPERATOR_GPU_NODE_SELECTOR"):
+        Defaults.from_env({"QPA_OPERATOR_GPU_NODE_SELECTOR": "[1]"})
+    with pytest.raises(ValueError, match="go together"):
+        Defaults.from_env({"QPA_OPERATOR_STORE_ENDPOINT": "http://s3:9000"})
+    with pytest.raises(ValueError, match="QPA_OPERATOR_STORE"):
+        Defaults.from_env(
+            {"QPA_OPERATOR_STORE_ENDPOINT": "ftp://x", "QPA_OPERATOR_STORE_SECRET": "s"}
+        )
