@@ -143,16 +143,25 @@ class ToolCall(_Model):
 
 
 class UIAction(_Model):
-    """A raw UI gesture on a device screen."""
+    """A raw UI gesture on a device screen, or an app launch / intent.
+
+    `tap` (x, y), `swipe` (x, y -> x2, y2), `type` (text into the focused field), `back`,
+    `home`, `launch` (package, optionally its `activity`), `intent` (an activity intent:
+    `action`, optional `data` URI, `package` and string `extras`).
+    """
 
     type: Literal["ui"] = "ui"
-    op: Literal["tap", "type", "swipe", "back", "home", "launch"]
+    op: Literal["tap", "type", "swipe", "back", "home", "launch", "intent"]
     x: int | None = None
     y: int | None = None
     x2: int | None = None
     y2: int | None = None
     text: str | None = None
     package: str | None = None
+    activity: str | None = None
+    action: str | None = None
+    data: str | None = None
+    extras: dict[str, str] | None = None
 
 
 class MessageUser(_Model):
