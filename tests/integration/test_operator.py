@@ -1,0 +1,877 @@
+"""The qpa operator driven as a user drives it: `kubectl apply`, then watch what appears.
+
+The real operator (`kopf run -A --standalone -m qpa_operator.main`) runs in a
+`kopf.testing.KopfRunner` thread against the test API server (tests/fakes/kube_api.py); the
+real kubectl v1.37 applies the examples and shows the printer columns. The tests play the
+part of the cluster's controllers the server does not have: they mark Jobs started, complete
+or failed, Deployments and DaemonSets ready, InferenceServices Ready, and create the pods'
+termination messages and the bridges' phone Leases. Every kind has such a test, then:
+restarts in the middle of reconciling 50 objects, and 10% injected API errors.
+
+While the operator runs, tests wait with `await asyncio.sleep` (never `time.sleep`): the API
+server and the operator live in other threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fakes.kube_api import KubeAPIServer
+from fakes.kubectl import Kubectl
+
+kopf = pytest.importorskip("kopf")
+from kopf.testing import KopfRunner  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+NS = "default"
+OPERATOR = ["run", "-A", "--standalone", "-m", "qpa_operator.main"]
+T0 = "2026-01-01T00:00:00Z"
+T1 = "2026-01-01T01:00:00Z"
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def example(file: str, index: int = 0) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / file).read_text()) if d]
+    return copy.deepcopy(docs[index])
+
+
+@pytest.fixture
+def operator_env(kube_config: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("QPA_OPERATOR_RETRY_SCALE", "0.1")
+    monkeypatch.delenv("QPA_OPERATOR_METRICS_PORT", raising=False)
+    return kube_config
+
+
+@contextlib.contextmanager
+def operator() -> Iterator[KopfRunner]:
+    with KopfRunner(OPERATOR, timeout=60) as runner:
+        yield runner
+    assert runner.exception is None, runner.output
+    assert runner.exit_code == 0, runner.output
+
+
+def status(kube: KubeAPIServer, plural: str, name: str) -> dict[str, Any]:
+    obj = kube.get(plural, NS, name) or {}
+    return dict(obj.get("status") or {})
+
+
+async def phase(
+    kube: KubeAPIServer, plural: str, name: str, wanted: str, timeout: float = 15
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        current = status(kube, plural, name)
+        return current if current.get("phase") == wanted else None
+
+    try:
+        found: dict[str, Any] = await kube.eventually(check, timeout=timeout)
+    except AssertionError:
+        raise AssertionError(f"{plural}/{name}: {status(kube, plural, name)}") from None
+    return found
+
+
+async def exists(
+    kube: KubeAPIServer, plural: str, name: str, timeout: float = 15
+) -> dict[str, Any]:
+    found: dict[str, Any] = await kube.eventually(
+        lambda: kube.get(plural, NS, name), timeout=timeout
+    )
+    return found
+
+
+def stored(kube: KubeAPIServer, plural: str, name: str) -> dict[str, Any]:
+    obj = kube.get(plural, NS, name)
+    assert obj is not None, f"{plural}/{name} is missing"
+    return obj
+
+
+def owned(kube: KubeAPIServer, plural: str, kind: str, name: str) -> list[dict[str, Any]]:
+    return kube.list_objects(plural, NS, f"qpa.ai/{kind.lower()}={name}")
+
+
+def container(obj: dict[str, Any]) -> dict[str, Any]:
+    spec = obj["spec"]
+    pod = spec["template"]["spec"] if "template" in spec else spec["predictor"]
+    return dict(pod["containers"][0])
+
+
+def command(obj: dict[str, Any]) -> list[str]:
+    c = container(obj)
+    return [*c.get("command", []), *c.get("args", [])]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def assert_restricted(pod: dict[str, Any]) -> None:
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def assert_owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> None:
+    (ref,) = obj["metadata"]["ownerReferences"]
+    assert ref["uid"] == owner["metadata"]["uid"] and ref["controller"] is True
+    assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "qpa-operator"
+
+
+def table(kubectl: Kubectl, *args: str) -> list[list[str]]:
+    return [line.split() for line in kubectl("get", *args).stdout.splitlines()]
+
+
+def events_for(kube: KubeAPIServer, name: str) -> list[str]:
+    return [
+        e["reason"] for e in kube.list_objects("events", NS) if e["involvedObject"]["name"] == name
+    ]
+
+
+def mark_job(kube: KubeAPIServer, name: str, **status: Any) -> None:
+    kube.patch_status("jobs", NS, name, status)
+
+
+def job_started(kube: KubeAPIServer, name: str, active: int = 1) -> None:
+    mark_job(kube, name, startTime=T0, active=active, ready=active)
+
+
+def job_complete(kube: KubeAPIServer, name: str, **extra: Any) -> None:
+    conditions = [
+        {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": T1},
+        {"type": "Complete", "status": "True", "lastTransitionTime": T1},
+    ]
+    mark_job(kube, name, startTime=T0, completionTime=T1, active=0, conditions=conditions, **extra)
+
+
+def job_failed(kube: KubeAPIServer, name: str, reason: str = "BackoffLimitExceeded") -> None:
+    conditions = [
+        {"type": "Failed", "status": "True", "reason": reason, "message": "pods failed",
+         "lastTransitionTime": T1},
+    ]  # fmt: skip
+    mark_job(kube, name, startTime=T0, active=0, failed=1, conditions=conditions)
+
+
+def finished_pod(
+    kube: KubeAPIServer,
+    name: str,
+    labels: dict[str, str],
+    container_name: str,
+    message: dict[str, Any],
+    exit_code: int = 0,
+) -> None:
+    """A pod as a Job controller and kubelet leave it: terminated, with a termination message."""
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {"containers": [{"name": container_name, "image": "qpa"}]},
+        }
+    )
+    terminated = {"exitCode": exit_code, "reason": "Completed", "message": json.dumps(message)}
+    kube.patch_status(
+        "pods",
+        NS,
+        name,
+        {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": [{"name": container_name, "state": {"terminated": terminated}}],
+        },
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def operator_posts(kube: KubeAPIServer, since: int = 0) -> list[str]:
+    return [p for m, p, _, _ in kube.request_log(since) if m == "POST" and "/events" not in p]
+
+
+# --------------------------------------------------------------------------- TaskBatch
+
+
+async def test_taskbatch_runs_collect_as_an_indexed_job(
+    kube_api: KubeAPIServer,
+    operator_env: Path,
+    kubectl: Kubectl,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("QPA_OPERATOR_METRICS_PORT", str(port))
+    monkeypatch.setenv("QPA_OPERATOR_METRICS_ADDRESS", "127.0.0.1")
+    with operator():
+        kubectl("apply", "--validate=false", "-f", "examples/taskbatch.yaml")
+        tb = await exists(kube_api, "tb", "nightly-tool-use")
+        job = await exists(kube_api, "jobs", "nightly-tool-use-collect")
+        cm = await exists(kube_api, "configmaps", "nightly-tool-use-tasks")
+        pending = await phase(kube_api, "tb", "nightly-tool-use", "Pending")
+
+        # The Job: indexed, one shard per completion, per-shard retries, the spec's resources.
+        spec = job["spec"]
+        assert spec["completionMode"] == "Indexed"
+        assert (spec["completions"], spec["parallelism"], spec["backoffLimitPerIndex"]) == (
+            32, 16, 3,
+        )  # fmt: skip
+        argv = command(job)
+        assert argv[argv.index("qpa") :][:2] == ["qpa", "collect"]
+        assert "--shard-from-env" in argv and flag(argv, "--shards") == "32"
+        assert flag(argv, "--samples") == "8" and flag(argv, "--planner") == "openai"
+        assert flag(argv, "--out") == "s3://qpa/taskbatches/nightly-tool-use/"
+        assert flag(argv, "--env-url") == "http://sandbox-env.default.svc.cluster.local"
+        assert flag(argv, "--harness-config") == "/etc/qpa/harness/harness.yaml"
+        c = container(job)
+        assert c["resources"] == {
+            "requests": {"cpu": "500m", "memory": "1Gi"},
+            "limits": {"memory": "2Gi"},
+        }
+        env = {e["name"]: e for e in c["env"]}
+        assert env["QPA_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+            "name": "planner-api",
+            "key": "apiKey",
+        }
+        assert env["QPA_S3_ACCESS_KEY_FILE"]["value"].startswith("/var/run/secrets/qpa/store/")
+        pod = job["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert_restricted(pod)
+        assert_owned_by(job, tb)
+        assert_owned_by(cm, tb)
+        assert "generator" in yaml.safe_load(cm["data"]["taskbatch.yaml"])["spec"]["source"]
+        assert pending["jobName"] == "nightly-tool-use-collect"
+        assert pending["observedGeneration"] == 1
+
+        rows = table(kubectl, "tb")
+        assert rows[0] == ["NAME", "PHASE", "POOL", "TASKS", "TRAJECTORIES", "SUCCESSES", "AGE"]
+        assert rows[1][:6] == ["nightly-tool-use", "Pending", "sandbox", "0", "0", "0"]
+
+        # The Job starts: Running. Two shards finish: their summaries add up.
+        job_started(kube_api, "nightly-tool-use-collect", active=16)
+        await phase(kube_api, "tb", "nightly-tool-use", "Running")
+        labels = {
+            "qpa.ai/taskbatch": "nightly-tool-use",
+            "app.kubernetes.io/managed-by": "qpa-operator",
+        }
+        for shard, (ran, won) in enumerate([(128, 100), (128, 90)]):
+            summary = {"shard": f"{shard}/32", "total": 128, "ran": ran, "skipped": 0,
+                       "successes": won, "complete": True}  # fmt: skip
+            finished_pod(
+                kube_api,
+                f"nightly-tool-use-collect-{shard}-x",
+                {**labels, "batch.kubernetes.io/job-completion-index": str(shard)},
+                "collect",
+                summary,
+            )
+        await kube_api.eventually(
+            lambda: status(kube_api, "tb", "nightly-tool-use").get("trajectories") == 256
+        )
+        running = status(kube_api, "tb", "nightly-tool-use")
+        assert (running["successes"], running["failures"], running["tasks"]) == (190, 66, 32)
+
+        # A spec change reaches the Job where a Job can change: parallelism.
+        kubectl("patch", "tb", "nightly-tool-use", "--type=merge", "-p",
+                '{"spec":{"parallelism":24}}')  # fmt: skip
+        await kube_api.eventually(
+            lambda: (
+                (kube_api.get("jobs", NS, "nightly-tool-use-collect") or {})["spec"]["parallelism"]
+                == 24
+            )
+        )
+        await kube_api.eventually(
+            lambda: status(kube_api, "tb", "nightly-tool-use").get("observedGeneration") == 2
+        )
+
+        job_complete(kube_api, "nightly-tool-use-collect", succeeded=32, completedIndexes="0-31")
+        done = await phase(kube_api, "tb", "nightly-tool-use", "Succeeded")
+        assert done["completedShards"] == 32
+        assert {c["type"]: c["status"] for c in done["conditions"]} == {
+            "Progressing": "False",
+            "Complete": "True",
+        }
+        await kube_api.eventually(
+            lambda: (
+                {"Pending", "Running", "Succeeded"}
+                <= set(events_for(kube_api, tb["metadata"]["name"]))
+            )
+        )
+        assert "Succeeded" in kubectl("describe", "tb", "nightly-tool-use").stdout
+
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        text = scraped.decode()
+        assert 'qpa_operator_objects{kind="TaskBatch",phase="Succeeded"} 1.0' in text
+        assert 'qpa_operator_reconciles_total{kind="TaskBatch",reason="create"}' in text
+        assert "qpa_operator_reconcile_duration_seconds_bucket" in text
+
+        kubectl("delete", "tb", "nightly-tool-use", "--wait=false")
+        await kube_api.eventually(
+            lambda: not owned(kube_api, "jobs", "TaskBatch", "nightly-tool-use")
+        )
+        assert not owned(kube_api, "configmaps", "TaskBatch", "nightly-tool-use")
+
+
+async def test_a_failed_collect_job_fails_the_batch(
+    kube_api: KubeAPIServer, operator_env: Path
+) -> None:
+    with operator():
+        kube_api.create(example("taskbatch.yaml"))
+        await exists(kube_api, "jobs", "nightly-tool-use-collect")
+        mark_job(kube_api, "nightly-tool-use-collect", failedIndexes="3,7-8")
+        job_failed(kube_api, "nightly-tool-use-collect", reason="FailedIndexes")
+        failed = await phase(kube_api, "tb", "nightly-tool-use", "Failed")
+        assert failed["failedShards"] == 3
+        cond = {c["type"]: c for c in failed["conditions"]}
+        assert cond["Failed"]["status"] == "True" and cond["Failed"]["reason"] == "FailedIndexes"
+        await kube_api.eventually(lambda: "Failed" in events_for(kube_api, "nightly-tool-use"))
+        warnings = [e for e in kube_api.list_objects("events", NS) if e["reason"] == "Failed"]
+        assert warnings and warnings[0]["type"] == "Warning"
+
+
+# --------------------------------------------------------------------------- RolloutPool
+
+
+async def test_rolloutpool_serves_environments_behind_a_service(
+    kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
+) -> None:
+    with operator():
+        kubectl("apply", "--validate=false", "-f", "examples/rolloutpool.yaml")
+        pool = await exists(kube_api, "rp", "sandbox")
+        deployment = await exists(kube_api, "deployments", "sandbox-env")
+        service = await exists(kube_api, "services", "sandbox-env")
+        hpa = await exists(kube_api, "horizontalpodautoscalers", "sandbox-env")
+
+        argv = command(deployment)
+        assert argv[:3] == ["qpa", "env", "serve"]
+        assert flag(argv, "--kind") == "sandbox" and flag(argv, "--host") == "0.0.0.0"
+        assert flag(argv, "--port") == "8000" and flag(argv, "--max-sessions") == "32"
+        assert flag(argv, "--session-ttl") == "600"
+        assert deployment["spec"]["replicas"] == 2
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert_restricted(pod)
+        assert container(deployment)["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert service["spec"]["ports"] == [
+            {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+        ]
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+        for child in (deployment, service, hpa):
+            assert_owned_by(child, pool)
+
+        # Device-backed: wired to the DevicePool's bridges, allowed to take phone Leases.
+        phones = await exists(kube_api, "deployments", "phones-env")
+        phones_pod = phones["spec"]["template"]["spec"]
+        assert phones_pod["serviceAccountName"] == "phones-env"
+        assert phones_pod["automountServiceAccountToken"] is True
+        env = {e["name"]: e.get("value") for e in container(phones)["env"]}
+        assert env["QPA_DEVICE_POOL"] == "lab-phones"
+        assert env["QPA_DEVICE_BRIDGE"] == "lab-phones-bridge.default.svc.cluster.local:5037"
+        role = await exists(kube_api, "roles", "phones-env")
+        assert role["rules"][0]["resources"] == ["leases"]
+        await exists(kube_api, "rolebindings", "phones-env")
+        assert kube_api.get("horizontalpodautoscalers", NS, "phones-env") is None
+        await kube_api.eventually(
+            lambda: (
+                {
+                    c["type"]: c["status"]
+                    for c in status(kube_api, "rp", "phones").get("conditions", [])
+                }.get("DevicePoolFound")
+                == "False"
+            )
+        )
+
+        await phase(kube_api, "rp", "sandbox", "Pending")
+        kube_api.patch_status("deployments", NS, "sandbox-env", {"replicas": 2, "readyReplicas": 1})
+        await phase(kube_api, "rp", "sandbox", "Degraded")
+        kube_api.patch_status("deployments", NS, "sandbox-env", {"replicas": 2, "readyReplicas": 2})
+        ready = await phase(kube_api, "rp", "sandbox", "Ready")
+        assert (ready["readyReplicas"], ready["capacity"], ready["leased"]) == (2, 64, 0)
+        assert ready["serviceUrl"] == "http://sandbox-env.default.svc.cluster.local"
+
+        kube_api.create(
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": "sandbox-session-1",
+                    "namespace": NS,
+                    "labels": {"qpa.ai/rolloutpool": "sandbox", "app.kubernetes.io/part-of": "qpa"},
+                },
+                "spec": {
+                    "holderIdentity": "nightly-tool-use-collect-0",
+                    "leaseDurationSeconds": 60,
+                },
+            }
+        )
+        await kube_api.eventually(lambda: status(kube_api, "rp", "sandbox").get("leased") == 1)
+        rows = table(kubectl, "rp")
+        assert rows[0] == ["NAME", "ENVIRONMENT", "PHASE", "READY", "CAPACITY", "LEASED", "AGE"]
+        assert ["sandbox", "sandbox", "Ready", "2", "64", "1"] in [r[:6] for r in rows]
+
+        # Drift: a deleted child comes back; a hand-edited one is left to its owner's spec.
+        uid = stored(kube_api, "services", "sandbox-env")["metadata"]["uid"]
+        kube_api.delete("services", NS, "sandbox-env")
+        back = await kube_api.eventually(
+            lambda: (
+                (s := kube_api.get("services", NS, "sandbox-env"))
+                and s["metadata"]["uid"] != uid
+                and s
+            )
+        )
+        assert back["spec"]["ports"][0]["port"] == 80
+
+        # replicas.max down to min: the autoscaler goes, the Deployment keeps min replicas.
+        kubectl("patch", "rp", "sandbox", "--type=merge", "-p", '{"spec":{"replicas":{"max":2}}}')
+        await kube_api.eventually(
+            lambda: kube_api.get("horizontalpodautoscalers", NS, "sandbox-env") is None
+        )
+
+        kubectl("delete", "rp", "sandbox", "phones", "--wait=false")
+        await kube_api.eventually(lambda: not kube_api.list_objects("deployments", NS))
+        for plural in ("services", "horizontalpodautoscalers", "roles", "rolebindings"):
+            assert not kube_api.list_objects(
+                plural, NS, "app.kubernetes.io/managed-by=qpa-operator"
+            )
+
+
+# --------------------------------------------------------------------------- DevicePool
+
+
+def phone_lease(serial: str, node: str, **notes: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": f"lab-phones-{serial.lower()}",
+            "namespace": NS,
+            "labels": {
+                "qpa.ai/devicepool": "lab-phones",
+                "qpa.ai/phone": serial.lower(),
+                "app.kubernetes.io/part-of": "qpa",
+            },
+            "annotations": {
+                "qpa.ai/serial": serial,
+                "qpa.ai/node": node,
+                "qpa.ai/model": "Pixel 8",
+                "qpa.ai/android-version": "14",
+                **{f"qpa.ai/{k.replace('_', '-')}": v for k, v in notes.items()},
+            },
+        },
+        "spec": {"leaseDurationSeconds": 300},
+    }
+
+
+async def test_devicepool_bridges_phones_from_device_nodes(
+    kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
+) -> None:
+    with operator():
+        kubectl("apply", "--validate=false", "-f", "examples/devicepool.yaml")
+        pool = await exists(kube_api, "dp", "lab-phones")
+        ds = await exists(kube_api, "daemonsets", "lab-phones-bridge")
+        argv = command(ds)
+        assert argv[:3] == ["qpa", "device", "bridge"] and flag(argv, "--pool") == "lab-phones"
+        assert flag(argv, "--adb-port") == "5037"
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"qpa.ai/device-node": "true"}
+        assert container(ds)["securityContext"]["privileged"] is True
+        assert {"name": "usb", "hostPath": {"path": "/dev/bus/usb", "type": "Directory"}} in pod[
+            "volumes"
+        ]
+        assert pod["serviceAccountName"] == "lab-phones-bridge"
+        config = await exists(kube_api, "configmaps", "lab-phones-bridge")
+        assert yaml.safe_load(config["data"]["devicepool.yaml"])["selector"]["models"] == [
+            "Pixel 8", "Pixel 7a",
+        ]  # fmt: skip
+        svc = await exists(kube_api, "services", "lab-phones-bridge")
+        assert svc["spec"]["clusterIP"] == "None"
+        for child in (ds, config, svc):
+            assert_owned_by(child, pool)
+        await phase(kube_api, "dp", "lab-phones", "Pending")
+
+        kube_api.patch_status(
+            "daemonsets", NS, "lab-phones-bridge",
+            {"desiredNumberScheduled": 2, "numberReady": 2, "currentNumberScheduled": 2},
+        )  # fmt: skip
+        kube_api.create(phone_lease("R5CT1", "lab-node-1"))
+        leased = phone_lease("R5CT2", "lab-node-2")
+        leased["spec"]["holderIdentity"] = "phones-env-abc"
+        leased["spec"]["renewTime"] = "2099-01-01T00:00:00.000000Z"
+        kube_api.create(leased)
+        ready = await phase(kube_api, "dp", "lab-phones", "Ready")
+        await kube_api.eventually(lambda: status(kube_api, "dp", "lab-phones").get("total") == 2)
+        ready = status(kube_api, "dp", "lab-phones")
+        assert (ready["available"], ready["leased"], ready["quarantined"]) == (1, 1, 0)
+        assert [(p["serial"], p["node"], p["state"]) for p in ready["phones"]] == [
+            ("R5CT1", "lab-node-1", "available"),
+            ("R5CT2", "lab-node-2", "leased"),
+        ]
+        assert ready["phones"][1]["leasedBy"] == "phones-env-abc"
+
+        kube_api.create(
+            phone_lease("R5CT3", "lab-node-1", state="quarantined", reason="adb timeout")
+        )
+        degraded = await phase(kube_api, "dp", "lab-phones", "Degraded")
+        assert degraded["quarantined"] == 1
+        rows = table(kubectl, "dp")
+        assert rows[0] == ["NAME", "PHASE", "PHONES", "AVAILABLE", "LEASED", "QUARANTINED", "AGE"]
+        assert rows[1][:6] == ["lab-phones", "Degraded", "3", "1", "1", "1"]
+
+        kubectl("delete", "dp", "lab-phones", "--wait=false")
+        await kube_api.eventually(
+            lambda: kube_api.get("daemonsets", NS, "lab-phones-bridge") is None
+        )
+        # The bridge's Leases carry no owner reference here: the operator deletes them.
+        await kube_api.eventually(lambda: not kube_api.list_objects("leases", NS))
+        assert not kube_api.list_objects("roles", NS)
+
+
+# --------------------------------------------------------------------------- TrainingRun
+
+
+async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
+    kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
+) -> None:
+    with operator():
+        kubectl("apply", "--validate=false", "-f", "examples/taskbatch.yaml")
+        kubectl("apply", "--validate=false", "-f", "examples/trainingrun.yaml")
+
+        # RL: no datasets to prepare, the ranks' Job at once.
+        rl = await exists(kube_api, "tr", "planner-care-rl")
+        job = await exists(kube_api, "jobs", "planner-care-rl-r0")
+        spec = job["spec"]
+        assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == (
+            "Indexed", 4, 4,
+        )  # fmt: skip
+        assert spec["backoffLimit"] == 0
+        argv = command(job)
+        launch, stage = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+        assert launch[:3] == ["qpa", "train", "launch"]
+        assert flag(launch, "--nodes") == "4" and flag(launch, "--gpus-per-node") == "8"
+        assert flag(launch, "--service") == "planner-care-rl-ranks"
+        assert flag(launch, "--job-name") == "planner-care-rl-r0"
+        assert stage[:3] == ["qpa", "train", "rl"] and flag(stage, "--care") == "on"
+        assert flag(stage, "--env-url") == "http://sandbox-env.default.svc.cluster.local"
+        c = container(job)
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        pod = spec["template"]["spec"]
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        assert pod["subdomain"] == "planner-care-rl-ranks"
+        assert_restricted(pod)
+        ranks = await exists(kube_api, "services", "planner-care-rl-ranks")
+        assert ranks["spec"]["clusterIP"] == "None" and ranks["spec"]["publishNotReadyAddresses"]
+        config = await exists(kube_api, "configmaps", "planner-care-rl-config")
+        train = yaml.safe_load(config["data"]["train.yaml"])
+        assert train["model"] == "s3://qpa/trainingruns/planner-sft/final/"
+        assert train["checkpoint"]["resume"] == "auto"
+        assert (train["checkpoint"]["store"], train["checkpoint"]["prefix"]) == (
+            "s3://qpa", "trainingruns/planner-care-rl",
+        )  # fmt: skip
+        assert train["care"]["low"] == 0.2 and train["samples_per_task"] == 8
+        assert train["deepspeed"]["zero_stage"] == 2
+        for child in (job, ranks, config):
+            assert_owned_by(child, rl)
+
+        # SFT waits for its TaskBatch, then curates and mixes, then trains.
+        waiting = await phase(kube_api, "tr", "planner-sft", "Pending")
+        reasons = {c["type"]: c["reason"] for c in waiting["conditions"]}
+        assert reasons["DataReady"] == "WaitingForTaskBatch"
+        assert kube_api.get("jobs", NS, "planner-sft-data") is None
+        await exists(kube_api, "jobs", "nightly-tool-use-collect")
+        job_complete(kube_api, "nightly-tool-use-collect", succeeded=32)
+        data = await exists(kube_api, "jobs", "planner-sft-data")
+        script = container(data)["command"][-1]
+        assert "qpa data curate s3://qpa/taskbatches/nightly-tool-use/" in script
+        assert (
+            "qpa data mix" in script
+            and "--out s3://qpa/trainingruns/planner-sft/data/mix/" in script
+        )
+        assert kube_api.get("jobs", NS, "planner-sft-r0") is None
+        job_complete(kube_api, "planner-sft-data", succeeded=1)
+        sft_job = await exists(kube_api, "jobs", "planner-sft-r0")
+        assert command(sft_job)[command(sft_job).index("--") + 1 :][:3] == ["qpa", "train", "sft"]
+        sft_config = yaml.safe_load(
+            stored(kube_api, "configmaps", "planner-sft-config")["data"]["train.yaml"]
+        )
+        assert sft_config["dataset"] == "s3://qpa/trainingruns/planner-sft/data/mix/"
+        assert sft_config["deepspeed"]["offload_optimizer"] is True
+
+        job_started(kube_api, "planner-sft-r0", active=2)
+        await phase(kube_api, "tr", "planner-sft", "Running")
+        rows = table(kubectl, "tr")
+        assert rows[0] == ["NAME", "STAGE", "PHASE", "STEP", "NODES", "GPUS", "AGE"]
+        assert ["planner-sft", "sft", "Running", "0", "2", "8"] in [r[:6] for r in rows]
+
+        # Rank 0 reports, the attempt fails: attempt 1 resumes from the latest checkpoint.
+        labels = {"qpa.ai/trainingrun": "planner-sft", "qpa.ai/attempt": "0",
+                  "batch.kubernetes.io/job-completion-index": "0",
+                  "app.kubernetes.io/managed-by": "qpa-operator"}  # fmt: skip
+        ckpt = "s3://qpa/trainingruns/planner-sft/checkpoints/checkpoint-{}/"
+        finished_pod(
+            kube_api, "planner-sft-r0-0-abc", labels, "trainer",
+            {"global_step": 400, "checkpoint_uris": [ckpt.format(200), ckpt.format(400)],
+             "train_loss": 0.75},
+            exit_code=1,
+        )  # fmt: skip
+        job_failed(kube_api, "planner-sft-r0")
+        resuming = await phase(kube_api, "tr", "planner-sft", "Resuming")
+        assert resuming["restarts"] == 1
+        await exists(kube_api, "jobs", "planner-sft-r1")
+        await kube_api.eventually(lambda: kube_api.get("jobs", NS, "planner-sft-r0") is None)
+        await kube_api.eventually(lambda: status(kube_api, "tr", "planner-sft").get("step") == 400)
+        resumed = status(kube_api, "tr", "planner-sft")
+        assert resumed["latestCheckpoint"] == ckpt.format(400)
+        assert [c["step"] for c in resumed["checkpoints"]] == [200, 400]
+        assert resumed["metrics"]["loss"] == 0.75
+
+        job_complete(kube_api, "planner-sft-r1", succeeded=2)
+        done = await phase(kube_api, "tr", "planner-sft", "Succeeded")
+        assert done["modelUri"] == "s3://qpa/trainingruns/planner-sft/final/"
+        await kube_api.eventually(lambda: "Resuming" in events_for(kube_api, "planner-sft"))
+
+        kubectl("delete", "tr", "planner-sft", "planner-care-rl", "--wait=false")
+        await kube_api.eventually(lambda: not owned(kube_api, "jobs", "TrainingRun", "planner-sft"))
+        assert not owned(kube_api, "services", "TrainingRun", "planner-care-rl")
+        assert not owned(kube_api, "configmaps", "TrainingRun", "planner-sft")
+
+
+# --------------------------------------------------------------------------- HarnessRelease
+
+
+async def test_harnessrelease_deploys_kserve_services_and_benchmarks_them(
+    kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
+) -> None:
+    with operator():
+        kubectl("apply", "--validate=false", "-f", "examples/harnessrelease.yaml")
+        hr = await exists(kube_api, "hr", "planner")
+        model = await exists(kube_api, "inferenceservices", "planner-model")
+        harness = await exists(kube_api, "inferenceservices", "planner-harness")
+        predictor = model["spec"]["predictor"]["model"]
+        assert predictor["storageUri"] == "s3://qpa/trainingruns/planner-care-rl/final/"
+        assert predictor["modelFormat"] == {"name": "huggingface"}
+        assert (
+            "--backend=vllm" in predictor["args"] and "--max_model_len=32768" in predictor["args"]
+        )
+        assert predictor["resources"]["limits"]["nvidia.com/gpu"] == "2"
+        argv = command(harness)
+        assert argv[:3] == ["qpa", "harness", "serve"]
+        assert flag(argv, "--planner") == "openai" and flag(argv, "--http-port") == "8080"
+        assert flag(argv, "--model-url") == (
+            "http://planner-model-predictor.default.svc.cluster.local/openai/v1"
+        )
+        assert flag(argv, "--harness-config") == "/etc/qpa/harness/harness.yaml"
+        assert_restricted(harness["spec"]["predictor"])
+        for child in (model, harness):
+            assert_owned_by(child, hr)
+        await phase(kube_api, "hr", "planner", "Deploying")
+
+        ready = {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": T0}]}
+        kube_api.patch_status("inferenceservices", NS, "planner-model", ready)
+        await asyncio.sleep(0.3)
+        assert not owned(kube_api, "jobs", "HarnessRelease", "planner")
+        kube_api.patch_status("inferenceservices", NS, "planner-harness", ready)
+        benchmarking = await phase(kube_api, "hr", "planner", "Benchmarking")
+        assert benchmarking["candidate"]["harnessVersion"] == "harness-v3"
+        (bench,) = owned(kube_api, "jobs", "HarnessRelease", "planner")
+        argv = command(bench)
+        assert argv[:3] == ["qpa", "bench", "run"]
+        assert (flag(argv, "--suite"), flag(argv, "--split"), flag(argv, "--samples")) == (
+            "mobilepa", "test", "2",
+        )  # fmt: skip
+        assert flag(argv, "--planner") == "openai" and flag(argv, "--out") == "/work/bench"
+
+        job_complete(kube_api, bench["metadata"]["name"], succeeded=1)
+        await kube_api.eventually(
+            lambda: (
+                {
+                    c["type"]: c["reason"]
+                    for c in status(kube_api, "hr", "planner").get("conditions", [])
+                }.get("BenchmarkDone")
+                == "AwaitingGate"
+            )
+        )
+        done = status(kube_api, "hr", "planner")
+        assert done["phase"] == "Benchmarking" and "decision" not in done
+        rows = table(kubectl, "hr")
+        assert rows[0][:4] == ["NAME", "HARNESS", "PHASE", "DECISION"]
+        assert rows[1][:3] == ["planner", "harness-v3", "Benchmarking"]
+
+        # A new candidate: the InferenceService follows, a new benchmark replaces the old one.
+        kubectl("patch", "hr", "planner", "--type=merge", "-p",
+                '{"spec":{"harness":{"version":"harness-v4"}}}')  # fmt: skip
+        await kube_api.eventually(
+            lambda: (
+                "harness-v4"
+                in json.dumps(stored(kube_api, "inferenceservices", "planner-harness")["spec"])
+            )
+        )
+        await kube_api.eventually(
+            lambda: (
+                [
+                    j["metadata"]["name"]
+                    for j in owned(kube_api, "jobs", "HarnessRelease", "planner")
+                ]
+                not in ([], [bench["metadata"]["name"]])
+            )
+        )
+
+        kubectl("delete", "hr", "planner", "--wait=false")
+        await kube_api.eventually(lambda: not kube_api.list_objects("inferenceservices", NS))
+        assert not owned(kube_api, "jobs", "HarnessRelease", "planner")
+
+
+# --------------------------------------------------------------------------- reliability
+
+
+def taskbatch(name: str) -> dict[str, Any]:
+    body = example("taskbatch.yaml")
+    body["metadata"] = {"name": name, "namespace": NS}
+    body["spec"].pop("rolloutPoolRef")
+    return body
+
+
+def mark_new_jobs_started(kube: KubeAPIServer) -> None:
+    for job in kube.list_objects("jobs", NS, "qpa.ai/taskbatch"):
+        if not (job.get("status") or {}).get("startTime"):
+            job_started(kube, job["metadata"]["name"])
+
+
+def running_count(kube: KubeAPIServer) -> int:
+    return sum(
+        1
+        for tb in kube.list_objects("tb", NS)
+        if (tb.get("status") or {}).get("phase") == "Running"
+    )
+
+
+async def converge(kube: KubeAPIServer, count: int, timeout: float = 60) -> None:
+    def check() -> bool:
+        mark_new_jobs_started(kube)
+        return running_count(kube) == count
+
+    await kube.eventually(check, timeout=timeout, interval=0.2)
+
+
+def assert_no_duplicates(kube: KubeAPIServer, names: list[str]) -> None:
+    jobs = kube.list_objects("jobs", NS, "qpa.ai/taskbatch")
+    cms = kube.list_objects("configmaps", NS, "qpa.ai/taskbatch")
+    assert sorted(j["metadata"]["name"] for j in jobs) == sorted(f"{n}-collect" for n in names)
+    assert sorted(c["metadata"]["name"] for c in cms) == sorted(f"{n}-tasks" for n in names)
+    for tb in kube.list_objects("tb", NS):
+        (job,) = [
+            j for j in jobs if j["metadata"]["labels"]["qpa.ai/taskbatch"] == tb["metadata"]["name"]
+        ]
+        assert job["metadata"]["ownerReferences"][0]["uid"] == tb["metadata"]["uid"]
+
+
+async def test_restarts_in_the_middle_of_reconciling_fifty_objects(
+    kube_api: KubeAPIServer, operator_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Handlers in flight get 50 ms at shutdown (kopf gives 2 s): stops are nearly crashes;
+    # a slow API server keeps the reconciles of the 50 objects in flight when they come.
+    monkeypatch.setenv("QPA_OPERATOR_EXIT_TIMEOUT", "0.05")
+    kube_api.faults.slow_down(0.2, methods={"POST", "PATCH"})
+    names = [f"batch-{i:02d}" for i in range(50)]
+    for name in names:
+        kube_api.create(taskbatch(name))
+
+    def count() -> int:
+        return len(kube_api.list_objects("jobs", NS, "qpa.ai/taskbatch")) + len(
+            kube_api.list_objects("configmaps", NS, "qpa.ai/taskbatch")
+        )
+
+    def handled() -> int:
+        return sum(
+            1
+            for tb in kube_api.list_objects("tb", NS)
+            if "qpa.ai/last-handled-configuration" in (tb["metadata"].get("annotations") or {})
+            and (tb.get("status") or {}).get("phase")
+        )
+
+    progress = [0]
+    for target in (10, 40, 70):
+
+        def reached(wanted: int = target) -> bool:
+            return count() >= wanted
+
+        with operator():
+            # Stop as soon as part of the work is done: the other handlers are in flight.
+            await kube_api.eventually(reached, timeout=30, interval=0.01)
+        mark_new_jobs_started(kube_api)
+        progress.append(count())
+    assert progress == sorted(progress) and progress[1] < 100, progress
+    children = progress[-1]
+    kube_api.faults.clear()
+    since = kube_api.request_count()
+    with operator():
+        await converge(kube_api, 50)
+        await kube_api.eventually(lambda: handled() == 50)  # kopf recorded every spec too
+    assert_no_duplicates(kube_api, names)
+    # The last run created exactly what the interrupted ones had not: no POST was wasted.
+    creates = [p for p in operator_posts(kube_api, since) if "/jobs" in p or "/configmaps" in p]
+    assert len(creates) == 100 - children
+
+    # A quiet restart of a converged operator writes nothing.
+    since = kube_api.request_count()
+    with operator():
+        await asyncio.sleep(2.0)
+        assert running_count(kube_api) == 50
+    writes = [r for r in kube_api.request_log(since) if r[0] in ("POST", "PUT", "PATCH", "DELETE")]
+    assert writes == [], writes
+    assert_no_duplicates(kube_api, names)
+
+
+async def test_everything_converges_with_ten_percent_api_errors(
+    kube_api: KubeAPIServer, operator_env: Path
+) -> None:
+    names = [f"faulty-{i:02d}" for i in range(30)]
+    pools = [f"pool-{i}" for i in range(5)]
+    # 10% of requests fail: 500 and 429 on any verb, 409 on writes (where servers answer it).
+    kube_api.faults.fail_fraction(0.034, status=500)
+    kube_api.faults.fail_fraction(0.034, status=429)
+    kube_api.faults.fail_fraction(0.034, status=409, methods={"POST", "PUT", "PATCH", "DELETE"})
+    with operator():
+        for name in names:
+            kube_api.create(taskbatch(name))
+        for name in pools:
+            body = example("rolloutpool.yaml")
+            body["metadata"] = {"name": name, "namespace": NS}
+            kube_api.create(body)
+
+        def pools_ready() -> bool:
+            ready = 0
+            for name in pools:
+                dep = kube_api.get("deployments", NS, f"{name}-env")
+                if dep is not None and not dep.get("status"):
+                    kube_api.patch_status("deployments", NS, f"{name}-env",
+                                          {"replicas": 2, "readyReplicas": 2})  # fmt: skip
+                ready += status(kube_api, "rp", name).get("phase") == "Ready"
+            return ready == len(pools)
+
+        await converge(kube_api, len(names), timeout=90)
+        await kube_api.eventually(pools_ready, timeout=60, interval=0.2)
+    assert kube_api.faults.injected > 10, kube_api.faults.log
+    statuses = {s for s, _, _ in kube_api.faults.log}
+    assert statuses == {500, 429, 409}
+    assert_no_duplicates(kube_api, names)
+    for name in pools:
+        assert len(owned(kube_api, "deployments", "RolloutPool", name)) == 1
+        assert len(owned(kube_api, "services", "RolloutPool", name)) == 1
