@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from qpa.cli import app
-from qpa.cli.common import console, die, print_json
+from qpa.cli.common import console, die, print_json, write_status_file
 from qpa.train.config import ConfigError, SFTConfig, parse_overrides
 
 train_app = typer.Typer(
@@ -173,7 +173,9 @@ def sft(
     except (SFTInputError, ConfigError, CheckpointError) as exc:
         die(str(exc))
     if int(os.environ.get("RANK", "0")) == 0:
-        print_json(result.model_dump())
+        summary = result.model_dump()
+        print_json(summary)
+        write_status_file(summary)
 
 
 @train_app.command(

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from qpa.cli.common import die, print_json
+from qpa.cli.common import die, print_json, write_status_file
 from qpa.cli.train import train_app
 from qpa.train.config import ConfigError, parse_overrides
 
@@ -130,16 +130,16 @@ def rl(
         die(str(exc))
     if int(os.environ.get("RANK", "0")) == 0:
         last = result.history[-1] if result.history else {}
-        print_json(
-            {
-                "run": settings.name,
-                "care": settings.care.enabled,
-                "final_step": result.final_step,
-                "resumed_from": result.resumed_from,
-                "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-                "final_dir": str(result.final_dir) if result.final_dir else None,
-                "final_uri": result.final_uri,
-                "metrics_path": str(settings.metrics_path),
-                "last_step": last,
-            }
-        )
+        summary = {
+            "run": settings.name,
+            "care": settings.care.enabled,
+            "final_step": result.final_step,
+            "resumed_from": result.resumed_from,
+            "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+            "final_dir": str(result.final_dir) if result.final_dir else None,
+            "final_uri": result.final_uri,
+            "metrics_path": str(settings.metrics_path),
+            "last_step": last,
+        }
+        print_json(summary)
+        write_status_file(summary)
