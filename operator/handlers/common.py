@@ -483,12 +483,14 @@ async def write_status(
     *,
     reread: Callable[[], Mapping[str, Any] | None] | None = None,
     attempts: int = 8,
+    announce_phases: bool = True,
 ) -> StatusChange:
     """Write `compute(resource)` as the status, guarded by the resourceVersion it saw.
 
     `obj` may be stale (from an index): a 409 makes this re-read the object and compute again,
     from `reread()` (the index, once the watch has caught up) or else from the API.
-    `compute` returning None means "nothing to write".
+    `compute` returning None means "nothing to write". `announce_phases=False`: the caller
+    posts its own Events (HarnessRelease, whose steps are finer than its phases).
     """
     rt = await runtime()
     info = cls.info
@@ -548,7 +550,7 @@ async def write_status(
         _remember(info.kind, written)
         new_phase = new_wire.get("phase")
         metrics.OBJECTS.set(info.kind, str(meta.get("namespace")), str(meta.get("name")), new_phase)
-        if new_phase != old_phase:
+        if new_phase != old_phase and announce_phases:
             announce(written, old_phase, new_phase, new_wire)
         return StatusChange(True, old_phase, new_phase, written)
     raise kopf.TemporaryError(f"status of {info.kind} kept conflicting", delay=retry_delay(2))
