@@ -27,10 +27,18 @@ def _llm_sim(**options: Any) -> Environment:
     return env
 
 
-# kind -> loader. Kinds wired later (device) add an entry here.
+def _device(**options: Any) -> Environment:
+    from qpa.envs.device import DeviceEnv
+
+    env: Environment = DeviceEnv(**options)
+    return env
+
+
+# kind -> loader.
 _LOADERS: dict[str, Callable[..., Environment]] = {
     "sandbox": _sandbox,
     "llm_sim": _llm_sim,
+    "device": _device,
 }
 
 
