@@ -1,24 +1,29 @@
-"""HarnessRelease -> two KServe InferenceServices and a benchmark Job against them.
+"""HarnessRelease -> KServe InferenceServices for the model and the Harness, a benchmark Job.
 
-- `<release>-model`: the planner model on KServe's Hugging Face runtime with the vLLM backend
-  (`storageUri` = `spec.model.uri`, `nvidia.com/gpu` per replica); it serves the OpenAI API at
-  `http://<release>-model-predictor.<ns>.svc.<domain>/openai/v1`;
+- `<release>-model-<model id>`: one InferenceService per model version, on KServe's Hugging
+  Face runtime with the vLLM backend (`storageUri` = the model URI, `nvidia.com/gpu` per
+  replica); it serves the OpenAI API at
+  `http://<release>-model-<model id>-predictor.<ns>.svc.<domain>/openai/v1`. The candidate's,
+  the stable version's and the previous stable version's models run side by side (the same
+  InferenceService when they share a model);
 - `<release>-harness`: the Harness as a KServe custom predictor, a container running
-  `qpa harness serve --planner openai --model-url <the model> --http-port 8080 ...` with the
-  Harness version's YAML from its ConfigMap;
-- `<release>-bench-<candidate>`: once both report Ready, a Job running `qpa bench run` on the
-  suite split against the candidate (the model endpoint through the same Harness version).
+  `qpa harness serve --planner openai --model-url <its model> --http-port 8080 ...` with the
+  Harness version's YAML from its ConfigMap. It is the release's endpoint: its
+  `canaryTrafficPercent` splits requests between the candidate's revision and the last
+  rolled-out one (KServe keeps the previous revision; setting 0 is KServe's rollback);
+- `<release>-bench-<candidate>`: a Job running `qpa bench run` on the suite split against the
+  candidate's model with the candidate's Harness settings; its report goes to
+  `<reportUri>/<release>/<candidate>/report.json`.
 
-The candidate id hashes the model URI, runtime and Harness image/version/config, so a new
-candidate gets a new benchmark Job and a re-run of the handler never benchmarks twice. The
-release then waits in phase `Benchmarking` with condition `BenchmarkDone=True`
-(reason `AwaitingGate`): the release gate and the canary steps decide from there.
+The model id hashes the model's serving settings; the version id hashes model and Harness; the
+candidate id adds the benchmark settings, so a new candidate (or a changed benchmark) gets a new
+benchmark Job. Which of these exist and at what traffic is decided by the release state machine
+(`qpa_operator.release`); everything here is a pure function of its arguments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any, Final
 
 from qpa_operator.builders.common import (
@@ -32,11 +37,9 @@ from qpa_operator.builders.common import (
     empty_dir,
     env_var,
     harness_config_parts,
-    job_state,
     labels,
     metadata,
     owner_namespace,
-    reason_word,
     resources,
     restricted_container_security,
     restricted_pod_security,
@@ -47,20 +50,21 @@ from qpa_operator.builders.common import (
 )
 
 from qpa.api import HarnessRelease
-from qpa.api.v1alpha1 import (
-    ConditionStatus,
-    HarnessReleaseStatus,
-    ReleaseVersion,
-    set_condition,
-)
+from qpa.api.v1alpha1 import HarnessServing, ModelServing, ReleaseVersion
 
 ISVC_API: Final = "serving.kserve.io/v1beta1"
 MODEL_COMPONENT: Final = "model"
 HARNESS_COMPONENT: Final = "harness"
 BENCH_COMPONENT: Final = "benchmark"
 CANDIDATE_LABEL: Final = "qpa.ai/candidate"
+VERSION_LABEL: Final = "qpa.ai/version"
+MODEL_LABEL: Final = "qpa.ai/model"
 HARNESS_PORT: Final = 8080
 HF_RUNTIME: Final = "kserve-huggingfaceserver"
+#: KServe serves tagged routes (`latest-<isvc>`, `prev-<isvc>`) with this annotation, so the
+#: candidate revision can be reached directly while it has no traffic.
+TAG_ROUTING: Final = "serving.kserve.io/enable-tag-routing"
+REPORT_FILE: Final = "report.json"
 
 
 #: KServe names the predictor's Service `<isvc>-predictor` (and revisions
@@ -68,23 +72,21 @@ HF_RUNTIME: Final = "kserve-huggingfaceserver"
 ISVC_NAME_LIMIT: Final = 63 - len("-predictor-00001")
 
 
-def model_name(hr: HarnessRelease) -> str:
-    return bounded_name(hr, "model", ISVC_NAME_LIMIT)
+# --------------------------------------------------------------------------- identities
 
 
-def harness_name(hr: HarnessRelease) -> str:
-    return bounded_name(hr, "harness", ISVC_NAME_LIMIT)
+def model_id(model: ModelServing) -> str:
+    """6 hex digits over the model's serving settings: one InferenceService per value."""
+    return content_hash(model.to_k8s(), 6)
 
 
-def candidate(hr: HarnessRelease) -> ReleaseVersion:
-    return ReleaseVersion(
-        model_uri=hr.spec.model.uri,
-        harness_image=hr.spec.harness.image,
-        harness_version=hr.spec.harness.version,
-    )
+def version_id(model: ModelServing, harness: HarnessServing) -> str:
+    """10 hex digits over model and Harness: what a release promotes."""
+    return content_hash({"model": model.to_k8s(), "harness": harness.to_k8s()}, 10)
 
 
 def candidate_id(hr: HarnessRelease) -> str:
+    """The version plus the benchmark settings: a changed benchmark is a new benchmark Job."""
     spec = hr.spec
     parts = {
         "model": spec.model.to_k8s(),
@@ -94,13 +96,41 @@ def candidate_id(hr: HarnessRelease) -> str:
     return content_hash(parts, 8)
 
 
+def report_prefix(hr: HarnessRelease) -> str:
+    """Where the candidate's benchmark report belongs: `<reportUri>/<release>/<candidate>/`."""
+    base = hr.spec.report_uri.rstrip("/")
+    return f"{base}/{hr.metadata.name}/{candidate_id(hr)}/"
+
+
+def candidate(hr: HarnessRelease) -> ReleaseVersion:
+    """The version the spec asks for."""
+    spec = hr.spec
+    return ReleaseVersion(
+        id=version_id(spec.model, spec.harness),
+        model_uri=spec.model.uri,
+        harness_image=spec.harness.image,
+        harness_version=spec.harness.version,
+        model=spec.model,
+        harness=spec.harness,
+        report_uri=report_prefix(hr) + REPORT_FILE,
+    )
+
+
+def model_name(hr: HarnessRelease, model: ModelServing | None = None) -> str:
+    return bounded_name(hr, f"model-{model_id(model or hr.spec.model)}", ISVC_NAME_LIMIT)
+
+
+def harness_name(hr: HarnessRelease) -> str:
+    return bounded_name(hr, "harness", ISVC_NAME_LIMIT)
+
+
 def bench_job_name(hr: HarnessRelease) -> str:
     return bounded_name(hr, f"bench-{candidate_id(hr)}", 63)
 
 
-def model_url(hr: HarnessRelease, defaults: Defaults) -> str:
-    """The OpenAI-compatible endpoint of the model InferenceService's predictor."""
-    host = service_host(f"{model_name(hr)}-predictor", owner_namespace(hr), defaults)
+def model_url(hr: HarnessRelease, defaults: Defaults, model: ModelServing | None = None) -> str:
+    """The OpenAI-compatible endpoint of a model InferenceService's predictor."""
+    host = service_host(f"{model_name(hr, model)}-predictor", owner_namespace(hr), defaults)
     return f"http://{host}/openai/v1"
 
 
@@ -109,14 +139,14 @@ def harness_url(hr: HarnessRelease, defaults: Defaults) -> str:
     return f"http://{host}/v1/models/harness:predict"
 
 
-def report_prefix(hr: HarnessRelease) -> str:
-    """Where the candidate's benchmark report belongs: `<reportUri>/<release>/<candidate>/`."""
-    base = hr.spec.report_uri.rstrip("/")
-    return f"{base}/{hr.metadata.name}/{candidate_id(hr)}/"
+# --------------------------------------------------------------------------- manifests
 
 
-def model_service(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
-    model = hr.spec.model
+def model_service(
+    hr: HarnessRelease, defaults: Defaults, model: ModelServing | None = None
+) -> JsonDict:
+    """The InferenceService of one model version (the spec's when `model` is None)."""
+    model = model or hr.spec.model
     args = [f"--model_name={model.served_model_name}", f"--backend={model.runtime}"]
     if model.max_model_length is not None:
         args.append(f"--max_model_len={model.max_model_length}")
@@ -129,21 +159,25 @@ def model_service(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
     model_resources = resources(model.resources, gpus=model.gpus)
     if model_resources:
         predictor_model["resources"] = model_resources
+    meta = metadata(hr, model_name(hr, model), MODEL_COMPONENT, defaults)
+    meta["labels"][MODEL_LABEL] = model_id(model)
     manifest = {
         "apiVersion": ISVC_API,
         "kind": "InferenceService",
-        "metadata": metadata(hr, model_name(hr), MODEL_COMPONENT, defaults),
+        "metadata": meta,
         "spec": {"predictor": {"minReplicas": 1, "model": predictor_model}},
     }
     return with_spec_hash(manifest)
 
 
-def harness_args(hr: HarnessRelease, defaults: Defaults, config_path: str | None) -> list[str]:
+def harness_args(
+    hr: HarnessRelease, defaults: Defaults, config_path: str | None, model: ModelServing
+) -> list[str]:
     args = [
         "qpa", "harness", "serve",
         "--planner", "openai",
-        "--model-url", model_url(hr, defaults),
-        "--model", hr.spec.model.served_model_name,
+        "--model-url", model_url(hr, defaults, model),
+        "--model", model.served_model_name,
         "--name", "harness",
         "--host", "0.0.0.0",
         "--http-port", str(HARNESS_PORT),
@@ -153,13 +187,24 @@ def harness_args(hr: HarnessRelease, defaults: Defaults, config_path: str | None
     return args
 
 
-def harness_service(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
-    config_parts, config_path = harness_config_parts(hr.spec.harness.config_map_ref)
+def harness_service(
+    hr: HarnessRelease,
+    defaults: Defaults,
+    version: ReleaseVersion | None = None,
+    traffic: int = 100,
+) -> JsonDict:
+    """The Harness InferenceService serving `version` (the spec's) on `traffic` percent.
+
+    Below 100 KServe keeps the rest of the requests on the last rolled-out revision.
+    """
+    version = version or candidate(hr)
+    harness = version.harness
+    config_parts, config_path = harness_config_parts(harness.config_map_ref)
     parts = combine(
         [
             PodParts(
                 env=(
-                    env_var("QPA_HARNESS_VERSION", hr.spec.harness.version),
+                    env_var("QPA_HARNESS_VERSION", harness.version),
                     env_var("HOME", "/tmp"),
                 ),
                 volumes=(empty_dir("tmp"),),
@@ -170,20 +215,25 @@ def harness_service(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
     )
     container = {
         "name": "kserve-container",
-        "image": hr.spec.harness.image,
-        "command": harness_args(hr, defaults, config_path),
+        "image": harness.image,
+        "command": harness_args(hr, defaults, config_path, version.model),
         "ports": [{"containerPort": HARNESS_PORT, "protocol": "TCP"}],
         "env": list(parts.env),
         "volumeMounts": list(parts.mounts),
         "securityContext": restricted_container_security(),
     }
+    meta = metadata(
+        hr, harness_name(hr), HARNESS_COMPONENT, defaults, annotations={TAG_ROUTING: "true"}
+    )
+    meta["labels"][VERSION_LABEL] = version.id
     manifest = {
         "apiVersion": ISVC_API,
         "kind": "InferenceService",
-        "metadata": metadata(hr, harness_name(hr), HARNESS_COMPONENT, defaults),
+        "metadata": meta,
         "spec": {
             "predictor": {
                 "minReplicas": 1,
+                "canaryTrafficPercent": traffic,
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
                 "securityContext": restricted_pod_security(defaults),
@@ -263,6 +313,7 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
             "completions": 1,
             "parallelism": 1,
             "backoffLimit": 2,
+            "activeDeadlineSeconds": hr.spec.timeouts.benchmark_seconds,
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {
@@ -280,6 +331,7 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
 
 
 def services(hr: HarnessRelease, defaults: Defaults) -> list[JsonDict]:
+    """The spec's model and Harness InferenceServices as a first release serves them."""
     return [model_service(hr, defaults), harness_service(hr, defaults)]
 
 
@@ -316,74 +368,3 @@ def isvc_failure(isvc: Mapping[str, Any] | None) -> str | None:
         ):
             return str(c.get("message") or c.get("reason"))
     return None
-
-
-def harnessrelease_status(
-    hr: HarnessRelease,
-    *,
-    model: Mapping[str, Any] | None,
-    harness: Mapping[str, Any] | None,
-    bench: Mapping[str, Any] | None,
-    observed_generation: int | None,
-    now: datetime,
-) -> HarnessReleaseStatus:
-    """Deploying -> Benchmarking -> (BenchmarkDone, awaiting the gate) or Failed."""
-    current = hr.status or HarnessReleaseStatus()
-    if current.phase in ("Canary", "Promoted", "RolledBack") and current.candidate == candidate(hr):
-        return current  # the gate has taken over this candidate
-    both_ready = isvc_ready(model) and isvc_ready(harness)
-    failure = isvc_failure(model) or isvc_failure(harness)
-    state = job_state(bench)
-    generation = observed_generation
-    conditions = list(current.conditions)
-    bench_name = bench_job_name(hr)
-    done_status: ConditionStatus = "False"
-    done_reason, done_message = "NotStarted", "the benchmark has not run"
-    if failure is not None:
-        phase, reason, message = "Failed", "InferenceServiceFailed", failure
-    elif not both_ready and not state.exists:
-        phase, reason = "Deploying", "WaitingForInferenceServices"
-        message = f"waiting for {model_name(hr)} and {harness_name(hr)} to be Ready"
-    elif state.failed_for_good:
-        phase, reason = "Failed", "BenchmarkFailed"
-        message = state.message or f"Job {bench_name} failed; no report, no promotion"
-        done_reason, done_message = reason_word(state.reason, "Failed"), message
-    elif state.complete:
-        phase, reason = "Benchmarking", "AwaitingGate"
-        message = f"Job {bench_name} finished; the release gate decides on its report"
-        done_status, done_reason, done_message = "True", "AwaitingGate", message
-    else:
-        phase, reason = "Benchmarking", "BenchmarkRunning"
-        message = f"Job {bench_name} benchmarks the candidate"
-        done_reason, done_message = "BenchmarkRunning", message
-    conditions = set_condition(
-        conditions,
-        "Deployed",
-        "True" if both_ready else "False",
-        "InferenceServicesReady" if both_ready else "InferenceServicesNotReady",
-        f"{model_name(hr)} and {harness_name(hr)}"
-        + (" are Ready" if both_ready else " are not both Ready"),
-        observed_generation=generation,
-        now=now,
-    )
-    conditions = set_condition(
-        conditions, "BenchmarkDone", done_status, done_reason, done_message,
-        observed_generation=generation, now=now,
-    )  # fmt: skip
-    conditions = set_condition(
-        conditions,
-        "Failed",
-        "True" if phase == "Failed" else "False",
-        reason if phase == "Failed" else "NoFailure",
-        message if phase == "Failed" else "",
-        observed_generation=generation,
-        now=now,
-    )
-    return current.model_copy(
-        update={
-            "phase": phase,
-            "observed_generation": observed_generation,
-            "conditions": conditions,
-            "candidate": candidate(hr),
-        }
-    )

@@ -1,19 +1,36 @@
-"""HarnessRelease handlers: the model and Harness InferenceServices, then the benchmark Job.
+"""HarnessRelease handlers: read the world, ask the release state machine, apply its answer.
 
-create/update/resume apply both InferenceServices (phase `Deploying`); when an
-InferenceService event shows both Ready, the candidate's benchmark Job is created (phase
-`Benchmarking`); when it completes, the condition `BenchmarkDone=True` (reason
-`AwaitingGate`) hands the candidate to the release gate, which owns the phases after it
-(`Canary`, `Promoted`, `RolledBack`). A failed benchmark fails the release: no report, no
-promotion. Benchmark Jobs of earlier candidates are deleted.
+Every trigger runs the same `reconcile`, one at a time per release (an asyncio lock):
+
+1. **observe**: the candidate's model InferenceService, the Harness InferenceService and the
+   benchmark Job from the kopf indexes; once the Job completed, the report from the store
+   (`qpa.release.verdict.judge`: `qpa.store`, endpoint from `spec.store` else `QPA_S3_ENDPOINT`,
+   credentials from the operator's own `QPA_S3_*`/`AWS_*` settings), gated against the stable
+   version's report;
+2. **decide**: `qpa_operator.release.next_step` (pure) gives the new status, the Events and
+   when to look again;
+3. **apply**: the status (guarded by resourceVersion, recomputed on a conflict), the Events,
+   the removal of an acted-on `qpa.ai/override` annotation, then the children
+   `qpa_operator.release.children` calls for (create or patch), deleting the owned
+   InferenceServices and Jobs it does not.
+
+Triggers: create/update (spec)/resume; events of the owned InferenceServices and Jobs; the
+override annotation; and a per-release clock (a kopf daemon, which carries kopf's finalizer)
+that re-runs the reconcile when a deadline or the end of a canary step comes
+(`QPA_OPERATOR_RELEASE_TICK` seconds between looks at the clock, default 1).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 from collections.abc import Mapping
-from typing import Any
+from datetime import datetime
+from typing import Any, Final
 
 import kopf
+from qpa_operator import release
 from qpa_operator.builders import harnessrelease as builder
 from qpa_operator.builders.common import kind_label
 from qpa_operator.handlers.common import (
@@ -21,85 +38,169 @@ from qpa_operator.handlers.common import (
     child_event,
     delete_child,
     ensure,
-    ensure_all,
     fresher,
-    generation_of,
     measured,
     now,
-    observed,
     parse,
     runtime,
     write_status,
 )
+from qpa_operator.kube import ApiError
 
 from qpa.api import GROUP, VERSION, HarnessRelease
+from qpa.api.v1alpha1 import OVERRIDE_ANNOTATION
+from qpa.release.verdict import ReportUnavailable, judge, store_config
 
-KIND = "HarnessRelease"
-PLURAL = HarnessRelease.info.plural
+logger = logging.getLogger("qpa_operator")
+
+KIND: Final = "HarnessRelease"
+PLURAL: Final = HarnessRelease.info.plural
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+OWNED_KINDS: Final = ("InferenceService", "Job")
+
+#: (namespace, name) -> when the clock should run the reconcile again (None: no timer).
+WAKE: dict[tuple[str, str], datetime] = {}
+_LOCKS: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
 
 
-async def refresh_status(
-    obj: Mapping[str, Any],
-    views: Views,
-    *,
-    fresh: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
-    generation: int | None = None,
-) -> None:
-    namespace = obj["metadata"]["namespace"]
-    known = fresh or {}
+def _lock(key: tuple[str, str]) -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    found = _LOCKS.get(key)
+    if found is None or found[0] is not loop:
+        found = (loop, asyncio.Lock())
+        _LOCKS[key] = found
+    return found[1]
 
-    def child(kind: str, name: str) -> Mapping[str, Any] | None:
-        return fresher(known.get((kind, name)), views.child(kind, namespace, name))
 
-    def compute(resource: HarnessRelease) -> Any:
-        return builder.harnessrelease_status(
-            resource,
-            model=child("InferenceService", builder.model_name(resource)),
-            harness=child("InferenceService", builder.harness_name(resource)),
-            bench=child("Job", builder.bench_job_name(resource)),
-            observed_generation=generation if generation is not None else observed(resource),
-            now=now(),
+def clock_tick() -> float:
+    return max(0.05, float(os.environ.get("QPA_OPERATOR_RELEASE_TICK") or 1.0))
+
+
+# --------------------------------------------------------------------------- observe
+
+
+async def observe(resource: HarnessRelease, views: Views) -> release.Observed:
+    namespace = resource.metadata.namespace or "default"
+    model = views.child("InferenceService", namespace, builder.model_name(resource))
+    harness = views.child("InferenceService", namespace, builder.harness_name(resource))
+    bench = views.child("Job", namespace, builder.bench_job_name(resource))
+    verdict = None
+    problem = None
+    if release.wants_report(resource, bench):
+        spec = resource.spec
+        try:
+            verdict = await asyncio.to_thread(
+                judge,
+                builder.candidate(resource).report_uri or builder.report_prefix(resource),
+                release.stable_report(resource),
+                spec.gate,
+                store_config(spec.store),
+            )
+        except ReportUnavailable as exc:
+            problem = str(exc)
+            logger.warning("HarnessRelease %s/%s: %s", namespace, resource.metadata.name, exc)
+    return release.Observed(
+        now=now(), model=model, harness=harness, bench=bench, verdict=verdict,
+        report_problem=problem,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- apply
+
+
+def post(obj: Mapping[str, Any], event: release.Event) -> None:
+    meta = obj.get("metadata") or {}
+    raw: Any = {
+        "apiVersion": obj.get("apiVersion") or API_VERSION,
+        "kind": KIND,
+        "metadata": {key: meta.get(key) for key in ("name", "namespace", "uid")},
+    }
+    try:
+        if event.warning:
+            kopf.warn(kopf.Body(raw), reason=event.reason, message=event.message)
+        else:
+            kopf.info(kopf.Body(raw), reason=event.reason, message=event.message)
+    except LookupError:  # outside a kopf context: no event queue
+        logger.info("HarnessRelease %s %s: %s", meta.get("name"), event.reason, event.message)
+
+
+async def remove_override(obj: Mapping[str, Any]) -> None:
+    rt = await runtime()
+    meta = obj.get("metadata") or {}
+    patch = {"metadata": {"annotations": {OVERRIDE_ANNOTATION: None}}}
+    try:
+        await rt.client.patch(
+            API_VERSION, PLURAL, meta.get("namespace"), str(meta.get("name")), patch
         )
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
 
-    await write_status(
-        HarnessRelease,
-        obj,
-        compute,
-        reread=lambda: views.parent(KIND, obj["metadata"]["namespace"], obj["metadata"]["name"]),
-    )
+
+async def apply_children(resource: HarnessRelease, desired: release.Desired, views: Views) -> None:
+    namespace = resource.metadata.namespace or "default"
+    for child in desired.apply:
+        kind, name = str(child["kind"]), child["metadata"]["name"]
+        await ensure(child, views.child(kind, namespace, name), owner=resource)
+    for kind in OWNED_KINDS:
+        for live in views.children(kind, namespace, KIND, resource.metadata.name or ""):
+            if (kind, live["metadata"]["name"]) not in desired.keep:
+                await delete_child(resource, live)
+
+
+# --------------------------------------------------------------------------- reconcile
 
 
 async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
-    resource = parse(obj, HarnessRelease)
+    meta = obj.get("metadata") or {}
+    key = (str(meta.get("namespace")), str(meta.get("name")))
+    async with _lock(key):
+        await _reconcile(obj, views, key)
+
+
+async def _reconcile(obj: Mapping[str, Any], views: Views, key: tuple[str, str]) -> None:
+    current = fresher(obj, views.parent(KIND, *key)) or obj
+    if (current.get("metadata") or {}).get("deletionTimestamp"):
+        WAKE.pop(key, None)
+        return
+    resource = parse(current, HarnessRelease)
     if resource is None:
         return
     rt = await runtime()
-    namespace = resource.metadata.namespace or "default"
-    live = await ensure_all(builder.services(resource, rt.defaults), views, resource)
-    model = fresher(
-        live.get(("InferenceService", builder.model_name(resource))),
-        views.child("InferenceService", namespace, builder.model_name(resource)),
+    observed = await observe(resource, views)
+    wanted = builder.candidate(resource).id
+    decisions: list[release.Decision] = []
+
+    def compute(fresh: HarnessRelease) -> Any:
+        if builder.candidate(fresh).id != wanted:
+            return None  # the spec changed meanwhile: its own update event reconciles it
+        decision = release.next_step(fresh, observed, rt.defaults)
+        decisions.append(decision)
+        return decision.status
+
+    change = await write_status(
+        HarnessRelease,
+        current,
+        compute,
+        reread=lambda: views.parent(KIND, *key),
+        announce_phases=False,
     )
-    harness = fresher(
-        live.get(("InferenceService", builder.harness_name(resource))),
-        views.child("InferenceService", namespace, builder.harness_name(resource)),
-    )
-    bench_name = builder.bench_job_name(resource)
-    bench = views.child("Job", namespace, bench_name)
-    gate_owned = resource.status is not None and resource.status.phase in (
-        "Canary",
-        "Promoted",
-        "RolledBack",
-    )
-    if bench is not None or (
-        not gate_owned and builder.isvc_ready(model) and builder.isvc_ready(harness)
-    ):
-        desired = builder.bench_job(resource, rt.defaults)
-        live[("Job", bench_name)] = (await ensure(desired, bench, owner=resource)).obj
-    for old in views.children("Job", namespace, KIND, resource.metadata.name or ""):
-        if old["metadata"]["name"] != bench_name:
-            await delete_child(resource, old)
-    await refresh_status(obj, views, fresh=live, generation=generation_of(obj))
+    if not decisions:
+        return
+    decision = decisions[-1]
+    written = change.obj or current
+    if change.written or decision.consume_override:
+        for event in decision.events:
+            post(written, event)
+    if decision.consume_override:
+        await remove_override(written)
+    latest = parse(written, HarnessRelease) or resource
+    desired = release.children(latest, decision.status, rt.defaults, observed.bench)
+    await apply_children(latest, desired, views)
+    if decision.wake_at is None:
+        WAKE.pop(key, None)
+    else:
+        WAKE[key] = decision.wake_at
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -110,22 +211,56 @@ async def harnessrelease_reconcile(body: Any, reason: str, **kwargs: Any) -> Non
         await reconcile(dict(body), Views(kwargs), str(reason))
 
 
+@kopf.on.event(GROUP, VERSION, PLURAL, annotations={OVERRIDE_ANNOTATION: kopf.PRESENT})
+async def harnessrelease_override(type: str | None, body: Any, **kwargs: Any) -> None:
+    """`qpa.ai/override` set: act on it now (the reconcile records it and removes it)."""
+    if type == "DELETED":
+        return
+    try:
+        async with measured(KIND, "override"):
+            await reconcile(dict(body), Views(kwargs), "override")
+    except (kopf.TemporaryError, ApiError) as exc:
+        logger.warning("HarnessRelease override: %s (the next event retries)", exc)
+
+
 @kopf.on.event(
     "serving.kserve.io", "v1beta1", "inferenceservices", labels={kind_label(KIND): kopf.PRESENT}
 )
 async def harnessrelease_isvc_event(type: str | None, body: Any, **kwargs: Any) -> None:
-    """An InferenceService became Ready (or not): maybe start the benchmark; refresh status."""
-    await child_event(KIND, body, type, Views(kwargs), reconcile, _reconcile_from_event)
+    """An InferenceService became Ready (or failed, or went): the release may move on."""
+    await child_event(KIND, body, type, Views(kwargs), reconcile, _from_child)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={kind_label(KIND): kopf.PRESENT})
 async def harnessrelease_job_event(type: str | None, body: Any, **kwargs: Any) -> None:
-    await child_event(KIND, body, type, Views(kwargs), reconcile, _refresh)
+    await child_event(KIND, body, type, Views(kwargs), reconcile, _from_child)
 
 
-async def _refresh(obj: Mapping[str, Any], views: Views) -> None:
-    await refresh_status(obj, views)
+async def _from_child(obj: Mapping[str, Any], views: Views) -> None:
+    await reconcile(obj, views, "child")
 
 
-async def _reconcile_from_event(obj: Mapping[str, Any], views: Views) -> None:
-    await reconcile(obj, views, "inferenceservice")
+@kopf.daemon(GROUP, VERSION, PLURAL, id="harnessrelease_clock", cancellation_timeout=1.0)
+async def harnessrelease_clock(
+    stopped: kopf.DaemonStopped, namespace: str | None, name: str | None, **kwargs: Any
+) -> None:
+    """Run the reconcile when the state machine asked to look again (deadlines, canary steps)."""
+    key = (str(namespace), str(name))
+    views = Views(kwargs)
+    tick = clock_tick()
+    while not stopped:
+        await stopped.wait(tick)
+        if stopped:
+            break
+        due = WAKE.get(key)
+        if due is None or now() < due:
+            continue
+        obj = views.parent(KIND, *key)
+        if obj is None:
+            continue
+        try:
+            async with measured(KIND, "clock"):
+                await reconcile(obj, views, "clock")
+        except (kopf.TemporaryError, ApiError) as exc:
+            logger.warning("HarnessRelease %s/%s: %s (retrying)", *key, exc)
+    WAKE.pop(key, None)

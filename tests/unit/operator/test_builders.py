@@ -547,35 +547,6 @@ def test_rolloutpool_status_counts_capacity() -> None:
     assert failed.phase == "Failed"
 
 
-def test_harnessrelease_status_stops_at_the_gate() -> None:
-    hr = load("harnessrelease.yaml")
-    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    deploying = harnessrelease.harnessrelease_status(
-        hr, model=ready, harness=None, bench=None, observed_generation=1, now=NOW
-    )
-    assert deploying.phase == "Deploying"
-    done = harnessrelease.harnessrelease_status(
-        hr,
-        model=ready,
-        harness=ready,
-        bench=job({"conditions": [{"type": "Complete", "status": "True"}]}),
-        observed_generation=1,
-        now=NOW,
-    )
-    assert done.phase == "Benchmarking" and done.decision is None
-    conditions = {c.type: (c.status, c.reason) for c in done.conditions}
-    assert conditions["BenchmarkDone"] == ("True", "AwaitingGate")
-    failed = harnessrelease.harnessrelease_status(
-        hr,
-        model=ready,
-        harness=ready,
-        bench=job({"conditions": [{"type": "Failed", "status": "True", "reason": "Backoff"}]}),
-        observed_generation=1,
-        now=NOW,
-    )
-    assert failed.phase == "Failed" and failed.decision is None
-
-
 # --------------------------------------------------------------------------- patches
 
 
