@@ -29,6 +29,7 @@ _COMMAND_MODULES = [
     "train",
     "train_rl",
     "release",
+    "device",
 ]
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"qpa.cli.{_name}")
