@@ -9,7 +9,8 @@ adb needs the raw USB devices. The pool's spec (filters, health checks, lease du
 it as a ConfigMap in the `DevicePoolSpec` wire form, so the bridge parses it with `qpa.api`; the
 pod template carries the ConfigMap's hash, so a spec change rolls the bridges. A headless
 Service `<pool>-bridge` lists the bridges for device-backed RolloutPools, and a ServiceAccount
-with a Role on `coordination.k8s.io` Leases lets the bridge publish phones.
+with a Role on `coordination.k8s.io` Leases (and on its own DevicePool's status) lets the
+bridge publish phones.
 
 **Phone Leases** are the contract between the bridge and the operator: one Lease per phone,
 labelled `qpa.ai/devicepool=<pool>`, owned by the DevicePool, carrying the phone in
@@ -42,7 +43,7 @@ from qpa_operator.builders.common import (
     with_spec_hash,
 )
 
-from qpa.api import DevicePool
+from qpa.api import GROUP, DevicePool
 from qpa.api.v1alpha1 import DevicePoolStatus, Phone, set_condition
 
 COMPONENT: Final = "device-bridge"
@@ -96,11 +97,16 @@ def config_map(pool: DevicePool, defaults: Defaults) -> JsonDict:
 
 
 def bridge_args(pool: DevicePool) -> list[str]:
+    """The bridge starts the node's adb server, reachable by the device RolloutPools' pods,
+    and writes its pod address into each phone Lease (`$(POD_IP)` is expanded by the kubelet).
+    """
     return [
         "qpa", "device", "bridge",
         "--pool", pool.metadata.name or "",
         "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}",
         "--adb-port", str(pool.spec.adb_port),
+        "--adb-listen-all",
+        "--advertise", f"$(POD_IP):{pool.spec.adb_port}",
     ]  # fmt: skip
 
 
@@ -116,6 +122,7 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_IP", "status.podIP"),
         ],
         "volumeMounts": [
             {"name": "usb", "mountPath": USB_PATH},
@@ -174,8 +181,21 @@ def service(pool: DevicePool, defaults: Defaults) -> JsonDict:
     return with_spec_hash(manifest)
 
 
+def bridge_rbac(pool: DevicePool, defaults: Defaults) -> list[JsonDict]:
+    """Lease RBAC, plus reading its own DevicePool and patching its status (the phone list)."""
+    account, role, binding = lease_rbac(pool, account_name(pool), COMPONENT, defaults)
+    own = [pool.metadata.name or ""]
+    role["rules"] += [
+        {"apiGroups": [GROUP], "resources": ["devicepools"], "resourceNames": own,
+         "verbs": ["get"]},
+        {"apiGroups": [GROUP], "resources": ["devicepools/status"], "resourceNames": own,
+         "verbs": ["get", "patch"]},
+    ]  # fmt: skip
+    return [with_spec_hash(o) for o in (account, role, binding)]
+
+
 def children(pool: DevicePool, defaults: Defaults) -> list[JsonDict]:
-    rbac = [with_spec_hash(o) for o in lease_rbac(pool, account_name(pool), COMPONENT, defaults)]
+    rbac = bridge_rbac(pool, defaults)
     return [*rbac, config_map(pool, defaults), daemonset(pool, defaults), service(pool, defaults)]
 
 
