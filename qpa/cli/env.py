@@ -46,6 +46,18 @@ def serve_command(
     api_key_env: Annotated[
         str | None, typer.Option(help="llm_sim: environment variable holding the API key.")
     ] = None,
+    device_pool: Annotated[
+        str | None,
+        typer.Option(envvar="QPA_DEVICE_POOL", help="device: lease phones from this DevicePool."),
+    ] = None,
+    serial: Annotated[str | None, typer.Option(help="device: serve this one phone.")] = None,
+    adb: Annotated[
+        str | None,
+        typer.Option(envvar="QPA_DEVICE_BRIDGE", help="device: adb server HOST:PORT (fallback)."),
+    ] = None,
+    acquire_timeout: Annotated[
+        float, typer.Option(min=0, help="device: seconds a reset waits for a free phone.")
+    ] = 30.0,
 ) -> None:
     """Serve reset/step/verify/tools/state for one environment kind until interrupted."""
     if kind not in env_kinds():
@@ -55,6 +67,12 @@ def serve_command(
         if not model_url:
             die("--kind llm_sim needs --model-url (the endpoint that plays the apps)")
         env_options = {"endpoint": model_url, "model": model, "api_key_env": api_key_env}
+    elif kind == "device":
+        from qpa.cli.device import device_env_options
+
+        env_options = device_env_options(
+            serial=serial, adb=adb, device_pool=device_pool, acquire_timeout=acquire_timeout
+        )
     err_console.print(
         f"qpa env serve: {kind} environments on http://{host}:{port} "
         f"(max {max_sessions} sessions, idle ttl {session_ttl:g}s)",

@@ -114,13 +114,34 @@ def run(
         Path | None, typer.Option(help="Append the trajectory to this JSON Lines file.")
     ] = None,
     max_turns: Annotated[int, typer.Option(min=1)] = 40,
+    env_kind: Annotated[
+        str, typer.Option("--env", help="In-process environment: sandbox or device (a phone).")
+    ] = "sandbox",
+    serial: Annotated[
+        str | None, typer.Option(help="device: the phone's adb serial (`qpa device list`).")
+    ] = None,
+    adb: Annotated[
+        str | None, typer.Option(help="device: adb server HOST:PORT (default 127.0.0.1:5037).")
+    ] = None,
+    device_pool: Annotated[
+        str | None, typer.Option(help="device: lease a phone from this DevicePool instead.")
+    ] = None,
 ) -> None:
     """Run one episode and print its transcript; exits 1 when the task fails."""
     spec = planner_spec(
         planner, model_url, model, model_path, harness_config, api_key_env, noise, seed
     )
+    if env_kind not in ("sandbox", "device"):
+        die(f"--env must be sandbox or device (serve {env_kind} with `qpa env serve`)")
+    if env_kind == "device" and suite == DEFAULT_SUITE:
+        suite = "device"
     try:
-        task = get_task(task_id, suite, seed)
+        if suite == "device":
+            from qpa.envs.device import get_device_task
+
+            task = get_device_task(task_id)
+        else:
+            task = get_task(task_id, suite, seed)
     except KeyError as exc:
         die(str(exc.args[0]))
     env: Environment
@@ -128,6 +149,12 @@ def run(
         from qpa.envs.remote import RemoteEnv
 
         env = RemoteEnv(env_url)
+    elif env_kind == "device":
+        from qpa.cli.device import device_env_options
+        from qpa.envs.factory import make_env
+
+        options = device_env_options(serial=serial, adb=adb, device_pool=device_pool)
+        env = make_env("device", **options)
     else:
         env = SandboxEnv()
     policy = Policy(planner=planner, model=spec.policy_model, harness_version=spec.harness.version)

@@ -9,6 +9,7 @@ it says whether the phone stayed healthy, so an unplugged phone is quarantined, 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -58,9 +59,14 @@ class PhoneSource(Protocol):
         ...
 
 
-@dataclass
 class _FixedClaim:
-    address: PhoneAddress
+    def __init__(self, owner: FixedPhone, holder: str) -> None:
+        self._owner = owner
+        self.holder = holder
+
+    @property
+    def address(self) -> PhoneAddress:
+        return self._owner.address
 
     def lost(self) -> str | None:
         return None
@@ -69,17 +75,34 @@ class _FixedClaim:
         return None
 
     def release(self, *, healthy: bool = True, reason: str = "") -> None:
-        return None
+        self._owner._give_back(self)
 
 
 class FixedPhone:
-    """One phone named by serial on one adb server (`HOST:PORT`); nothing is leased."""
+    """One phone named by serial on one adb server (`HOST:PORT`); one claim at a time.
+
+    Nothing is written anywhere: the caller owns the phone. A second `acquire` before the
+    first claim is released raises `PhoneUnavailable` (two episodes never share a phone).
+    """
 
     def __init__(self, serial: str, adb: str = f"{DEFAULT_ADB_HOST}:{DEFAULT_ADB_PORT}") -> None:
         if not serial:
             raise ValueError("a fixed phone needs its adb serial")
         host, port = parse_address(adb)
         self.address = PhoneAddress(serial, host, port)
+        self._lock = threading.Lock()
+        self._claim: _FixedClaim | None = None
 
     def acquire(self, *, holder: str, packages: Sequence[str]) -> PhoneClaim:
-        return _FixedClaim(self.address)
+        with self._lock:
+            if self._claim is not None:
+                raise PhoneUnavailable(
+                    f"phone {self.address.serial} is in use by {self._claim.holder}"
+                )
+            self._claim = _FixedClaim(self, holder)
+            return self._claim
+
+    def _give_back(self, claim: _FixedClaim) -> None:
+        with self._lock:
+            if self._claim is claim:
+                self._claim = None
