@@ -126,6 +126,7 @@ def test_operator_runs_a_real_kopf_command_on_the_charts_peering(render: Render)
     context = kopf_run.make_context("run", list(command[2:]))
     assert context.params["peering_name"] == peering
     assert context.params["modules"] == ("qpa_operator.main",)
+    assert context.params["clusterwide"] is True and not context.params["standalone"]
     assert importlib.util.find_spec("qpa_operator.main") is not None
     # probes hit kopf's liveness endpoint on the port the command opens
     port = container["ports"][0]
