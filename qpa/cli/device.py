@@ -38,7 +38,11 @@ def device_env_options(
     kubeconfig: Path | None = None,
 ) -> dict[str, Any]:
     """Options of a device environment: one named phone, or leases from a DevicePool."""
-    from qpa.envs.device import FixedPhone, parse_address
+    try:
+        from qpa.device.leases import LeasedPhones
+        from qpa.envs.device import FixedPhone, parse_address
+    except ImportError as exc:
+        die(f"the device environment needs the `device` extra (pip install 'qpa[device]'): {exc}")
 
     if serial and device_pool:
         die("give --serial (one phone) or --device-pool (lease from a pool), not both")
@@ -55,7 +59,6 @@ def device_env_options(
         except ValueError as exc:
             die(f"--adb: {exc}")
     from qpa.device.kube import Kube, KubeError
-    from qpa.device.leases import LeasedPhones
 
     try:
         kube = Kube.connect(namespace, str(kubeconfig) if kubeconfig else None)
