@@ -40,11 +40,11 @@ from qpa.device import names
 from qpa.device.health import probe, reset_phone
 from qpa.device.kube import Conflict, Kube, KubeError, NotFound
 from qpa.device.leases import (
-    notes_of,
     clear_holder,
     expired_holder,
     held,
     holder_of,
+    notes_of,
     set_annotations,
     state_of,
 )
