@@ -348,6 +348,9 @@ class _Machine:
 
     def apply_override(self, action: OverrideAction) -> None:
         self.consume = True
+        done = self.status.override
+        if done is not None and (done.action, done.version) == (action, self.candidate.id):
+            return  # seen again before its removal reached us: already acted on
         record = ReleaseOverride(action=action, version=self.candidate.id, at=self.now)
         who = f"{OVERRIDE_ANNOTATION}={action}"
         if action == "abort":

@@ -249,7 +249,9 @@ async def harnessrelease_clock(
     views = Views(kwargs)
     tick = clock_tick()
     while not stopped:
-        await stopped.wait(tick)
+        # A plain sleep: `stopped.wait(timeout)` leaves a timed helper task behind, which kopf
+        # may find still running at shutdown.
+        await asyncio.sleep(tick)
         if stopped:
             break
         due = WAKE.get(key)

@@ -472,12 +472,20 @@ def test_abort_rolls_back_an_active_release_and_is_consumed() -> None:
     assert world.harness_traffic() == 0
     assert "Override" in world.reasons()
 
-    # Abort on a settled release changes nothing but says so.
+    # Seen again before its removal reached the operator: already done, nothing new.
+    world.annotate("abort")
+    before, events = world.status, len(world.events)
+    decision = world.step()
+    assert decision.consume_override and world.status == before and len(world.events) == events
+
+    # Abort on a promoted release changes nothing but says so.
+    world = World(hr_body())
+    first_release(world)
     world.annotate("ABORT ")
     before = world.status
     decision = world.step()
     assert decision.consume_override and world.status == before
-    assert world.events[-1].reason == "OverrideIgnored"
+    assert world.events[-1].reason == "OverrideIgnored" and world.events[-1].warning
 
 
 def test_promote_overrules_a_failed_gate_and_skips_the_benchmark() -> None:
