@@ -1,0 +1,252 @@
+"""GitOps promotion: commit a version the gate passed into the next environment's overlay.
+
+The repository layout (kustomize; `root` defaults to `gitops`):
+
+    <root>/base/                         shared by every environment
+        kustomization.yaml               e.g. resources: [harnessrelease.yaml, ...]
+        harnessrelease.yaml
+    <root>/overlays/<env>/               one folder per environment (staging, prod, ...)
+        kustomization.yaml               resources: [../../base]; patches: [{path: ...}]
+        harnessrelease-<release>.yaml    the version this environment runs (written here)
+
+`promote(repo, promotion, source="staging", target="prod")` writes
+`overlays/<target>/harnessrelease-<release>.yaml`, a strategic-merge patch of the
+HarnessRelease naming the promoted version (`spec.model.uri/runtime/servedModelName`,
+`spec.harness.image/version/configMapRef`; sizes such as GPUs stay with each environment) with
+annotations recording where it came from, adds it to the overlay's `kustomization.yaml`
+(`patches`), and commits both with a message that names the scores. A GitOps controller
+(Argo CD, Flux) applying the overlay then starts the same release in the target environment,
+where the operator benchmarks and gates it again.
+
+It refuses (`PromotionError`, naming why) when the repository or the source overlay is missing,
+the source overlay declares another version than the one promoted there, or the files it writes
+have uncommitted changes. Promoting a version the target already runs commits nothing.
+Git is driven with dulwich (no git binary).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from dulwich import porcelain
+from dulwich.errors import NotGitRepository
+from dulwich.repo import Repo
+
+from qpa.api import API_VERSION
+from qpa.release.promotion import Promotion, score_lines
+
+OVERLAYS: Final = "overlays"
+KUSTOMIZATION: Final = "kustomization.yaml"
+ANNOTATION_FROM: Final = "qpa.ai/promoted-from"
+ANNOTATION_VERSION: Final = "qpa.ai/promoted-version"
+ANNOTATION_REPORT: Final = "qpa.ai/promoted-report"
+
+
+class PromotionError(RuntimeError):
+    """The promotion cannot be written or committed (names the file or the reason)."""
+
+
+@dataclass(frozen=True)
+class Promoted:
+    """What `promote` did: the files written and the commit (None: already there)."""
+
+    commit: str | None
+    patch: Path
+    kustomization: Path
+    message: str
+    pushed: str | None = None
+
+
+def overlay(repo: Path, env: str, root: str = "gitops") -> Path:
+    return repo / root / OVERLAYS / env
+
+
+def patch_name(release: str) -> str:
+    return f"harnessrelease-{release}.yaml"
+
+
+def render_patch(promotion: Promotion, source: str) -> dict[str, Any]:
+    """The HarnessRelease patch naming the promoted version."""
+    version = promotion.version
+    model: dict[str, Any] = {
+        "uri": version.model.uri,
+        "runtime": version.model.runtime,
+        "servedModelName": version.model.served_model_name,
+    }
+    harness: dict[str, Any] = {"image": version.harness.image, "version": version.harness.version}
+    if version.harness.config_map_ref is not None:
+        harness["configMapRef"] = version.harness.config_map_ref.to_k8s()
+    annotations = {ANNOTATION_FROM: source, ANNOTATION_VERSION: version.id}
+    if version.report_uri:
+        annotations[ANNOTATION_REPORT] = version.report_uri
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "HarnessRelease",
+        "metadata": {"name": promotion.release, "annotations": annotations},
+        "spec": {"model": model, "harness": harness},
+    }
+
+
+def commit_message(promotion: Promotion, source: str, target: str) -> str:
+    version = promotion.version
+    lines = [
+        f"Promote {promotion.release} to {target}: Harness {version.harness.version}, "
+        f"model {version.model.uri}",
+        "",
+        f"The release gate passed version {version.id} in {source} (phase {promotion.phase}):",
+        *(f"  {line}" for line in score_lines(promotion)),
+    ]
+    if version.report_uri:
+        lines += ["", f"Report: {version.report_uri}"]
+    lines += ["", f"Harness image {version.harness.image}; written by `qpa release promote`."]
+    return "\n".join(lines) + "\n"
+
+
+def _dump(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PromotionError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise PromotionError(f"{path}: not YAML: {exc}") from None
+
+
+def check_source(repo: Path, root: str, source: str, promotion: Promotion) -> None:
+    """The source overlay must exist and, if it pins this release, pin the promoted version."""
+    folder = overlay(repo, source, root)
+    if not (folder / KUSTOMIZATION).is_file():
+        raise PromotionError(
+            f"no overlay for {source!r}: {folder / KUSTOMIZATION} is missing "
+            f"(layout: {root}/{OVERLAYS}/<env>/{KUSTOMIZATION})"
+        )
+    pinned = folder / patch_name(promotion.release)
+    if not pinned.is_file():
+        return
+    data = _load_yaml(pinned)
+    spec = (data or {}).get("spec") or {} if isinstance(data, dict) else {}
+    declared = ((spec.get("harness") or {}).get("version"), (spec.get("model") or {}).get("uri"))
+    version = promotion.version
+    if declared != (version.harness.version, version.model.uri):
+        raise PromotionError(
+            f"{pinned} declares Harness {declared[0]} and model {declared[1]}, but the release "
+            f"in {source} passed the gate with Harness {version.harness.version} and model "
+            f"{version.model.uri}: the cluster does not run what {source}'s overlay says"
+        )
+
+
+def ensure_kustomization(repo: Path, root: str, target: str, patch_file: str) -> Path:
+    """The target overlay's kustomization.yaml, listing the patch (created from base if new)."""
+    folder = overlay(repo, target, root)
+    path = folder / KUSTOMIZATION
+    if not path.is_file():
+        base = repo / root / "base"
+        if not (base / KUSTOMIZATION).is_file():
+            raise PromotionError(
+                f"no overlay for {target!r} ({path} is missing) and no {base / KUSTOMIZATION} "
+                "to build one on"
+            )
+        folder.mkdir(parents=True, exist_ok=True)
+        data: dict[str, Any] = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": ["../../base"],
+            "patches": [{"path": patch_file}],
+        }
+        path.write_text(_dump(data), encoding="utf-8")
+        return path
+    loaded = _load_yaml(path)
+    if not isinstance(loaded, dict):
+        raise PromotionError(f"{path}: expected a Kustomization mapping")
+    patches = loaded.get("patches")
+    if patches is None:
+        patches = []
+    if not isinstance(patches, list):
+        raise PromotionError(f"{path}: field 'patches' must be a list")
+    listed = {p.get("path") if isinstance(p, dict) else p for p in patches}
+    legacy = loaded.get("patchesStrategicMerge") or []
+    if patch_file in listed or patch_file in legacy:
+        return path
+    loaded["patches"] = [*patches, {"path": patch_file}]
+    path.write_text(_dump(loaded), encoding="utf-8")
+    return path
+
+
+def _open(repo: Path) -> Repo:
+    try:
+        return Repo(str(repo))
+    except NotGitRepository:
+        raise PromotionError(f"{repo} is not a git repository") from None
+
+
+def _dirty(repo: Repo, paths: list[str]) -> list[str]:
+    """Those of `paths` (relative, '/'-separated) with staged or unstaged changes."""
+    status = porcelain.status(repo, untracked_files="no")
+    changed = {
+        p.decode() if isinstance(p, bytes) else str(p)
+        for group in (status.staged.values(), [status.unstaged])
+        for items in group
+        for p in items
+    }
+    return [p for p in paths if p in changed]
+
+
+def promote(
+    repo: str | Path,
+    promotion: Promotion,
+    *,
+    source: str,
+    target: str,
+    root: str = "gitops",
+    author: str | None = None,
+    push: str | None = None,
+) -> Promoted:
+    """Write the target overlay's patch and commit it (and push it, with `push`)."""
+    if source == target:
+        raise PromotionError(f"--from and --to are both {source!r}")
+    for env in (source, target):
+        if not env or "/" in env or env.startswith("."):
+            raise PromotionError(f"environment {env!r} is not a folder name")
+    path = Path(repo).resolve()
+    git = _open(path)
+    check_source(path, root, source, promotion)
+    folder = overlay(path, target, root)
+    patch_file = patch_name(promotion.release)
+    patch_path = folder / patch_file
+    kustomization = folder / KUSTOMIZATION
+    relative = [str(p.relative_to(path)) for p in (patch_path, kustomization)]
+    dirty = _dirty(git, relative)
+    if dirty:
+        raise PromotionError(
+            f"uncommitted changes in {', '.join(dirty)}: commit or discard them first"
+        )
+    ensure_kustomization(path, root, target, patch_file)
+    patch_path.write_text(_dump(render_patch(promotion, source)), encoding="utf-8")
+    message = commit_message(promotion, source, target)
+    porcelain.add(git, [str(patch_path), str(kustomization)])
+    if not _dirty(git, relative):
+        return Promoted(None, patch_path, kustomization, message)
+    identity = author.encode() if author else None
+    sha = porcelain.commit(git, message=message.encode(), author=identity, committer=identity)
+    pushed = None
+    if push is not None:
+        branch = porcelain.active_branch(git)
+        errors = io.BytesIO()
+        try:
+            porcelain.push(
+                git, push, [b"refs/heads/" + branch], outstream=io.BytesIO(), errstream=errors
+            )
+        except Exception as exc:  # dulwich raises per transport (HangupException, GitProtocolError)
+            detail = errors.getvalue().decode(errors="replace").strip()
+            raise PromotionError(
+                f"committed {sha.decode()[:12]} but could not push to {push}: {exc} {detail}"
+            ) from None
+        pushed = push
+    return Promoted(sha.decode(), patch_path, kustomization, message, pushed)
