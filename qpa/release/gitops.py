@@ -9,14 +9,15 @@ The repository layout (kustomize; `root` defaults to `gitops`):
         kustomization.yaml               resources: [../../base]; patches: [{path: ...}]
         harnessrelease-<release>.yaml    the version this environment runs (written here)
 
-`promote(repo, promotion, source="staging", target="prod")` writes
-`overlays/<target>/harnessrelease-<release>.yaml`, a strategic-merge patch of the
-HarnessRelease naming the promoted version (`spec.model.uri/runtime/servedModelName`,
-`spec.harness.image/version/configMapRef`; sizes such as GPUs stay with each environment) with
-annotations recording where it came from, adds it to the overlay's `kustomization.yaml`
-(`patches`), and commits both with a message that names the scores. A GitOps controller
-(Argo CD, Flux) applying the overlay then starts the same release in the target environment,
-where the operator benchmarks and gates it again.
+`promote(repo, promotion, source="staging", target="prod")` sets the promoted version in the
+target overlay's patch of that HarnessRelease: the file its `kustomization.yaml` already lists
+as a patch of it (any name, e.g. `harnessrelease.yaml`), else a new
+`overlays/<target>/harnessrelease-<release>.yaml` added to `patches`. Only the version's fields
+change (`spec.model.uri/runtime/servedModelName`, `spec.harness.image/version/configMapRef`)
+plus the `qpa.ai/promoted-from/-version/-report` annotations; whatever else the environment
+patches (its gate, its GPUs) stays. Both files are committed with a message naming the
+scores. A GitOps controller (Argo CD, Flux) applying the overlay then starts the same release
+in the target environment, where the operator benchmarks and gates it again.
 
 It refuses (`PromotionError`, naming why) when the repository or the source overlay is missing,
 the source overlay declares another version than the one promoted there, or the files it writes
@@ -69,26 +70,44 @@ def patch_name(release: str) -> str:
     return f"harnessrelease-{release}.yaml"
 
 
-def render_patch(promotion: Promotion, source: str) -> dict[str, Any]:
-    """The HarnessRelease patch naming the promoted version."""
+def render_patch(
+    promotion: Promotion, source: str, existing: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The HarnessRelease patch naming the promoted version, merged into `existing`.
+
+    Only the version's fields and the `qpa.ai/promoted-*` annotations are set: whatever else an
+    environment's patch holds (its gate, its GPUs) stays as it is.
+    """
     version = promotion.version
-    model: dict[str, Any] = {
-        "uri": version.model.uri,
-        "runtime": version.model.runtime,
-        "servedModelName": version.model.served_model_name,
-    }
-    harness: dict[str, Any] = {"image": version.harness.image, "version": version.harness.version}
-    if version.harness.config_map_ref is not None:
-        harness["configMapRef"] = version.harness.config_map_ref.to_k8s()
-    annotations = {ANNOTATION_FROM: source, ANNOTATION_VERSION: version.id}
+    patch: dict[str, Any] = dict(existing or {})
+    patch.setdefault("apiVersion", API_VERSION)
+    patch.setdefault("kind", "HarnessRelease")
+    meta = dict(patch.get("metadata") or {})
+    meta["name"] = promotion.release
+    annotations = dict(meta.get("annotations") or {})
+    annotations.update({ANNOTATION_FROM: source, ANNOTATION_VERSION: version.id})
     if version.report_uri:
         annotations[ANNOTATION_REPORT] = version.report_uri
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "HarnessRelease",
-        "metadata": {"name": promotion.release, "annotations": annotations},
-        "spec": {"model": model, "harness": harness},
-    }
+    else:
+        annotations.pop(ANNOTATION_REPORT, None)
+    meta["annotations"] = annotations
+    patch["metadata"] = meta
+    spec = dict(patch.get("spec") or {})
+    model = dict(spec.get("model") or {})
+    model.update(
+        uri=version.model.uri,
+        runtime=version.model.runtime,
+        servedModelName=version.model.served_model_name,
+    )
+    harness = dict(spec.get("harness") or {})
+    harness.update(image=version.harness.image, version=version.harness.version)
+    if version.harness.config_map_ref is not None:
+        harness["configMapRef"] = version.harness.config_map_ref.to_k8s()
+    else:
+        harness.pop("configMapRef", None)
+    spec.update(model=model, harness=harness)
+    patch["spec"] = spec
+    return patch
 
 
 def commit_message(promotion: Promotion, source: str, target: str) -> str:
@@ -119,6 +138,39 @@ def _load_yaml(path: Path) -> Any:
         raise PromotionError(f"{path}: not YAML: {exc}") from None
 
 
+def _patch_files(kustomization: dict[str, Any]) -> list[str]:
+    """The files a Kustomization lists as patches (`patches[].path`, `patchesStrategicMerge`)."""
+    files = []
+    for entry in kustomization.get("patches") or []:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str):
+            files.append(path)
+    files += [p for p in kustomization.get("patchesStrategicMerge") or [] if isinstance(p, str)]
+    return files
+
+
+def find_patch(folder: Path, release: str) -> Path | None:
+    """The overlay's patch of HarnessRelease `release`, whatever its file is called."""
+    path = folder / KUSTOMIZATION
+    if not path.is_file():
+        return None
+    loaded = _load_yaml(path)
+    if not isinstance(loaded, dict):
+        raise PromotionError(f"{path}: expected a Kustomization mapping")
+    for name in _patch_files(loaded):
+        candidate = (folder / name).resolve()
+        if not candidate.is_file() or not candidate.is_relative_to(folder.resolve()):
+            continue
+        for doc in yaml.safe_load_all(candidate.read_text(encoding="utf-8")):
+            if (
+                isinstance(doc, dict)
+                and doc.get("kind") == "HarnessRelease"
+                and (doc.get("metadata") or {}).get("name") == release
+            ):
+                return candidate
+    return None
+
+
 def check_source(repo: Path, root: str, source: str, promotion: Promotion) -> None:
     """The source overlay must exist and, if it pins this release, pin the promoted version."""
     folder = overlay(repo, source, root)
@@ -127,11 +179,11 @@ def check_source(repo: Path, root: str, source: str, promotion: Promotion) -> No
             f"no overlay for {source!r}: {folder / KUSTOMIZATION} is missing "
             f"(layout: {root}/{OVERLAYS}/<env>/{KUSTOMIZATION})"
         )
-    pinned = folder / patch_name(promotion.release)
-    if not pinned.is_file():
+    pinned = find_patch(folder, promotion.release)
+    if pinned is None:
         return
     data = _load_yaml(pinned)
-    spec = (data or {}).get("spec") or {} if isinstance(data, dict) else {}
+    spec = ((data or {}).get("spec") or {}) if isinstance(data, dict) else {}
     declared = ((spec.get("harness") or {}).get("version"), (spec.get("model") or {}).get("uri"))
     version = promotion.version
     if declared != (version.harness.version, version.model.uri):
@@ -165,14 +217,10 @@ def ensure_kustomization(repo: Path, root: str, target: str, patch_file: str) ->
     loaded = _load_yaml(path)
     if not isinstance(loaded, dict):
         raise PromotionError(f"{path}: expected a Kustomization mapping")
-    patches = loaded.get("patches")
-    if patches is None:
-        patches = []
+    patches = loaded.get("patches") or []
     if not isinstance(patches, list):
         raise PromotionError(f"{path}: field 'patches' must be a list")
-    listed = {p.get("path") if isinstance(p, dict) else p for p in patches}
-    legacy = loaded.get("patchesStrategicMerge") or []
-    if patch_file in listed or patch_file in legacy:
+    if patch_file in _patch_files(loaded):
         return path
     loaded["patches"] = [*patches, {"path": patch_file}]
     path.write_text(_dump(loaded), encoding="utf-8")
@@ -218,8 +266,9 @@ def promote(
     git = _open(path)
     check_source(path, root, source, promotion)
     folder = overlay(path, target, root)
-    patch_file = patch_name(promotion.release)
-    patch_path = folder / patch_file
+    existing = find_patch(folder, promotion.release)
+    patch_path = existing or folder / patch_name(promotion.release)
+    patch_file = str(patch_path.relative_to(folder.resolve()) if existing else patch_path.name)
     kustomization = folder / KUSTOMIZATION
     relative = [str(p.relative_to(path)) for p in (patch_path, kustomization)]
     dirty = _dirty(git, relative)
@@ -228,7 +277,9 @@ def promote(
             f"uncommitted changes in {', '.join(dirty)}: commit or discard them first"
         )
     ensure_kustomization(path, root, target, patch_file)
-    patch_path.write_text(_dump(render_patch(promotion, source)), encoding="utf-8")
+    current = _load_yaml(patch_path) if existing else None
+    merged = render_patch(promotion, source, current if isinstance(current, dict) else None)
+    patch_path.write_text(_dump(merged), encoding="utf-8")
     message = commit_message(promotion, source, target)
     porcelain.add(git, [str(patch_path), str(kustomization)])
     if not _dirty(git, relative):

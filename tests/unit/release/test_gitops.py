@@ -153,11 +153,17 @@ def test_refusals_name_the_file_or_the_reason(gitops: Path, tmp_path: Path) -> N
         promote(gitops, promotion, source="prod", target="prod")
 
     # Staging's overlay pins another version than the one its cluster passed.
-    staging = gitops / "gitops" / "overlays" / "staging" / "harnessrelease-planner.yaml"
-    write(staging, {"spec": {"harness": {"version": "harness-v2"}, "model": {"uri": "s3://x/"}}})
-    with pytest.raises(PromotionError, match="declares Harness harness-v2"):
+    staging = gitops / "gitops" / "overlays" / "staging"
+    listed = (staging / "kustomization.yaml").read_text()
+    write(staging / "kustomization.yaml", listed + "patches:\n- path: pins.yaml\n")
+    write(
+        staging / "pins.yaml",
+        {"kind": "HarnessRelease", "metadata": {"name": "planner"},
+         "spec": {"harness": {"version": "harness-v2"}, "model": {"uri": "s3://x/"}}},
+    )  # fmt: skip
+    with pytest.raises(PromotionError, match=r"pins\.yaml declares Harness harness-v2 and model"):
         promote(gitops, promotion, source="staging", target="prod")
-    staging.unlink()
+    write(staging / "kustomization.yaml", listed)
 
     # Uncommitted edits of the files it writes are never overwritten.
     prod = gitops / "gitops" / "overlays" / "prod" / "kustomization.yaml"
@@ -217,3 +223,45 @@ def test_the_release_is_read_from_the_cluster(
          "--kubeconfig", str(kube_config), "--release", "nope"],
     )  # fmt: skip
     assert missing.exit_code == 2 and "no HarnessRelease 'nope'" in said(missing)
+
+
+def test_an_existing_overlay_patch_is_updated_in_place(gitops: Path, tmp_path: Path) -> None:
+    prod = gitops / "gitops" / "overlays" / "prod"
+    kept = {
+        "apiVersion": "qpa.ai/v1alpha1",
+        "kind": "HarnessRelease",
+        "metadata": {"name": "planner"},
+        "spec": {
+            "model": {"uri": "s3://qpa/models/a/", "gpus": 4},
+            "harness": {"image": "ghcr.io/qpa-ai/qpa-harness:0.0.9", "version": "harness-v3"},
+            "gate": {"minOverall": 0.8},
+        },
+    }
+    write(prod / "harnessrelease.yaml", kept)
+    write(
+        prod / "kustomization.yaml",
+        {"resources": ["../../base"], "patches": [{"path": "harnessrelease.yaml"}]},
+    )
+    porcelain.add(
+        str(gitops), [str(prod / "harnessrelease.yaml"), str(prod / "kustomization.yaml")]
+    )
+    porcelain.commit(str(gitops), message=b"prod pins v3", author=AUTHOR.encode())
+    promotion = promotable(HarnessRelease.model_validate(judged_release()))
+    done = promote(gitops, promotion, source="staging", target="prod", author=AUTHOR)
+    assert done.patch == (prod / "harnessrelease.yaml").resolve()
+    assert not (prod / "harnessrelease-planner.yaml").exists()
+    patch = yaml.safe_load(done.patch.read_text())
+    assert patch["spec"]["gate"] == {"minOverall": 0.8}  # the environment's own settings stay
+    assert patch["spec"]["model"]["gpus"] == 4
+    assert patch["spec"]["model"]["uri"] == "s3://qpa/models/b/"
+    assert patch["spec"]["harness"]["image"] == "ghcr.io/qpa-ai/qpa-harness:0.1.0"
+    assert yaml.safe_load((prod / "kustomization.yaml").read_text())["patches"] == [
+        {"path": "harnessrelease.yaml"}
+    ]
+    # prod's overlay now pins v4: a release that passed with another Harness is refused.
+    other = promotion.version.harness.model_copy(update={"version": "harness-v9"})
+    odd = promotion.model_copy(
+        update={"version": promotion.version.model_copy(update={"harness": other})}
+    )
+    with pytest.raises(PromotionError, match=r"prod/harnessrelease\.yaml declares Harness"):
+        promote(gitops, odd, source="prod", target="staging")
