@@ -36,6 +36,7 @@ from qpa_operator.builders.common import (
     content_hash,
     empty_dir,
     env_var,
+    gpu_placement,
     harness_config_parts,
     labels,
     metadata,
@@ -161,11 +162,14 @@ def model_service(
         predictor_model["resources"] = model_resources
     meta = metadata(hr, model_name(hr, model), MODEL_COMPONENT, defaults)
     meta["labels"][MODEL_LABEL] = model_id(model)
+    predictor: JsonDict = {"minReplicas": 1, "model": predictor_model}
+    if model.gpus > 0:
+        predictor.update(gpu_placement(defaults))  # GPU nodes: their taint, the chart's selector
     manifest = {
         "apiVersion": ISVC_API,
         "kind": "InferenceService",
         "metadata": meta,
-        "spec": {"predictor": {"minReplicas": 1, "model": predictor_model}},
+        "spec": {"predictor": predictor},
     }
     return with_spec_hash(manifest)
 
@@ -289,7 +293,7 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
                 ),
             ),
             config_parts,
-            store_parts(hr.spec.store),
+            store_parts(hr.spec.store or defaults.store),
         ]
     )
     container = {

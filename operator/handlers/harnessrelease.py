@@ -4,9 +4,9 @@ Every trigger runs the same `reconcile`, one at a time per release (an asyncio l
 
 1. **observe**: the candidate's model InferenceService, the Harness InferenceService and the
    benchmark Job from the kopf indexes; once the Job completed, the report from the store
-   (`qpa.release.verdict.judge`: `qpa.store`, endpoint from `spec.store` else `QPA_S3_ENDPOINT`,
-   credentials from the operator's own `QPA_S3_*`/`AWS_*` settings), gated against the stable
-   version's report;
+   (`qpa.release.verdict.judge`: `qpa.store`; endpoint from `spec.store`, else the operator's
+   `QPA_OPERATOR_STORE_ENDPOINT`, else `QPA_S3_ENDPOINT`; credentials from the operator's own
+   `QPA_S3_*`/`AWS_*` settings), gated against the stable version's report;
 2. **decide**: `qpa_operator.release.next_step` (pure) gives the new status, the Events and
    when to look again;
 3. **apply**: the status (guarded by resourceVersion, recomputed on a conflict), the Events,
@@ -87,6 +87,7 @@ async def observe(resource: HarnessRelease, views: Views) -> release.Observed:
     verdict = None
     problem = None
     if release.wants_report(resource, bench):
+        rt = await runtime()
         spec = resource.spec
         try:
             verdict = await asyncio.to_thread(
@@ -94,7 +95,7 @@ async def observe(resource: HarnessRelease, views: Views) -> release.Observed:
                 builder.candidate(resource).report_uri or builder.report_prefix(resource),
                 release.stable_report(resource),
                 spec.gate,
-                store_config(spec.store),
+                store_config(spec.store or rt.defaults.store),
             )
         except ReportUnavailable as exc:
             problem = str(exc)

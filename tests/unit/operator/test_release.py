@@ -599,3 +599,26 @@ def test_children_follow_the_status_alone() -> None:
 def test_scores_read_in_one_line() -> None:
     line = release.score_line(SCORES, {"overall": 0.05, "tool_use": -0.02})
     assert line == "overall 80.0% (+5.0 points); memory 70.0%; tool_use 90.0% (-2.0 points)"
+
+
+def test_gpu_models_land_on_gpu_nodes_and_the_default_store_reaches_the_benchmark() -> None:
+    from qpa.api.v1alpha1 import ObjectStore
+
+    store = ObjectStore.model_validate(
+        {"endpoint": "http://minio:9000", "secretRef": {"name": "s3"}}
+    )
+    defaults = Defaults(gpu_node_selector=(("gpu", "h200"),), store=store)
+    body = hr_body()
+    body["spec"].pop("store")
+    hr = parse_resource(body)
+    assert isinstance(hr, HarnessRelease)
+    predictor = builder.model_service(hr, defaults)["spec"]["predictor"]
+    assert predictor["nodeSelector"] == {"gpu": "h200"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in predictor[
+        "tolerations"
+    ]
+    job = builder.bench_job(hr, defaults)
+    env = {
+        e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["QPA_S3_ENDPOINT"] == "http://minio:9000"
