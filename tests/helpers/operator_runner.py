@@ -82,8 +82,18 @@ async def phase(
     try:
         found: dict[str, Any] = await kube.eventually(check, timeout=timeout)
     except AssertionError:
-        last = json.dumps(status(kube, plural, name, namespace), indent=1)[:4000]
-        raise AssertionError(f"{plural}/{name} never reached {wanted}: {last}") from None
+        last = status(kube, plural, name, namespace)
+        brief = {
+            "phase": last.get("phase"),
+            "reasons": last.get("reasons"),
+            "conditions": [
+                f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+                for c in last.get("conditions") or []
+            ],
+        }
+        raise AssertionError(
+            f"{plural}/{name} never reached {wanted}: {json.dumps(brief, indent=1)[:6000]}"
+        ) from None
     return found
 
 

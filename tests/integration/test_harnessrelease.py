@@ -11,6 +11,7 @@ reads it through `qpa.store` and gates it with `qpa.bench.gate`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -92,22 +93,29 @@ def traffic(kube: KubeAPIServer) -> int:
     return int(harness["spec"]["predictor"]["canaryTrafficPercent"])
 
 
-def serve_all(kube: KubeAPIServer) -> bool:
-    """KServe's part: every InferenceService of the release Ready for its generation."""
+def serve_all(kube: KubeAPIServer, rolled_out: list[int] | None = None) -> bool:
+    """KServe's part: every InferenceService of the release Ready for its generation.
+
+    `rolled_out` collects the Harness's traffic percent each time it is rolled out.
+    """
     for isvc in owned(kube, "inferenceservices", "HarnessRelease", NAME):
         observed = (isvc.get("status") or {}).get("observedGeneration")
         if observed != isvc["metadata"].get("generation"):
             isvc_ready(kube, isvc["metadata"]["name"])
+            if rolled_out is not None and isvc["metadata"]["name"] == HARNESS:
+                rolled_out.append(int(isvc["spec"]["predictor"]["canaryTrafficPercent"]))
     return True
 
 
 async def deployed(kube: KubeAPIServer) -> dict[str, Any]:
-    """Wait for the candidate's two InferenceServices, then make them Ready."""
+    """KServe's part while the candidate deploys: Ready, generation after generation."""
     await phase(kube, "hr", NAME, "Deploying")
-    await kube.eventually(
-        lambda: len(models(kube)) >= 1 and kube.get("inferenceservices", NS, HARNESS)
-    )
-    serve_all(kube)
+
+    def moved_on() -> bool:
+        serve_all(kube)
+        return status(kube, "hr", NAME).get("phase") != "Deploying"
+
+    await kube.eventually(moved_on, timeout=15, interval=0.1)
     return await phase(kube, "hr", NAME, "Benchmarking")
 
 
@@ -133,11 +141,7 @@ async def walk_canary(kube: KubeAPIServer) -> list[int]:
     def step() -> bool:
         if status(kube, "hr", NAME).get("phase") == "Promoted":
             return True
-        harness = kube.get("inferenceservices", NS, HARNESS) or {}
-        percent = harness.get("spec", {}).get("predictor", {}).get("canaryTrafficPercent")
-        if percent is not None and (not seen or seen[-1] != percent):
-            seen.append(int(percent))
-        serve_all(kube)
+        serve_all(kube, seen)
         return False
 
     await kube.eventually(step, timeout=20, interval=0.1)
@@ -184,8 +188,8 @@ async def test_a_candidate_that_beats_stable_is_promoted_through_the_canary(
         await phase(kube_api, "hr", NAME, "Deploying")
         await kube_api.eventually(lambda: len(models(kube_api)) == 2)
         assert set(models(kube_api).values()) == {"s3://qpa/models/a/", "s3://qpa/models/b/"}
-        assert traffic(kube_api) == 0  # the candidate's Harness revision gets no traffic yet
-        serve_all(kube_api)
+        await kube_api.eventually(lambda: traffic(kube_api) == 0)  # no traffic for it yet
+        await deployed(kube_api)
         uri = await benchmark(kube_api, BETTER)
         assert uri.startswith(reports + "planner/")
         await phase(kube_api, "hr", NAME, "Canary")
@@ -227,9 +231,8 @@ async def test_a_capability_regression_beyond_the_margin_is_rolled_back(
         await first_release(kube_api, kubectl, tmp_path, f"file://{tmp_path}/releases/")
         (stable_model,) = models(kube_api)
         new_candidate(kubectl, "harness-v4", "s3://qpa/models/b/")
-        await phase(kube_api, "hr", NAME, "Deploying")
-        await kube_api.eventually(lambda: len(models(kube_api)) == 2)
-        serve_all(kube_api)
+        await deployed(kube_api)
+        assert len(models(kube_api)) == 2
         await benchmark(kube_api, REGRESSED)
         rolled = await phase(kube_api, "hr", NAME, "RolledBack")
         assert rolled["decision"] == "rollback" and rolled["trafficPercent"] == 0
@@ -292,9 +295,7 @@ async def test_an_operator_restart_mid_release_resumes_where_it_was(
 
     with operator():
         new_candidate(kubectl, "harness-v4", "s3://qpa/models/b/")
-        await phase(kube_api, "hr", NAME, "Deploying")
-        await kube_api.eventually(lambda: len(models(kube_api)) == 2)
-        serve_all(kube_api)
+        await deployed(kube_api)
         await benchmark(kube_api, BETTER)
         await phase(kube_api, "hr", NAME, "Canary")
         await kube_api.eventually(lambda: traffic(kube_api) == 10)
@@ -303,13 +304,20 @@ async def test_an_operator_restart_mid_release_resumes_where_it_was(
     serve_all(kube_api)
     since = kube_api.request_count()
     with operator():
-        assert await walk_canary(kube_api) in ([10, 50, 100], [50, 100])
+        assert await walk_canary(kube_api) == [50, 100]  # 10% was rolled out meanwhile
         done = await phase(kube_api, "hr", NAME, "Promoted")
     assert done["stable"]["harnessVersion"] == "harness-v4"
     jobs = owned(kube_api, "jobs", "HarnessRelease", NAME)
     assert len(jobs) == 1  # the finished benchmark of the current candidate, no second one
     posts = [p for m, p, _, _ in kube_api.request_log(since) if m == "POST" and "/jobs" in p]
     assert posts == []
+
+    # A quiet restart of a settled release writes nothing at all.
+    since = kube_api.request_count()
+    with operator():
+        await asyncio.sleep(1.5)
+    writes = [r[:2] for r in kube_api.request_log(since) if r[0] in ("POST", "PATCH", "DELETE")]
+    assert writes == []
 
 
 async def test_overrides_abort_and_force_promote(
@@ -333,14 +341,13 @@ async def test_overrides_abort_and_force_promote(
         # A person overrules: the candidate comes back and is promoted without a benchmark.
         kubectl("annotate", "hr", NAME, "qpa.ai/override=promote")
         await phase(kube_api, "hr", NAME, "Deploying")
-        await kube_api.eventually(
-            lambda: owned(kube_api, "inferenceservices", "HarnessRelease", NAME)
-        )
-        await kube_api.eventually(
-            lambda: len(owned(kube_api, "inferenceservices", "HarnessRelease", NAME)) == 2
-        )
-        serve_all(kube_api)
-        promoted = await phase(kube_api, "hr", NAME, "Promoted")
+
+        def promoted_by_hand() -> bool:
+            serve_all(kube_api)  # KServe's part: the candidate's services come back Ready
+            return status(kube_api, "hr", NAME).get("phase") == "Promoted"
+
+        await kube_api.eventually(promoted_by_hand, timeout=15, interval=0.1)
+        promoted = status(kube_api, "hr", NAME)
         assert promoted["override"]["action"] == "promote"
         assert conditions(promoted)["Overridden"][:2] == ("True", "ForcePromote")
         assert any("override" in r for r in promoted["reasons"])
