@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip
 STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_BASE := $(VENV)/.stamp-base
+STAMP_LOOP := $(VENV)/.stamp-loop
 
 .PHONY: demo test lint typecheck check bench clean
 
@@ -31,8 +32,15 @@ $(STAMP_DEV): $(STAMP_BASE)
 	$(BIN)/python tools/kubetools.py --dest $(BIN)
 	touch $@
 
-demo: $(STAMP_BASE)
-	$(BIN)/qpa demo
+# the loop's extra: transformers, TRL, datasets (no DeepSpeed: one CPU process needs none)
+$(STAMP_LOOP): $(STAMP_BASE)
+	$(PIP) install -q -e '.[loop]'
+	touch $@
+
+# the closed loop on embedded defaults: tiny model, data, SFT, diagnosis, Harness revision,
+# CARE RL, held-out evaluation; report in runs/loop-local/report.md (rerun: finished stages skip)
+demo: $(STAMP_LOOP)
+	$(BIN)/qpa loop --preset local --out runs/loop-local
 
 test: $(STAMP_DEV)
 	$(BIN)/ruff check qpa operator tests benchmarks tools

@@ -28,6 +28,7 @@ _COMMAND_MODULES = [
     "crds",
     "train",
     "train_rl",
+    "loop",
     "release",
     "device",
 ]

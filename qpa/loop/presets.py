@@ -91,6 +91,12 @@ class WarmupSettings(_Settings):
     learning_rate: float = Field(default=2e-3, gt=0)
     token_low: int = Field(default=100, ge=0, description="token ids drawn from [low, high)")
     token_high: int = Field(default=1100, ge=1)
+    text_share: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="rows copied from tokenized corpus text"
+    )
+    spaced_share: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="rows of random words between spaces"
+    )
 
 
 class TaskSettings(_Settings):
@@ -146,8 +152,10 @@ class SFTSettings(_Settings):
 class EvalSettings(_Settings):
     """Greedy evaluation of a checkpoint through the Harness (batched across episodes)."""
 
-    max_new_tokens: int = Field(default=96, ge=8)
-    workers: int = Field(default=64, ge=1, description="episodes in flight (one generate call)")
+    max_new_tokens: int = Field(
+        default=160, ge=8, description="a call is ~60-110 tokens (punctuation is one token each)"
+    )
+    workers: int = Field(default=96, ge=1, description="episodes in flight (one generate call)")
 
 
 class RevisionSettings(_Settings):
@@ -188,7 +196,7 @@ class RLSettings(_Settings):
     samples_per_task: int = Field(default=4, ge=2)
     learning_rate: float = Field(default=1e-4, gt=0)
     temperature: float = Field(default=1.0, gt=0)
-    max_new_tokens: int = Field(default=96, ge=8)
+    max_new_tokens: int = Field(default=160, ge=8)
     micro_batch_size: int = Field(default=8, ge=1)
     clip_high: float = Field(default=0.28, ge=0.0)
     warmup_steps: int = Field(default=1, ge=0)
@@ -312,6 +320,7 @@ def small_preset() -> LoopPreset:
         description="the loop's plumbing on three templates, for tests (< 3 minutes)",
         budget_s=180.0,
         tokenizer=TokenizerSettings(conversations=60),
+        warmup=WarmupSettings(steps=60, batch_size=16),
         model=TINY_MODEL.model_copy(
             update={"hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
         ),
@@ -324,7 +333,7 @@ def small_preset() -> LoopPreset:
         harness=COMPACT_HARNESS,
         collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5),
         mix=MixSettings(target_size=60),
-        sft=SFTSettings(max_steps=30, batch_size=8, learning_rate=3e-3, checkpoint_every=15),
+        sft=SFTSettings(max_steps=20, batch_size=8, learning_rate=3e-3, checkpoint_every=10),
         eval=EvalSettings(max_new_tokens=48),
         round2=Round2Settings(count=12, target_size=24),
         rl=RLSettings(

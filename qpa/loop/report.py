@@ -144,8 +144,8 @@ def build_report(
             "validation": validation[revised_key]["diagnosis"].get("harness", 0),
             "test": stages[revised_key]["diagnosis"].get("harness", 0),
         },
-        "causes_before": validation["sft"]["diagnosis_by_cause"],
-        "causes_after": validation[revised_key]["diagnosis_by_cause"],
+        "causes_before": _harness_only(validation["sft"]["diagnosis_by_cause"]),
+        "causes_after": _harness_only(validation[revised_key]["diagnosis_by_cause"]),
     }
     weakness = {
         "validation_report": round2["validation_report"],
@@ -221,6 +221,10 @@ def build_report(
         "lineage": lineage,
         "timing": timing,
     }
+
+
+def _harness_only(causes: Mapping[str, int]) -> dict[str, int]:
+    return {c: n for c, n in causes.items() if c in _HARNESS_CAUSES}
 
 
 def _lineage(root: Path, out: Mapping[str, Any], v1: str, v2: str) -> dict[str, Any]:
@@ -475,8 +479,10 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     ]
     if revision["changes"]:
         lines += [
-            f"- `{c['setting']}` {c['from']} -> {c['to']}: {c['why']} ({c['failures']} x "
-            f"`{c['cause']}`)" + (f"; Skills {', '.join(c['skills'])}" if c.get("skills") else "")
+            f"- `{c['setting']}` {c['from']} -> {c['to']}: {c['why']} (`{c['cause']}` on "
+            f"{c.get('tasks', c['failures'])} failed validation tasks)"
+            + (f"; Skills {', '.join(c['skills'])}" if c.get("skills") else "")
+            + (f"; tools {', '.join(c['tools'])}" if c.get("tools") else "")
             for c in revision["changes"]
         ]
     else:
@@ -525,10 +531,12 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
         f"- tiny model: {training['tiny']['parameters'] / 1e6:.2f}M parameters, tokenizer "
         f"{training['tiny']['tokenizer_size']} tokens ({training['tiny']['macro_tokens']} macro "
         f"lines), {training['tiny']['mean_conversation_tokens']} tokens per conversation",
-        f"- SFT: {training['sft']['steps']} steps, final loss {training['sft']['train_loss']:.3f}, "
+        f"- SFT: {training['sft']['steps']} steps, mean loss {training['sft']['train_loss']:.3f} "
+        f"(last logged {training['sft'].get('last_loss') or float('nan'):.3f}), "
         f"{training['sft']['tokens_per_second']:.0f} tokens/s",
-        f"- RL (CARE={rl['care']}): {rl['steps']} steps, rollout success by step "
-        f"{rl['success_rate_by_step']}, CARE tiers {rl['care_tiers']}",
+        f"- RL (CARE={rl['care']}): {rl['steps']} steps ({rl['updated_steps']} with a non-zero "
+        f"gradient), rollout success by step {rl['success_rate_by_step']}, verifier progress "
+        f"{rl['progress_by_step']}, CARE tier shares {rl['care_tier_share']}",
         "",
         "## Lineage of the final model",
         "",

@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from qpa.loop.presets import LoopPreset
 from qpa.loop.report import write_loop_report
@@ -73,7 +74,7 @@ def _logger(console: Console, path: Path) -> Callable[[str], None]:
     def log(message: str) -> None:
         stamp = datetime.now(UTC).strftime("%H:%M:%S")
         with open(path, "a", encoding="utf-8") as stream:
-            stream.write(f"{stamp} {message}\n")
+            stream.write(f"{stamp} {Text.from_markup(message).plain}\n")
         console.print(f"[dim]{stamp}[/] {message}", highlight=False)
 
     return log

@@ -244,7 +244,7 @@ def run_stage(
             outputs = stage.run(context)
     else:
         outputs = stage.run(context)
-    elapsed = time.perf_counter() - clock
+    elapsed = round(time.perf_counter() - clock, 3)  # as the marker keeps it
     _write_json(
         folder / MARKER,
         {
@@ -253,7 +253,7 @@ def run_stage(
             "inputs": {d: done[d].key for d in stage.deps},
             "settings": preset.section(*stage.sections),
             "outputs": outputs,
-            "elapsed_s": round(elapsed, 3),
+            "elapsed_s": elapsed,
             "finished_at": datetime.now(UTC).isoformat(),
         },
     )
@@ -335,29 +335,37 @@ def oracle_trajectories(tasks: Iterable[Task]) -> list[Trajectory]:
 
 
 def macro_lines(
-    conversations: Iterable[Sequence[Mapping[str, Any]]],
+    episodes: Iterable[Iterable[Sequence[Mapping[str, Any]]]],
     *,
     min_count: int = 2,
     min_chars: int = 12,
     limit: int = 6000,
 ) -> list[str]:
-    """Lines of non-assistant messages that recur in at least `min_count` conversations.
+    """Lines of the Harness's fixed text that recur in at least `min_count` episodes.
 
-    These are the Harness's fixed text (rules, the tool protocol, tool schema lines, Skills,
-    reset observations): the tokenizer makes each one a single token. Assistant turns (what
-    the model writes) are never mined.
+    `episodes` holds, per episode, its conversations (the same episode rendered for one or
+    more Harness versions); a line counts once per episode. Only the system prompt (rules, the
+    tool protocol, tool and Skill lines, memory header) and the opening user turn (the quoting
+    preface, the reset observation) are mined: what the model writes and the tool results it
+    must read are never made opaque. The tokenizer makes each line a single token.
     """
     counts: Counter[str] = Counter()
-    for conversation in conversations:
+    for conversations in episodes:
         lines: set[str] = set()
-        for message in conversation:
-            if message.get("role") == "assistant":
-                continue
-            lines.update(
-                line
-                for line in str(message.get("content") or "").split("\n")
-                if len(line) >= min_chars
-            )
+        for conversation in conversations:
+            opening = True
+            for message in conversation:
+                role = message.get("role")
+                if role == "assistant":
+                    opening = False
+                    continue
+                if role == "user" and not opening:
+                    continue
+                lines.update(
+                    line
+                    for line in str(message.get("content") or "").split("\n")
+                    if len(line) >= min_chars
+                )
         counts.update(lines)
     frequent = [line for line, count in counts.most_common() if count >= min_count]
     return sorted(frequent[:limit])
@@ -372,9 +380,11 @@ def build_tokenizer(
 ) -> Any:
     """A byte-level BPE tokenizer (ChatML template of the tiny checkpoints) with macro tokens.
 
-    Pre-tokenization isolates whitespace, punctuation and single digits, so a word or a
-    number is tokenized the same wherever it appears (copying an argument from the
-    instruction into a call is then token for token). `macros` are added as single,
+    Pre-tokenization splits text into words, runs of digits and runs of everything else
+    (spaces, punctuation), so a word or a number is tokenized the same wherever it appears
+    (copying an argument from the instruction into a call is then token for token), while the
+    call syntax between arguments (`", "`, `": "`, `"}}`) can merge into a few tokens. `macros`
+    are added as single,
     non-special tokens after the protocol tags (see `qpa.train.tiny`).
     """
     from tokenizers import (
@@ -400,9 +410,7 @@ def build_tokenizer(
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"),
-            pre_tokenizers.Punctuation(behavior="isolated"),
-            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Split(Regex(r"[A-Za-z]+|[0-9]+|[^A-Za-z0-9]+"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -449,11 +457,12 @@ def make_checkpoint(
             "memory_k": preset.revision.memory_k_cap,
         }
     )
-    conversations = [render_trajectory(t, h) for t in trajectories for h in (preset.harness, wide)]
+    episodes = [[render_trajectory(t, h) for h in (preset.harness, wide)] for t in trajectories]
+    conversations = [c for pair in episodes for c in pair]
     macros: list[str] = []
     if settings.macro_lines:
         macros = macro_lines(
-            conversations,
+            episodes,
             min_count=settings.macro_min_count,
             min_chars=settings.macro_min_chars,
             limit=settings.macro_max,
@@ -475,8 +484,14 @@ def make_checkpoint(
         model_max_length=preset.model.max_position_embeddings,
     )
     model = build_model(preset.model, tokenizer=tokenizer)
+    passages = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
     warmup = induction_warmup(
-        model, preset.warmup, seed=stage_seed(preset.seed, "tiny-warmup"), log=log
+        model,
+        preset.warmup,
+        seed=stage_seed(preset.seed, "tiny-warmup"),
+        passages=passages,
+        separator=tokenizer.convert_tokens_to_ids("Ġ"),
+        log=log,
     )
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
@@ -511,10 +526,18 @@ def make_checkpoint(
 
 
 def induction_warmup(
-    model: Any, settings: Any, *, seed: int, log: Callable[[str], None] = print
+    model: Any,
+    settings: Any,
+    *,
+    seed: int,
+    passages: Sequence[Sequence[int]] = (),
+    separator: int | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Teach a random model to copy from its context (see `WarmupSettings`): random token
-    sequences repeated once, next-token loss on the repeat, AdamW, bf16 autocast on CPU."""
+    """Teach a random model to copy from its context (see `WarmupSettings`): a token span,
+    filler, the span again, next-token loss on the repeat, AdamW, bf16 autocast on CPU. A share
+    `settings.text_share` of the rows are windows of `passages` (tokenized corpus text), the
+    others random tokens of `[token_low, token_high)`."""
     if settings.steps <= 0:
         return {"steps": 0}
     import torch
@@ -530,11 +553,42 @@ def induction_warmup(
     clock = time.perf_counter()
     first = last = float("nan")
     n = settings.length
+    long_enough = [list(p) for p in passages if len(p) >= n]
+
+    def row() -> list[int]:
+        draw = rng.random()
+        if long_enough and draw < settings.text_share:
+            passage = rng.choice(long_enough)
+            start = rng.randrange(len(passage) - n + 1)
+            return passage[start : start + n]
+        if separator is not None and draw < settings.text_share + settings.spaced_share:
+            # words of 1-3 random tokens between separators, as text is tokenized: copying
+            # them needs to look past the separator (the token before it is what identifies)
+            tokens: list[int] = []
+            while len(tokens) < n:
+                tokens += [rng.randrange(low, high) for _ in range(rng.randint(1, 3))]
+                tokens.append(separator)
+            return tokens[:n]
+        return [rng.randrange(low, high) for _ in range(n)]
+
+    def example() -> tuple[list[int], list[int]]:
+        # span, filler, span again: spans of varied length at varied distances, so the model
+        # learns to find the earlier occurrence (induction), not a fixed offset
+        span = row()[: rng.randint(max(2, n // 4), n)]
+        filler = [rng.randrange(low, high) for _ in range(rng.randint(0, n // 2))]
+        prefix = span + filler
+        return prefix + span, [-100] * len(prefix) + span
+
     for step in range(settings.steps):
-        rows = [[rng.randrange(low, high) for _ in range(n)] for _ in range(settings.batch_size)]
-        ids = torch.tensor([row + row for row in rows], dtype=torch.long, device=device)
-        labels = ids.clone()
-        labels[:, :n] = -100
+        batch = [example() for _ in range(settings.batch_size)]
+        width = max(len(tokens) for tokens, _ in batch)
+        # right padding needs no attention mask: a causal model never looks ahead
+        ids = torch.tensor(
+            [tokens + [0] * (width - len(tokens)) for tokens, _ in batch], device=device
+        )
+        labels = torch.tensor(
+            [target + [-100] * (width - len(target)) for _, target in batch], device=device
+        )
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cpu"):
             loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
@@ -1061,10 +1115,20 @@ def _collect(
 
 
 def _curate(inputs: Sequence[Path], out: Path) -> dict[str, Any]:
+    """Curate the trajectories of `inputs` together. Episodes of different collections share
+    ids (`<task>#<sample>`); a later collection's are renamed `<id>~<folder>` so curation keeps
+    both instead of rejecting the second as a duplicate."""
     from qpa.data.curate import curate, load_trajectories, write_curated
     from qpa.store import open_store
 
-    trajectories = load_trajectories([str(p) for p in inputs])
+    trajectories: list[Trajectory] = []
+    seen: set[str] = set()
+    for path in inputs:
+        for trajectory in load_trajectories([str(path)]):
+            if trajectory.id in seen:
+                trajectory = trajectory.model_copy(update={"id": f"{trajectory.id}~{path.name}"})
+            seen.add(trajectory.id)
+            trajectories.append(trajectory)
     result = curate(trajectories)
     write_curated(
         open_store(out),
@@ -1263,8 +1327,20 @@ def stage_sft(ctx: StageContext) -> dict[str, Any]:
         "tokens_per_second": round(result.tokens_per_second, 1),
         "resumed_from": result.resumed_from,
         "metrics": ctx.rel(Path(result.metrics_path)) if result.metrics_path else None,
+        "last_loss": _last_loss(Path(result.metrics_path)) if result.metrics_path else None,
         "data": result.stats.model_dump(),
     }
+
+
+def _last_loss(path: Path) -> float | None:
+    last: float | None = None
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError, TypeError):
+                value = json.loads(line).get("loss")
+                if isinstance(value, (int, float)):
+                    last = round(float(value), 4)
+    return last
 
 
 def stage_eval_sft(ctx: StageContext) -> dict[str, Any]:
@@ -1287,7 +1363,7 @@ def stage_harness_revision(ctx: StageContext) -> dict[str, Any]:
     for change in revision.changes:
         ctx.log(
             f"harness: {change['setting']} {change['from']} -> {change['to']} "
-            f"({change['failures']} x {change['cause']})"
+            f"({change['cause']} on {change['tasks']} failed validation tasks)"
         )
     return {
         "from": current.version,
@@ -1468,24 +1544,37 @@ def train_rl(
     result = run_rl(config, tasks=list(pool))
     if result.final_dir is None:
         raise StageError("rl: no final model was saved")
-    history = result.history
-    tiers: Counter[str] = Counter()
+    by_step: dict[int, dict[str, Any]] = {}
     metrics_path = out / "metrics.jsonl"
-    if metrics_path.exists():
+    if metrics_path.exists():  # every step, also those of an interrupted attempt
         for line in metrics_path.read_text().splitlines():
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
-                for tier, n in (record.get("care_tiers") or {}).items():
-                    tiers[tier] += int(n)
+                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                    by_step[record["step"]] = record
+    history = [by_step[k] for k in sorted(by_step)] or [dict(h) for h in result.history]
+    tiers: dict[str, float] = defaultdict(float)
+    for record in history:
+        for tier, share in (record.get("care_tiers") or {}).items():
+            tiers[tier] += float(share)
+
+    def series(key: str, digits: int) -> list[float]:
+        return [round(float(h.get(key, 0.0)), digits) for h in history]
+
     return {
         "checkpoint": str(result.final_dir),
         "steps": result.final_step,
         "resumed_from": result.resumed_from,
         "care": care,
-        "success_rate_by_step": [round(h.get("success_rate", 0.0), 4) for h in history],
-        "output_tokens_by_step": [round(h.get("output_tokens_mean", 0.0), 2) for h in history],
-        "reward_by_step": [round(h.get("reward", 0.0), 4) for h in history],
-        "care_tiers": dict(sorted(tiers.items())),
+        "success_rate_by_step": series("success_rate", 4),
+        "progress_by_step": series("progress", 4),
+        "output_tokens_by_step": series("output_tokens_mean", 2),
+        "reward_by_step": series("reward", 4),
+        "advantage_abs_by_step": series("advantage_abs", 4),
+        "updated_steps": sum(1 for h in history if float(h.get("micro_batches", 0.0)) > 0),
+        "care_tier_share": {
+            t: round(v / max(1, len(history)), 4) for t, v in sorted(tiers.items())
+        },
     }
 
 
@@ -1505,7 +1594,8 @@ def stage_rl(ctx: StageContext) -> dict[str, Any]:
     ctx.log(
         f"rl (CARE): {summary['steps']} steps, rollout success "
         f"{rates[0] if rates else 0:.0%} -> {rates[-1] if rates else 0:.0%}, "
-        f"tiers {summary['care_tiers']}"
+        f"{summary['updated_steps']} steps with a gradient, "
+        f"tier shares {summary['care_tier_share']}"
     )
     return summary
 
