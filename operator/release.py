@@ -518,9 +518,15 @@ class _Machine:
             if verdict is not None:
                 self.judged(verdict)
                 return
-            problem = self.observed.report_problem or "the report was not read yet"
-            finished = _parse_time(job.completion_time) or self.status.since or self.now
-            deadline = finished + timedelta(seconds=timeouts.report_seconds)
+            problem = self.observed.report_problem
+            if problem is None:
+                # Observed before this phase began (nothing read yet): look again at once.
+                self.wake(self.now)
+                return
+            if not self.reading():
+                # The first failed read starts the store's grace period (`since`).
+                self.update(since=self.now)
+            deadline = self.after(timeouts.report_seconds)
             if self.now > deadline:
                 self.rollback("ReportUnavailable", [problem])
                 return
@@ -574,6 +580,13 @@ class _Machine:
             return
         self.start_canary()
 
+    def reading(self) -> bool:
+        """An earlier attempt to read the report already failed (condition ReportUnavailable)."""
+        return any(
+            c.type == "BenchmarkDone" and c.reason == "ReportUnavailable"
+            for c in self.status.conditions
+        )
+
     def awaiting(self) -> None:
         problem = self.failure()
         if problem is not None:
@@ -618,15 +631,6 @@ class _Machine:
 def harness_traffic_for(stable: ReleaseVersion | None, phase: str) -> int:
     """The candidate's share while deploying: all of it on a first release, else none."""
     return 100 if stable is None and phase in ACTIVE else 0
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def next_step(hr: HarnessRelease, observed: Observed, defaults: Defaults) -> Decision:

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import kopf
@@ -42,6 +42,7 @@ from qpa_operator.handlers.common import (
     measured,
     now,
     parse,
+    retry_delay,
     runtime,
     write_status,
 )
@@ -60,6 +61,9 @@ OWNED_KINDS: Final = ("InferenceService", "Job")
 
 #: (namespace, name) -> when the clock should run the reconcile again (None: no timer).
 WAKE: dict[tuple[str, str], datetime] = {}
+#: (namespace, name) -> the release as this operator last wrote it: the index may lag behind,
+#: and the state machine must observe (e.g. decide to read the report) from the newest status.
+WRITTEN: dict[tuple[str, str], Mapping[str, Any]] = {}
 _LOCKS: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
 
 
@@ -70,6 +74,14 @@ def _lock(key: tuple[str, str]) -> asyncio.Lock:
         found = (loop, asyncio.Lock())
         _LOCKS[key] = found
     return found[1]
+
+
+@kopf.on.startup()
+async def harnessrelease_startup(**_: Any) -> None:
+    """A fresh operator run (tests start several in one process) remembers nothing."""
+    WAKE.clear()
+    WRITTEN.clear()
+    _LOCKS.clear()
 
 
 def clock_tick() -> float:
@@ -161,8 +173,13 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
 
 async def _reconcile(obj: Mapping[str, Any], views: Views, key: tuple[str, str]) -> None:
     current = fresher(obj, views.parent(KIND, *key)) or obj
+    mine = WRITTEN.get(key)
+    uid = (current.get("metadata") or {}).get("uid")
+    if mine is not None and (mine.get("metadata") or {}).get("uid") == uid:
+        current = fresher(current, mine) or current
     if (current.get("metadata") or {}).get("deletionTimestamp"):
         WAKE.pop(key, None)
+        WRITTEN.pop(key, None)
         return
     resource = parse(current, HarnessRelease)
     if resource is None:
@@ -190,6 +207,8 @@ async def _reconcile(obj: Mapping[str, Any], views: Views, key: tuple[str, str])
         return
     decision = decisions[-1]
     written = change.obj or current
+    if change.written and change.obj is not None:
+        WRITTEN[key] = change.obj
     if change.written or decision.consume_override:
         for event in decision.events:
             post(written, event)
@@ -265,5 +284,8 @@ async def harnessrelease_clock(
             async with measured(KIND, "clock"):
                 await reconcile(obj, views, "clock")
         except (kopf.TemporaryError, ApiError) as exc:
-            logger.warning("HarnessRelease %s/%s: %s (retrying)", *key, exc)
+            delay = retry_delay(2)
+            logger.warning("HarnessRelease %s/%s: %s (again in %.1f s)", *key, exc, delay)
+            WAKE[key] = now() + timedelta(seconds=delay)
     WAKE.pop(key, None)
+    WRITTEN.pop(key, None)

@@ -419,10 +419,31 @@ def test_an_unreachable_store_is_retried_then_rolls_back() -> None:
     assert world.status["phase"] == "Benchmarking"
     assert world.conditions()["BenchmarkDone"] == ("False", "ReportUnavailable")
     assert decision.wake_at == world.now + timedelta(seconds=release.REPORT_RETRY_SECONDS)
-    world.later(601)
+    world.later(300)
+    world.step(report_problem=problem)  # still within reportSeconds of the first failure
+    assert world.status["phase"] == "Benchmarking"
+    world.later(301)
     world.step(report_problem=problem)
     assert world.status["phase"] == "RolledBack"
     assert world.status["reasons"] == [problem]
+
+
+def test_a_completed_benchmark_not_read_yet_is_looked_at_again_never_rolled_back() -> None:
+    # The handler observed before the phase was Benchmarking (an index behind): no verdict,
+    # no problem. However old the Job's completion, that is no reason to give up.
+    world = World(hr_body())
+    world.step()
+    world.ready()
+    world.step()
+    world.job(
+        conditions=[{"type": "Complete", "status": "True"}],
+        completionTime=(world.now - timedelta(days=30)).isoformat(),
+    )
+    decision = world.step()
+    assert world.status["phase"] == "Benchmarking"
+    assert decision.wake_at == world.now
+    world.step(verdict=passed())
+    assert world.status["phase"] == "Promoted"
 
 
 def test_a_failed_revision_rolls_back_while_deploying_and_in_the_canary() -> None:
