@@ -1028,8 +1028,8 @@ class ReleaseTimeouts(_Model):
         default=600,
         ge=0,
         le=86400,
-        description="After the benchmark finished, how long an unreachable object store may "
-        "delay reading the report before the release is rolled back.",
+        description="How long an unreachable object store may delay reading the report, "
+        "from the first failed read, before the release is rolled back.",
     )
 
 
