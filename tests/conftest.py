@@ -17,4 +17,5 @@ pytest_plugins = [
     "fakes.kube_api",
     "fakes.kubectl",
     "fakes.adbd",
+    "helpers.operator_runner",  # operator_env: the real operator's test settings
 ]

@@ -120,6 +120,11 @@ def owned(
     return kube.list_objects(plural, namespace, f"qpa.ai/{kind.lower()}={name}")
 
 
+def event_reasons(kube: KubeAPIServer, name: str, namespace: str = NS) -> list[str]:
+    """The reasons of the Events about an object, oldest first."""
+    return [e["reason"] for e in events_for(kube, name, namespace)]
+
+
 def events_for(kube: KubeAPIServer, name: str, namespace: str = NS) -> list[dict[str, Any]]:
     """Events about an object, oldest first."""
     return [
@@ -139,10 +144,8 @@ def job_complete(kube: KubeAPIServer, name: str, namespace: str = NS, **extra: A
         {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": T1},
         {"type": "Complete", "status": "True", "lastTransitionTime": T1},
     ]
-    mark_job(
-        kube, name, namespace, startTime=T0, completionTime=T1, active=0, succeeded=1,
-        conditions=conditions, **extra,
-    )  # fmt: skip
+    fields = {"startTime": T0, "completionTime": T1, "active": 0, "succeeded": 1}
+    mark_job(kube, name, namespace, **(fields | {"conditions": conditions} | extra))
 
 
 def job_failed(

@@ -30,7 +30,6 @@ from helpers.operator_runner import (
     job_complete,
     job_failed,
     operator,
-    operator_env,
     owned,
     phase,
     status,
@@ -38,8 +37,6 @@ from helpers.operator_runner import (
 from helpers.release_reports import report_bytes
 
 from qpa.store import open_store
-
-__all__ = ["operator_env"]  # the fixture, imported for pytest
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
 

@@ -15,12 +15,9 @@ server and the operator live in other threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import copy
 import json
 import socket
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +27,23 @@ from fakes.kube_api import KubeAPIServer
 from fakes.kubectl import Kubectl
 
 kopf = pytest.importorskip("kopf")
-from kopf.testing import KopfRunner  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
-NS = "default"
-OPERATOR = ["run", "-A", "--standalone", "-m", "qpa_operator.main"]
-T0 = "2026-01-01T00:00:00Z"
-T1 = "2026-01-01T01:00:00Z"
+from helpers.operator_runner import (  # noqa: E402
+    NS,
+    T0,
+    command,
+    container,
+    event_reasons,
+    example,
+    exists,
+    flag,
+    job_complete,
+    job_failed,
+    mark_job,
+    operator,
+    owned,
+    phase,
+    status,
+)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 
@@ -45,77 +51,10 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 # --------------------------------------------------------------------------- helpers
 
 
-def example(file: str, index: int = 0) -> dict[str, Any]:
-    docs = [d for d in yaml.safe_load_all((EXAMPLES / file).read_text()) if d]
-    return copy.deepcopy(docs[index])
-
-
-@pytest.fixture
-def operator_env(kube_config: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("QPA_OPERATOR_RETRY_SCALE", "0.1")
-    monkeypatch.delenv("QPA_OPERATOR_METRICS_PORT", raising=False)
-    return kube_config
-
-
-@contextlib.contextmanager
-def operator() -> Iterator[KopfRunner]:
-    with KopfRunner(OPERATOR, timeout=60) as runner:
-        yield runner
-    assert runner.exception is None, runner.output
-    assert runner.exit_code == 0, runner.output
-
-
-def status(kube: KubeAPIServer, plural: str, name: str) -> dict[str, Any]:
-    obj = kube.get(plural, NS, name) or {}
-    return dict(obj.get("status") or {})
-
-
-async def phase(
-    kube: KubeAPIServer, plural: str, name: str, wanted: str, timeout: float = 15
-) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        current = status(kube, plural, name)
-        return current if current.get("phase") == wanted else None
-
-    try:
-        found: dict[str, Any] = await kube.eventually(check, timeout=timeout)
-    except AssertionError:
-        raise AssertionError(f"{plural}/{name}: {status(kube, plural, name)}") from None
-    return found
-
-
-async def exists(
-    kube: KubeAPIServer, plural: str, name: str, timeout: float = 15
-) -> dict[str, Any]:
-    found: dict[str, Any] = await kube.eventually(
-        lambda: kube.get(plural, NS, name), timeout=timeout
-    )
-    return found
-
-
 def stored(kube: KubeAPIServer, plural: str, name: str) -> dict[str, Any]:
     obj = kube.get(plural, NS, name)
     assert obj is not None, f"{plural}/{name} is missing"
     return obj
-
-
-def owned(kube: KubeAPIServer, plural: str, kind: str, name: str) -> list[dict[str, Any]]:
-    return kube.list_objects(plural, NS, f"qpa.ai/{kind.lower()}={name}")
-
-
-def container(obj: dict[str, Any]) -> dict[str, Any]:
-    spec = obj["spec"]
-    pod = spec["template"]["spec"] if "template" in spec else spec["predictor"]
-    return dict(pod["containers"][0])
-
-
-def command(obj: dict[str, Any]) -> list[str]:
-    c = container(obj)
-    return [*c.get("command", []), *c.get("args", [])]
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
 
 
 def assert_restricted(pod: dict[str, Any]) -> None:
@@ -138,34 +77,8 @@ def table(kubectl: Kubectl, *args: str) -> list[list[str]]:
     return [line.split() for line in kubectl("get", *args).stdout.splitlines()]
 
 
-def events_for(kube: KubeAPIServer, name: str) -> list[str]:
-    return [
-        e["reason"] for e in kube.list_objects("events", NS) if e["involvedObject"]["name"] == name
-    ]
-
-
-def mark_job(kube: KubeAPIServer, name: str, **status: Any) -> None:
-    kube.patch_status("jobs", NS, name, status)
-
-
 def job_started(kube: KubeAPIServer, name: str, active: int = 1) -> None:
     mark_job(kube, name, startTime=T0, active=active, ready=active)
-
-
-def job_complete(kube: KubeAPIServer, name: str, **extra: Any) -> None:
-    conditions = [
-        {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": T1},
-        {"type": "Complete", "status": "True", "lastTransitionTime": T1},
-    ]
-    mark_job(kube, name, startTime=T0, completionTime=T1, active=0, conditions=conditions, **extra)
-
-
-def job_failed(kube: KubeAPIServer, name: str, reason: str = "BackoffLimitExceeded") -> None:
-    conditions = [
-        {"type": "Failed", "status": "True", "reason": reason, "message": "pods failed",
-         "lastTransitionTime": T1},
-    ]  # fmt: skip
-    mark_job(kube, name, startTime=T0, active=0, failed=1, conditions=conditions)
 
 
 def finished_pod(
@@ -309,7 +222,7 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
         await kube_api.eventually(
             lambda: (
                 {"Pending", "Running", "Succeeded"}
-                <= set(events_for(kube_api, tb["metadata"]["name"]))
+                <= set(event_reasons(kube_api, tb["metadata"]["name"]))
             )
         )
         assert "Succeeded" in kubectl("describe", "tb", "nightly-tool-use").stdout
@@ -339,7 +252,7 @@ async def test_a_failed_collect_job_fails_the_batch(
         assert failed["failedShards"] == 3
         cond = {c["type"]: c for c in failed["conditions"]}
         assert cond["Failed"]["status"] == "True" and cond["Failed"]["reason"] == "FailedIndexes"
-        await kube_api.eventually(lambda: "Failed" in events_for(kube_api, "nightly-tool-use"))
+        await kube_api.eventually(lambda: "Failed" in event_reasons(kube_api, "nightly-tool-use"))
         warnings = [e for e in kube_api.list_objects("events", NS) if e["reason"] == "Failed"]
         assert warnings and warnings[0]["type"] == "Warning"
 
@@ -645,7 +558,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         job_complete(kube_api, "planner-sft-r1", succeeded=2)
         done = await phase(kube_api, "tr", "planner-sft", "Succeeded")
         assert done["modelUri"] == "s3://qpa/trainingruns/planner-sft/final/"
-        await kube_api.eventually(lambda: "Resuming" in events_for(kube_api, "planner-sft"))
+        await kube_api.eventually(lambda: "Resuming" in event_reasons(kube_api, "planner-sft"))
 
         kubectl("delete", "tr", "planner-sft", "planner-care-rl", "--wait=false")
         await kube_api.eventually(lambda: not owned(kube_api, "jobs", "TrainingRun", "planner-sft"))
@@ -654,88 +567,6 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
 
 
 # --------------------------------------------------------------------------- HarnessRelease
-
-
-async def test_harnessrelease_deploys_kserve_services_and_benchmarks_them(
-    kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
-) -> None:
-    with operator():
-        kubectl("apply", "--validate=false", "-f", "examples/harnessrelease.yaml")
-        hr = await exists(kube_api, "hr", "planner")
-        model = await exists(kube_api, "inferenceservices", "planner-model")
-        harness = await exists(kube_api, "inferenceservices", "planner-harness")
-        predictor = model["spec"]["predictor"]["model"]
-        assert predictor["storageUri"] == "s3://qpa/trainingruns/planner-care-rl/final/"
-        assert predictor["modelFormat"] == {"name": "huggingface"}
-        assert (
-            "--backend=vllm" in predictor["args"] and "--max_model_len=32768" in predictor["args"]
-        )
-        assert predictor["resources"]["limits"]["nvidia.com/gpu"] == "2"
-        argv = command(harness)
-        assert argv[:3] == ["qpa", "harness", "serve"]
-        assert flag(argv, "--planner") == "openai" and flag(argv, "--http-port") == "8080"
-        assert flag(argv, "--model-url") == (
-            "http://planner-model-predictor.default.svc.cluster.local/openai/v1"
-        )
-        assert flag(argv, "--harness-config") == "/etc/qpa/harness/harness.yaml"
-        assert_restricted(harness["spec"]["predictor"])
-        for child in (model, harness):
-            assert_owned_by(child, hr)
-        await phase(kube_api, "hr", "planner", "Deploying")
-
-        ready = {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": T0}]}
-        kube_api.patch_status("inferenceservices", NS, "planner-model", ready)
-        await asyncio.sleep(0.3)
-        assert not owned(kube_api, "jobs", "HarnessRelease", "planner")
-        kube_api.patch_status("inferenceservices", NS, "planner-harness", ready)
-        benchmarking = await phase(kube_api, "hr", "planner", "Benchmarking")
-        assert benchmarking["candidate"]["harnessVersion"] == "harness-v3"
-        (bench,) = owned(kube_api, "jobs", "HarnessRelease", "planner")
-        argv = command(bench)
-        assert argv[:3] == ["qpa", "bench", "run"]
-        assert (flag(argv, "--suite"), flag(argv, "--split"), flag(argv, "--samples")) == (
-            "mobilepa", "test", "2",
-        )  # fmt: skip
-        assert flag(argv, "--planner") == "openai" and flag(argv, "--out") == "/work/bench"
-
-        job_complete(kube_api, bench["metadata"]["name"], succeeded=1)
-        await kube_api.eventually(
-            lambda: (
-                {
-                    c["type"]: c["reason"]
-                    for c in status(kube_api, "hr", "planner").get("conditions", [])
-                }.get("BenchmarkDone")
-                == "AwaitingGate"
-            )
-        )
-        done = status(kube_api, "hr", "planner")
-        assert done["phase"] == "Benchmarking" and "decision" not in done
-        rows = table(kubectl, "hr")
-        assert rows[0][:4] == ["NAME", "HARNESS", "PHASE", "DECISION"]
-        assert rows[1][:3] == ["planner", "harness-v3", "Benchmarking"]
-
-        # A new candidate: the InferenceService follows, a new benchmark replaces the old one.
-        kubectl("patch", "hr", "planner", "--type=merge", "-p",
-                '{"spec":{"harness":{"version":"harness-v4"}}}')  # fmt: skip
-        await kube_api.eventually(
-            lambda: (
-                "harness-v4"
-                in json.dumps(stored(kube_api, "inferenceservices", "planner-harness")["spec"])
-            )
-        )
-        await kube_api.eventually(
-            lambda: (
-                [
-                    j["metadata"]["name"]
-                    for j in owned(kube_api, "jobs", "HarnessRelease", "planner")
-                ]
-                not in ([], [bench["metadata"]["name"]])
-            )
-        )
-
-        kubectl("delete", "hr", "planner", "--wait=false")
-        await kube_api.eventually(lambda: not kube_api.list_objects("inferenceservices", NS))
-        assert not owned(kube_api, "jobs", "HarnessRelease", "planner")
 
 
 # --------------------------------------------------------------------------- reliability
