@@ -25,11 +25,12 @@ from qpa.bench.gate import (
     load_gate_spec,
     load_report,
 )
+from qpa.bench.publish import PublishError, open_report_store, publish_run
 from qpa.bench.report import ComparisonRow, ReportFiles, compare, write_report
 from qpa.bench.run import BenchError, finish, rescore, run_bench, select_tasks
 from qpa.bench.scoring import EpisodeRecord, PriceTableError, Report, load_price_table
 from qpa.cli import app
-from qpa.cli.common import console, die, err_console, print_json
+from qpa.cli.common import console, die, err_console, print_json, write_status_file
 from qpa.cli.options import (
     ApiKeyEnvOpt,
     HarnessConfigOpt,
@@ -133,6 +134,16 @@ def run_command(
         Path | None, typer.Option(help="Price table YAML (per-1M token prices per model).")
     ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots with report.md.")] = True,
+    report_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--report-uri",
+            envvar="QPA_REPORT_URI",
+            show_envvar=True,
+            help="Also publish the finished run (report.json last) to this store folder: "
+            "file:///abs/dir or s3://bucket/prefix/ (endpoint and keys from QPA_S3_*).",
+        ),
+    ] = None,
     model_url: ModelUrlOpt = None,
     model: ModelOpt = "planner",
     model_path: ModelPathOpt = None,
@@ -143,10 +154,16 @@ def run_command(
 ) -> None:
     """Run every selected task k times and write trajectories.jsonl, report.json and report.md.
 
-    Rerunning with the same --out skips the episodes already written.
+    Rerunning with the same --out skips the episodes already written. With --report-uri (or
+    $QPA_REPORT_URI, as the HarnessRelease benchmark Job sets it) the run's files are then
+    uploaded there, report.json last.
     """
     if split not in SPLITS:
         die(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    try:  # a bad URI or missing credentials fail now, not after the episodes
+        report_store = open_report_store(report_uri) if report_uri else None
+    except PublishError as exc:
+        die(str(exc))
     spec = planner_spec(
         planner, model_url, model, model_path, harness_config, api_key_env, noise, planner_seed
     )
@@ -227,6 +244,24 @@ def run_command(
         f"{result.ran} episodes run, {result.skipped} resumed, in {result.elapsed_s:.1f}s"
     )
     print_summary(report, out)
+    published_uri: str | None = None
+    if report_store is not None:
+        try:
+            published = publish_run(out, report_store)
+        except PublishError as exc:
+            die(f"{exc}; the run is kept in {out}: rerun the same command to publish it")
+        published_uri = published.report_uri
+        console.print(f"published: {published_uri} ({len(published.objects)} files)")
+    write_status_file(  # the pod's termination message, when $QPA_STATUS_FILE says where
+        {
+            "report_uri": published_uri,
+            "overall": round(report.overall, 6),
+            "tasks": report.tasks,
+            "samples": report.samples,
+            "episodes": report.episodes,
+            "complete": report.complete,
+        }
+    )
     if result.interrupted:
         err_console.print("[yellow]interrupted: the report is partial; rerun to finish[/]")
         raise typer.Exit(130)

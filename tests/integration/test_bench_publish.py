@@ -1,0 +1,163 @@
+"""`qpa bench run` publishes its report where the HarnessRelease benchmark Job says.
+
+The operator's builder makes the Job (`qpa bench run ...` with `QPA_REPORT_URI` set to the
+candidate's report folder); these tests run that very command line through the real `qpa`
+console script (the oracle planner instead of the model endpoint, a tiny task limit) and then
+read the report back the way the operator does, with `qpa.release.verdict`: from a `file://`
+store in tmp_path and from a real S3 server (SeaweedFS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fakes.seaweed import SeaweedS3
+from qpa_operator.builders import Defaults
+from qpa_operator.builders import harnessrelease as builder
+
+from qpa.api import HarnessRelease, parse_resource
+from qpa.release.verdict import judge, read_report
+from qpa.store import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+QPA = Path(sys.executable).with_name("qpa")
+LIMIT = 3
+#: Options that point the Job at its model endpoint; the test plans with the oracle instead.
+PLANNER_OPTIONS = ("--planner", "--model-url", "--model")
+
+
+def release(report_uri: str, store: dict[str, Any] | None = None) -> HarnessRelease:
+    """The example release, benchmarking in-process sandboxes on a few tasks."""
+    doc = yaml.safe_load((ROOT / "examples" / "harnessrelease.yaml").read_text())
+    spec = doc["spec"]
+    spec["harness"].pop("configMapRef")
+    spec["benchmark"].pop("rolloutPoolRef")
+    spec["benchmark"].update(limit=LIMIT, samples=1, concurrency=2)
+    spec["gate"].update(minSamples=1, minTasks=1)
+    spec["reportUri"] = report_uri
+    spec.pop("store", None)
+    if store is not None:
+        spec["store"] = store
+    doc["metadata"].update(namespace="qpa", uid="4a7f6a34-5c2e-4a8e-9d1e-0c1f2d3e4f50")
+    resource = parse_resource(doc)
+    assert isinstance(resource, HarnessRelease)
+    return resource
+
+
+def job_command(hr: HarnessRelease, out: Path) -> tuple[list[str], dict[str, str]]:
+    """The benchmark Job's command (with the oracle planner and a local --out) and its env."""
+    job = builder.bench_job(hr, Defaults())
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = list(container["command"])
+    assert command[:3] == ["qpa", "bench", "run"]
+    args: list[str] = []
+    rest = iter(command[3:])
+    for arg in rest:
+        value = next(rest) if arg.startswith("--") and arg not in ("--no-plots",) else None
+        if arg in PLANNER_OPTIONS:
+            continue
+        if arg == "--out":
+            value = str(out)
+        args += [arg] if value is None else [arg, value]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    return [str(QPA), *command[1:3], *args, "--planner", "oracle"], env
+
+
+def run_job(
+    command: list[str], env: dict[str, str], **extra: str
+) -> subprocess.CompletedProcess[str]:
+    job_env = {k: v for k, v in env.items() if k not in ("HOME", "QPA_STATUS_FILE")}
+    return subprocess.run(
+        command,
+        env={**os.environ, **job_env, **extra, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_benchmark_job_publishes_its_report_to_a_file_store(tmp_path: Path) -> None:
+    hr = release((tmp_path / "releases").as_uri() + "/")
+    command, env = job_command(hr, tmp_path / "work")
+    assert "--report-uri" not in command  # the Job passes the folder as $QPA_REPORT_URI
+    assert env["QPA_REPORT_URI"] == builder.report_prefix(hr)
+    status_file = tmp_path / "termination-log"
+    result = run_job(command, env, QPA_STATUS_FILE=str(status_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # the operator's reader finds it at the candidate's report URI
+    candidate = builder.candidate(hr)
+    assert candidate.report_uri == env["QPA_REPORT_URI"] + "report.json"
+    report = read_report(candidate.report_uri)
+    assert report.tasks == LIMIT and report.complete and report.samples == 1
+    assert report.policy.planner == "oracle"
+    verdict = judge(candidate.report_uri, None, hr.spec.gate)
+    assert verdict.kind == "passed" and verdict.scores is not None
+    assert verdict.scores.overall == pytest.approx(report.overall, abs=1e-6)
+    # the run's other files went along, byte for byte
+    store = open_store(env["QPA_REPORT_URI"])
+    assert set(store.list()) >= {"report.json", "report.md", "trajectories.jsonl", "run.json"}
+    local = tmp_path / "work"
+    for name in ("report.json", "trajectories.jsonl"):
+        assert store.get_bytes(name) == (local / name).read_bytes()
+    assert f"published: {candidate.report_uri}" in result.stdout
+    # the pod's termination message says where the report went
+    summary = json.loads(status_file.read_text())
+    assert summary["report_uri"] == candidate.report_uri
+    assert (summary["tasks"], summary["complete"]) == (LIMIT, True)
+
+
+def test_a_bad_report_uri_fails_before_any_episode(tmp_path: Path) -> None:
+    hr = release((tmp_path / "releases").as_uri() + "/")
+    command, env = job_command(hr, tmp_path / "work")
+    result = run_job(command, env, QPA_REPORT_URI="ftp://host/reports/")
+    assert result.returncode != 0
+    assert "--report-uri ftp://host/reports/" in result.stderr + result.stdout
+    assert "unsupported store scheme 'ftp'" in result.stderr + result.stdout
+    assert not (tmp_path / "work" / "trajectories.jsonl").exists()
+    # an s3:// folder without credentials is refused up front too
+    result = run_job(
+        command,
+        env,
+        QPA_REPORT_URI="s3://qpa/releases/",
+        QPA_S3_ENDPOINT="http://127.0.0.1:9",
+        AWS_ACCESS_KEY_ID="",
+        AWS_SECRET_ACCESS_KEY="",
+    )
+    assert result.returncode != 0 and "no S3 credentials" in result.stderr + result.stdout
+    assert not (tmp_path / "work" / "trajectories.jsonl").exists()
+
+
+def test_the_benchmark_job_publishes_to_s3(tmp_path: Path, seaweed: SeaweedS3) -> None:
+    root = seaweed.root("bench-publish")
+    hr = release(
+        f"{root}/releases/",
+        store={"endpoint": seaweed.endpoint, "secretRef": {"name": "qpa-store"}},
+    )
+    command, env = job_command(hr, tmp_path / "work")
+    assert env["QPA_REPORT_URI"].startswith(f"{root}/releases/")
+    # the pod reads its keys from the mounted Secret's files; here they are local files
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "access").write_text(seaweed.access_key)
+    (keys / "secret").write_text(seaweed.secret_key)
+    result = run_job(
+        command,
+        env,
+        QPA_S3_ACCESS_KEY_FILE=str(keys / "access"),
+        QPA_S3_SECRET_KEY_FILE=str(keys / "secret"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    candidate = builder.candidate(hr)
+    assert candidate.report_uri is not None
+    config = seaweed.store_config()
+    report = read_report(candidate.report_uri, config)
+    assert report.tasks == LIMIT and report.complete
+    assert judge(candidate.report_uri, None, hr.spec.gate, config).passed
