@@ -36,8 +36,10 @@ from helpers.chart import (
     set_args,
 )
 from qpa_operator.builders import Defaults
+from qpa_operator.builders.common import store_parts
 
 from qpa.api.v1alpha1 import DevicePoolSpec
+from qpa.store import StoreConfig
 
 K8S_VERSION = "1.37.0"
 
@@ -138,7 +140,9 @@ def test_operator_runs_a_real_kopf_command_on_the_charts_peering(render: Render)
 
 
 def test_every_variable_the_chart_sets_is_read_by_the_operator(render: Render) -> None:
-    source = "\n".join(path.read_text() for path in (ROOT / "operator").rglob("*.py"))
+    # the operator's own code, and qpa.store's settings (how it reads benchmark reports)
+    sources = [*(ROOT / "operator").rglob("*.py"), ROOT / "qpa" / "store" / "config.py"]
+    source = "\n".join(path.read_text() for path in sources)
     from kopf._core.engines import peering
 
     kopf_reads = inspect.getsource(peering)
@@ -173,6 +177,64 @@ def test_operator_defaults_follow_the_values(render: Render) -> None:
     external = {"objectStore.endpoint": "https://s3.example:9000", "objectStore.secretName": "s3"}
     store = Defaults.from_env(env_of(operator_container(render(external)))).store
     assert store is not None and store.endpoint == "https://s3.example:9000"
+
+
+STORE_VALUES = [
+    (FULL, f"http://{RELEASE}-store.{NAMESPACE}.svc.cluster.local:8333", "qpa-store"),
+    (
+        {"objectStore.endpoint": "https://s3.example:9000", "objectStore.secretName": "s3"},
+        "https://s3.example:9000",
+        "s3",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "endpoint", "secret"), STORE_VALUES, ids=["bundled", "external"]
+)
+def test_operator_reads_reports_with_the_store_secret_as_files(
+    render: Render, values: dict[str, Any], endpoint: str, secret: str, tmp_path: Path
+) -> None:
+    """The release gate reads reports through qpa.store: endpoint and key files, no values."""
+    docs = render(values)
+    container = operator_container(docs)
+    pod = find(docs, "Deployment", f"{RELEASE}-operator")["spec"]["template"]["spec"]
+    env = env_of(container)
+    config = StoreConfig.from_env(env)
+    store = Defaults.from_env(env).store
+    assert store is not None and store.secret_ref.name == secret
+    assert config.endpoint == store.endpoint == endpoint and config.region == store.region
+    # the same Secret volume, mount and QPA_S3_* variables as the pods the operator creates
+    # with the chart's store (store_parts): read-only, the keys as files
+    parts = store_parts(store)
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "store-credentials"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "store-credentials"]
+    assert [volume] == list(parts.volumes) and [mount] == list(parts.mounts)
+    assert mount["readOnly"] is True and volume["secret"]["defaultMode"] == 0o440
+    assert [v for v in container["env"] if v["name"].startswith("QPA_S3_")] == list(parts.env)
+    paths = {f"{mount['mountPath']}/{item['path']}" for item in volume["secret"]["items"]}
+    assert paths == {str(config.access_key_file), str(config.secret_key_file)}
+    # nothing secret is inlined: no variable reads a Secret key
+    assert not [v for v in container["env"] if "secretKeyRef" in (v.get("valueFrom") or {})]
+    # with files where the Secret mounts them, qpa.store finds the credentials
+    (tmp_path / "access-key-id").write_text("AKIA-TEST\n")
+    (tmp_path / "secret-access-key").write_text("s3cr3t\n")
+    local = config.model_copy(
+        update={
+            "access_key_file": tmp_path / "access-key-id",
+            "secret_key_file": tmp_path / "secret-access-key",
+        }
+    )
+    assert local.credentials({})[:2] == ("AKIA-TEST", "s3cr3t")
+
+
+def test_no_store_no_store_credentials(render: Render) -> None:
+    docs = render()
+    container = operator_container(docs)
+    pod = find(docs, "Deployment", f"{RELEASE}-operator")["spec"]["template"]["spec"]
+    assert not [name for name in env_of(container) if name.startswith("QPA_S3_")]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert [m["name"] for m in container["volumeMounts"]] == ["tmp"]
 
 
 def test_bundled_store_serves_s3_with_the_secrets_keys(render: Render) -> None:
