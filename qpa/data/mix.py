@@ -139,6 +139,7 @@ class MixConfig(BaseModel):
     include_failures: false   # failed episodes with every turn from the mistake on masked
     review_rows: false        # also sample the mix's rows into its own review queue
     harness: {}               # the Harness version the rows are rendered for
+    harness_variants: []      # more Harness versions; each trajectory is rendered for one
     ```
 
     The mixture's review gate is that of its inputs (curated samples, and through them the
@@ -154,6 +155,12 @@ class MixConfig(BaseModel):
     include_failures: bool = False
     review_rows: bool = False
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    harness_variants: list[HarnessConfig] = Field(
+        default_factory=list,
+        description="other Harness versions (tool caps, budgets, Skills): each drawn trajectory "
+        "is rendered for one of `harness` + these, picked by a stable hash of its id, so the "
+        "model learns prompts of every version it will be served with",
+    )
 
 
 def load_mix_config(path: str | None) -> MixConfig:
@@ -381,15 +388,20 @@ def _masked_from_mistake(trajectory: Trajectory) -> Trajectory:
     return copy
 
 
-def build_rows(plan: MixPlan, renderer: Renderer) -> list[dict[str, Any]]:
-    """One row per conversation per drawn copy, in a seeded order."""
+def build_rows(
+    plan: MixPlan, renderer: Renderer, *variants: Renderer, seed: int = 0
+) -> list[dict[str, Any]]:
+    """One row per conversation per drawn copy, in a seeded order; with `variants`, each
+    trajectory is rendered by one of `renderer` + `variants` (a stable hash of its id)."""
+    renderers = (renderer, *variants)
     rows: list[dict[str, Any]] = []
     n = len(plan.items)
     for item in plan.drawn:
         t = item.trajectory
         source = t if t.success else _masked_from_mistake(t)
+        chosen = renderers[stable_hash(seed, "harness", t.id) % len(renderers)]
         try:
-            conversations = renderer.conversations(source)
+            conversations = chosen.conversations(source)
         except (RenderError, ValueError, KeyError) as exc:
             raise DataError(f"trajectory {t.id}: cannot be rendered: {exc}") from exc
         weight = round(item.share * n, 6)
@@ -499,7 +511,12 @@ def mix(
     config = config or MixConfig()
     trajectories = load_curated(inputs, include_failures=config.include_failures)
     plan = plan_mixture(trajectories, config, report)
-    rows = build_rows(plan, Renderer(config.harness))
+    rows = build_rows(
+        plan,
+        Renderer(config.harness),
+        *(Renderer(h) for h in config.harness_variants),
+        seed=config.seed,
+    )
     if not rows:
         raise DataError("the mixture is empty: no drawn trajectory has a trainable turn")
     dataset = to_dataset(rows, config.seed)

@@ -436,6 +436,20 @@ def build_tokenizer(
     return tokenizer
 
 
+def widest_harness(preset: LoopPreset) -> HarnessConfig:
+    """The first Harness opened to the revision's caps (every tool and Skill that fits): the
+    other end of what a revision can become. Macro lines are mined from it too, and the SFT
+    mixture renders part of its trajectories for it, so a revised Harness is no new prompt."""
+    return preset.harness.model_copy(
+        update={
+            "version": f"{preset.harness.version}-widest",
+            "token_budget": preset.revision.token_budget_cap,
+            "max_tools": preset.revision.max_tools_cap,
+            "memory_k": preset.revision.memory_k_cap,
+        }
+    )
+
+
 def make_checkpoint(
     preset: LoopPreset, out: Path, *, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -449,14 +463,7 @@ def make_checkpoint(
     rng = random.Random(stage_seed(preset.seed, "tiny-corpus"))
     picked = rng.sample(train, min(settings.conversations, len(train)))
     trajectories = [t for t in oracle_trajectories(picked) if t.success]
-    wide = preset.harness.model_copy(
-        update={
-            "version": "macro-mining",
-            "token_budget": preset.revision.token_budget_cap,
-            "max_tools": preset.revision.max_tools_cap,
-            "memory_k": preset.revision.memory_k_cap,
-        }
-    )
+    wide = widest_harness(preset)
     episodes = [[render_trajectory(t, h) for h in (preset.harness, wide)] for t in trajectories]
     conversations = [c for pair in episodes for c in pair]
     macros: list[str] = []
@@ -1148,6 +1155,7 @@ def _mix(
     target_size: int,
     harness: HarnessConfig,
     include_failures: bool,
+    harness_variants: Sequence[HarnessConfig] = (),
     report: Any = None,
     report_ref: str | None = None,
     weak_threshold: float = 0.7,
@@ -1169,6 +1177,7 @@ def _mix(
         adaptive=Adaptive(weak_threshold=weak_threshold, weak_boost=weak_boost),
         include_failures=include_failures,
         harness=harness,
+        harness_variants=list(harness_variants),
     )
     store = open_store(out)
     result = mix(
@@ -1265,6 +1274,7 @@ def stage_mix(ctx: StageContext) -> dict[str, Any]:
         target_size=settings.target_size,
         harness=ctx.preset.harness,
         include_failures=settings.include_failures,
+        harness_variants=[widest_harness(ctx.preset)] if settings.harness_variants else [],
     )
     manifest = result.manifest
     ctx.log(f"mix: {result.rows} rows from {manifest.counts.get('drawn', 0)} trajectories")
@@ -1616,7 +1626,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("tasks", "generate tasks", (), ("tasks",), stage_tasks),
     Stage("collect", "collect oracle + noisy", ("tasks",), ("collect",), stage_collect),
     Stage("curate", "curate (keep failures)", ("collect",), (), stage_curate),
-    Stage("mix", "mix", ("curate",), ("mix", "harness"), stage_mix),
+    Stage("mix", "mix", ("curate",), ("mix", "harness", "revision"), stage_mix),
     Stage(
         "eval_untrained",
         "evaluate untrained (test)",

@@ -253,3 +253,30 @@ def test_cli_mix_and_its_errors(tmp_path: Path, curated_batch: str) -> None:
 def test_importing_the_data_package_stays_light(tmp_path: Path) -> None:
     code = "import sys, qpa.data.mix, qpa.data.curate; assert 'datasets' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+def test_harness_variants_render_each_trajectory_for_one_version(skewed: list[Trajectory]) -> None:
+    from qpa.data.mix import build_rows
+    from qpa.data.render import Renderer
+    from qpa.harness.agent import HarnessConfig
+
+    plan = plan_mixture(skewed, MixConfig(target_size=40))
+    compact = HarnessConfig(version="compact", max_tools=2, token_budget=100)
+    wide = HarnessConfig(version="wide", max_tools=16, token_budget=1500)
+    alone = build_rows(plan, Renderer(compact))
+    mixed = build_rows(plan, Renderer(compact), Renderer(wide), seed=3)
+    assert len(mixed) == len(alone)
+
+    def system_prompts(rows: list[dict[str, object]]) -> dict[str, str]:
+        return {str(r["trajectory_id"]): r["messages"][0]["content"] for r in rows}  # type: ignore[index]
+
+    compact_prompts, mixed_prompts = system_prompts(alone), system_prompts(mixed)
+    changed = {t for t in compact_prompts if mixed_prompts[t] != compact_prompts[t]}
+    assert 0 < len(changed) < len(compact_prompts)  # some trajectories each way
+    for trajectory_id in changed:  # the wide version lists more tools than the compact one
+        assert mixed_prompts[trajectory_id].count("\n- ") > compact_prompts[trajectory_id].count(
+            "\n- "
+        )
+    assert system_prompts(build_rows(plan, Renderer(compact), Renderer(wide), seed=3)) == (
+        mixed_prompts
+    )
