@@ -119,12 +119,12 @@ def override_of(hr: HarnessRelease) -> tuple[OverrideAction | None, str | None]:
     return None, f"{OVERRIDE_ANNOTATION}={raw!r} is neither promote nor abort; ignored"
 
 
-def wants_report(hr: HarnessRelease, bench: Mapping[str, Any] | None) -> bool:
+def wants_report(hr: HarnessRelease, bench: Mapping[str, Any] | None, defaults: Defaults) -> bool:
     """True when the candidate's benchmark completed and the gate is still to decide."""
     status = hr.status
     if status is None or status.phase != "Benchmarking" or status.candidate is None:
         return False
-    if status.candidate.id != builder.candidate(hr).id:
+    if status.candidate.id != builder.candidate(hr, defaults).id:
         return False
     return job_state(bench).complete
 
@@ -155,13 +155,13 @@ def harness_manifest(
     """The Harness InferenceService for `status`, or None when there should be none."""
     if status.phase in ACTIVE:
         return builder.harness_service(
-            hr, defaults, builder.candidate(hr), harness_traffic(hr, status)
+            hr, defaults, builder.candidate(hr, defaults), harness_traffic(hr, status)
         )
     if status.phase == "Promoted" and status.stable is not None:
         return builder.harness_service(hr, defaults, status.stable, 100)
     if status.phase == "RolledBack" and status.stable is not None:
         # KServe's rollback: the candidate's revision keeps 0%, the last rolled-out one the rest.
-        return builder.harness_service(hr, defaults, builder.candidate(hr), 0)
+        return builder.harness_service(hr, defaults, builder.candidate(hr, defaults), 0)
     return None
 
 
@@ -189,7 +189,7 @@ def children(
     if harness is not None:
         apply.append(harness)
     keep = {("InferenceService", m["metadata"]["name"]) for m in apply}
-    job_name = builder.bench_job_name(hr)
+    job_name = builder.bench_job_name(hr, defaults)
     if status.phase == "Benchmarking":
         apply.append(builder.bench_job(hr, defaults))
         keep.add(("Job", job_name))
@@ -478,7 +478,7 @@ class _Machine:
             if self.forced:
                 self.start_canary()
                 return
-            job = builder.bench_job_name(self.hr)
+            job = builder.bench_job_name(self.hr, self.defaults)
             self.update(phase="Benchmarking", since=self.now, benchmark_job=job)
             self.condition("BenchmarkDone", "False", "BenchmarkRunning", f"Job {job} runs")
             self.event("Benchmarking", f"Job {job} benchmarks {self.candidate.id}")
@@ -505,7 +505,7 @@ class _Machine:
             self.start_canary()
             return
         timeouts = self.hr.spec.timeouts
-        name = self.status.benchmark_job or builder.bench_job_name(self.hr)
+        name = self.status.benchmark_job or builder.bench_job_name(self.hr, self.defaults)
         job = job_state(self.observed.bench)
         if job.failed_for_good:
             detail = f" ({job.reason}: {job.message})" if job.message else f" ({job.reason})"
@@ -641,7 +641,7 @@ def next_step(hr: HarnessRelease, observed: Observed, defaults: Defaults) -> Dec
         observed=observed,
         defaults=defaults,
         status=current.model_copy(update={"observed_generation": hr.metadata.generation}),
-        candidate=builder.candidate(hr),
+        candidate=builder.candidate(hr, defaults),
     )
     action, invalid = override_of(hr)
     if invalid is not None:

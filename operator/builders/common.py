@@ -147,6 +147,26 @@ def _store_from_env(env: Mapping[str, str]) -> ObjectStore | None:
         raise ValueError(f"QPA_OPERATOR_STORE_*: {exc}") from exc
 
 
+class MissingSetting(ValueError):
+    """A value neither the resource nor the operator's defaults give (names the field)."""
+
+
+def setting(owner: CustomResource, field: str, value: Any, default: Any, source: str) -> Any:
+    """`value` (the resource's `field`), else the operator's `default` (set by `source`).
+
+    Raises `MissingSetting` naming the resource, the field and the operator setting when
+    neither gives one (an empty string counts as none).
+    """
+    if value not in (None, ""):
+        return value
+    if default not in (None, ""):
+        return default
+    where = f"{owner_namespace(owner)}/{owner.metadata.name}"
+    raise MissingSetting(
+        f"{owner.kind} {where}: {field} is not set and the operator has no default ({source})"
+    )
+
+
 # --------------------------------------------------------------------------- identity
 
 

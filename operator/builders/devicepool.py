@@ -1,6 +1,7 @@
 """DevicePool -> a DaemonSet of the device bridge on the device nodes, and what it needs.
 
-On every node matching `nodeSelector` one bridge pod runs
+On every node matching `nodeSelector` one bridge pod (`bridgeImage`, else the operator's
+default bridge image) runs
 
     qpa device bridge --pool <name> --config /etc/qpa/bridge/devicepool.yaml --adb-port 5037
 
@@ -40,6 +41,7 @@ from qpa_operator.builders.common import (
     metadata,
     owner_namespace,
     selector_labels,
+    setting,
     with_spec_hash,
 )
 
@@ -110,11 +112,23 @@ def bridge_args(pool: DevicePool) -> list[str]:
     ]  # fmt: skip
 
 
+def bridge_image(pool: DevicePool, defaults: Defaults) -> str:
+    """The pool's `bridgeImage`, else the operator's (the chart's `images.deviceBridge`)."""
+    image: str = setting(
+        pool,
+        "spec.bridgeImage",
+        pool.spec.bridge_image,
+        defaults.bridge_image,
+        "QPA_OPERATOR_BRIDGE_IMAGE, the chart's images.deviceBridge",
+    )
+    return image
+
+
 def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
     spec = pool.spec
     container: JsonDict = {
         "name": CONTAINER,
-        "image": spec.bridge_image,
+        "image": bridge_image(pool, defaults),
         "args": bridge_args(pool),
         "ports": [{"name": "adb", "containerPort": spec.adb_port, "protocol": "TCP"}],
         "env": [

@@ -15,7 +15,11 @@
   candidate's model with the candidate's Harness settings; its report goes to
   `<reportUri>/<release>/<candidate>/report.json`.
 
-The model id hashes the model's serving settings; the version id hashes model and Harness; the
+A spec that leaves `harness.image` unset gets the operator's Harness image (the chart's
+`images.harness`) and one that leaves `store` unset the operator's object store (the chart's
+`objectStore`); `MissingSetting` names the field when neither gives one. The model id hashes
+the model's serving settings; the version id hashes model and Harness (with the image it
+resolves to, so a new default image is a new version, benchmarked before it serves); the
 candidate id adds the benchmark settings, so a new candidate (or a changed benchmark) gets a new
 benchmark Job. Which of these exist and at what traffic is decided by the release state machine
 (`qpa_operator.release`); everything here is a pure function of its arguments.
@@ -30,6 +34,7 @@ from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
     JsonDict,
+    MissingSetting,
     PodParts,
     bounded_name,
     combine,
@@ -46,12 +51,13 @@ from qpa_operator.builders.common import (
     restricted_pod_security,
     rollout_pool_url,
     service_host,
+    setting,
     store_parts,
     with_spec_hash,
 )
 
 from qpa.api import HarnessRelease
-from qpa.api.v1alpha1 import HarnessServing, ModelServing, ReleaseVersion
+from qpa.api.v1alpha1 import HarnessServing, ModelServing, ObjectStore, ReleaseVersion
 
 ISVC_API: Final = "serving.kserve.io/v1beta1"
 MODEL_COMPONENT: Final = "model"
@@ -86,34 +92,66 @@ def version_id(model: ModelServing, harness: HarnessServing) -> str:
     return content_hash({"model": model.to_k8s(), "harness": harness.to_k8s()}, 10)
 
 
-def candidate_id(hr: HarnessRelease) -> str:
+def harness_image(hr: HarnessRelease, defaults: Defaults) -> str:
+    """`spec.harness.image`, else the operator's Harness image (the chart's `images.harness`)."""
+    image: str = setting(
+        hr,
+        "spec.harness.image",
+        hr.spec.harness.image,
+        defaults.harness_image,
+        "QPA_OPERATOR_HARNESS_IMAGE, the chart's images.harness",
+    )
+    return image
+
+
+def harness_of(hr: HarnessRelease, defaults: Defaults) -> HarnessServing:
+    """The spec's Harness with its image resolved: what is served, hashed and promoted."""
+    harness = hr.spec.harness
+    image = harness_image(hr, defaults)
+    return harness if harness.image == image else harness.model_copy(update={"image": image})
+
+
+def store_of(hr: HarnessRelease, defaults: Defaults) -> ObjectStore | None:
+    """The spec's `store`, else the operator's; an `s3://` reportUri needs one of them."""
+    store = hr.spec.store or defaults.store
+    if store is None and hr.spec.report_uri.startswith("s3://"):
+        raise MissingSetting(
+            f"{hr.kind} {owner_namespace(hr)}/{hr.metadata.name}: spec.store is not set for the "
+            "s3:// spec.reportUri and the operator has no default object store "
+            "(QPA_OPERATOR_STORE_ENDPOINT/QPA_OPERATOR_STORE_SECRET, the chart's objectStore)"
+        )
+    return store
+
+
+def candidate_id(hr: HarnessRelease, defaults: Defaults) -> str:
     """The version plus the benchmark settings: a changed benchmark is a new benchmark Job."""
     spec = hr.spec
     parts = {
         "model": spec.model.to_k8s(),
-        "harness": spec.harness.to_k8s(),
+        "harness": harness_of(hr, defaults).to_k8s(),
         "benchmark": spec.benchmark.to_k8s(),
     }
     return content_hash(parts, 8)
 
 
-def report_prefix(hr: HarnessRelease) -> str:
+def report_prefix(hr: HarnessRelease, defaults: Defaults) -> str:
     """Where the candidate's benchmark report belongs: `<reportUri>/<release>/<candidate>/`."""
     base = hr.spec.report_uri.rstrip("/")
-    return f"{base}/{hr.metadata.name}/{candidate_id(hr)}/"
+    return f"{base}/{hr.metadata.name}/{candidate_id(hr, defaults)}/"
 
 
-def candidate(hr: HarnessRelease) -> ReleaseVersion:
-    """The version the spec asks for."""
+def candidate(hr: HarnessRelease, defaults: Defaults) -> ReleaseVersion:
+    """The version the spec asks for (its Harness image resolved)."""
     spec = hr.spec
+    harness = harness_of(hr, defaults)
     return ReleaseVersion(
-        id=version_id(spec.model, spec.harness),
+        id=version_id(spec.model, harness),
         model_uri=spec.model.uri,
-        harness_image=spec.harness.image,
-        harness_version=spec.harness.version,
+        harness_image=harness_image(hr, defaults),
+        harness_version=harness.version,
         model=spec.model,
-        harness=spec.harness,
-        report_uri=report_prefix(hr) + REPORT_FILE,
+        harness=harness,
+        report_uri=report_prefix(hr, defaults) + REPORT_FILE,
     )
 
 
@@ -125,8 +163,8 @@ def harness_name(hr: HarnessRelease) -> str:
     return bounded_name(hr, "harness", ISVC_NAME_LIMIT)
 
 
-def bench_job_name(hr: HarnessRelease) -> str:
-    return bounded_name(hr, f"bench-{candidate_id(hr)}", 63)
+def bench_job_name(hr: HarnessRelease, defaults: Defaults) -> str:
+    return bounded_name(hr, f"bench-{candidate_id(hr, defaults)}", 63)
 
 
 def model_url(hr: HarnessRelease, defaults: Defaults, model: ModelServing | None = None) -> str:
@@ -201,7 +239,7 @@ def harness_service(
 
     Below 100 KServe keeps the rest of the requests on the last rolled-out revision.
     """
-    version = version or candidate(hr)
+    version = version or candidate(hr, defaults)
     harness = version.harness
     config_parts, config_path = harness_config_parts(harness.config_map_ref)
     parts = combine(
@@ -219,7 +257,7 @@ def harness_service(
     )
     container = {
         "name": "kserve-container",
-        "image": harness.image,
+        "image": version.harness_image,
         "command": harness_args(hr, defaults, config_path, version.model),
         "ports": [{"containerPort": HARNESS_PORT, "protocol": "TCP"}],
         "env": list(parts.env),
@@ -276,12 +314,13 @@ def bench_args(hr: HarnessRelease, defaults: Defaults, config_path: str | None) 
 
 
 def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
-    config_parts, config_path = harness_config_parts(hr.spec.harness.config_map_ref)
+    harness = harness_of(hr, defaults)
+    config_parts, config_path = harness_config_parts(harness.config_map_ref)
     parts = combine(
         [
             PodParts(
                 env=(
-                    env_var("QPA_REPORT_URI", report_prefix(hr)),
+                    env_var("QPA_REPORT_URI", report_prefix(hr, defaults)),
                     env_var("QPA_STATUS_FILE", TERMINATION_LOG),
                     env_var("QPA_HARNESS_VERSION", hr.spec.harness.version),
                     env_var("HOME", "/tmp"),
@@ -293,12 +332,12 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
                 ),
             ),
             config_parts,
-            store_parts(hr.spec.store or defaults.store),
+            store_parts(store_of(hr, defaults)),
         ]
     )
     container = {
         "name": "bench",
-        "image": hr.spec.harness.image,
+        "image": harness.image,
         "command": bench_args(hr, defaults, config_path),
         "env": list(parts.env),
         "volumeMounts": list(parts.mounts),
@@ -306,9 +345,12 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    meta = metadata(hr, bench_job_name(hr), BENCH_COMPONENT, defaults)
-    meta["labels"][CANDIDATE_LABEL] = candidate_id(hr)
-    pod_labels = {**labels(hr, BENCH_COMPONENT, defaults), CANDIDATE_LABEL: candidate_id(hr)}
+    meta = metadata(hr, bench_job_name(hr, defaults), BENCH_COMPONENT, defaults)
+    meta["labels"][CANDIDATE_LABEL] = candidate_id(hr, defaults)
+    pod_labels = {
+        **labels(hr, BENCH_COMPONENT, defaults),
+        CANDIDATE_LABEL: candidate_id(hr, defaults),
+    }
     manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -93,18 +93,19 @@ def clock_tick() -> float:
 
 async def observe(resource: HarnessRelease, views: Views) -> release.Observed:
     namespace = resource.metadata.namespace or "default"
+    rt = await runtime()
     model = views.child("InferenceService", namespace, builder.model_name(resource))
     harness = views.child("InferenceService", namespace, builder.harness_name(resource))
-    bench = views.child("Job", namespace, builder.bench_job_name(resource))
+    bench = views.child("Job", namespace, builder.bench_job_name(resource, rt.defaults))
     verdict = None
     problem = None
-    if release.wants_report(resource, bench):
-        rt = await runtime()
+    if release.wants_report(resource, bench, rt.defaults):
         spec = resource.spec
         try:
             verdict = await asyncio.to_thread(
                 judge,
-                builder.candidate(resource).report_uri or builder.report_prefix(resource),
+                builder.candidate(resource, rt.defaults).report_uri
+                or builder.report_prefix(resource, rt.defaults),
                 release.stable_report(resource),
                 spec.gate,
                 store_config(spec.store or rt.defaults.store),
@@ -186,11 +187,11 @@ async def _reconcile(obj: Mapping[str, Any], views: Views, key: tuple[str, str])
         return
     rt = await runtime()
     observed = await observe(resource, views)
-    wanted = builder.candidate(resource).id
+    wanted = builder.candidate(resource, rt.defaults).id
     decisions: list[release.Decision] = []
 
     def compute(fresh: HarnessRelease) -> Any:
-        if builder.candidate(fresh).id != wanted:
+        if builder.candidate(fresh, rt.defaults).id != wanted:
             return None  # the spec changed meanwhile: its own update event reconciles it
         decision = release.next_step(fresh, observed, rt.defaults)
         decisions.append(decision)

@@ -661,7 +661,12 @@ class DevicePoolSpec(_Model):
         json_schema_extra={"default": {"qpa.ai/device-node": "true"}},
     )
     selector: DeviceFilter = _defaulted(DeviceFilter, "Which phones join the pool.")
-    bridge_image: str = Field(pattern=IMAGE, description="Device-bridge image (adb server).")
+    bridge_image: str | None = Field(
+        default=None,
+        pattern=IMAGE,
+        description="Device-bridge image (adb server); default: the operator's "
+        "(the chart's images.deviceBridge).",
+    )
     adb_port: int = Field(default=5037, ge=1, le=65535, description="adb server port per node.")
     lease_duration_seconds: int = Field(
         default=300, ge=10, le=86400, description="A lease not renewed for this long expires."
@@ -958,7 +963,12 @@ class ModelServing(_Model):
 class HarnessServing(_Model):
     """The Harness served as a KServe custom predictor (`qpa harness serve`)."""
 
-    image: str = Field(pattern=IMAGE, description="Harness image with qpa installed.")
+    image: str | None = Field(
+        default=None,
+        pattern=IMAGE,
+        description="Harness image with qpa installed; default: the operator's "
+        "(the chart's images.harness).",
+    )
     version: str = Field(
         min_length=1, max_length=63, description="Harness version (Skills and config)."
     )
@@ -1082,7 +1092,9 @@ class HarnessReleaseSpec(_Model):
         description="Where benchmark reports go, e.g. s3://qpa/releases/planner/.",
     )
     store: ObjectStore | None = Field(
-        default=None, description="Object storage settings for s3:// URIs."
+        default=None,
+        description="Object storage settings for an s3:// reportUri; default: the operator's "
+        "(the chart's objectStore).",
     )
 
     RULES = (
@@ -1091,7 +1103,6 @@ class HarnessReleaseSpec(_Model):
             message="benchmark.samples must be at least gate.minSamples",
             check=lambda m: m.benchmark.samples >= m.gate.min_samples,
         ),
-        _s3_needs_store("reportUri"),
     )
 
 

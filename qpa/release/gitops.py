@@ -100,7 +100,10 @@ def render_patch(
         servedModelName=version.model.served_model_name,
     )
     harness = dict(spec.get("harness") or {})
-    harness.update(image=version.harness.image, version=version.harness.version)
+    # the image the version was served with (the operator's default when the spec named none)
+    harness.update(
+        image=version.harness.image or version.harness_image, version=version.harness.version
+    )
     if version.harness.config_map_ref is not None:
         harness["configMapRef"] = version.harness.config_map_ref.to_k8s()
     else:
@@ -121,7 +124,8 @@ def commit_message(promotion: Promotion, source: str, target: str) -> str:
     ]
     if version.report_uri:
         lines += ["", f"Report: {version.report_uri}"]
-    lines += ["", f"Harness image {version.harness.image}; written by `qpa release promote`."]
+    image = version.harness.image or version.harness_image
+    lines += ["", f"Harness image {image}; written by `qpa release promote`."]
     return "\n".join(lines) + "\n"
 
 

@@ -88,12 +88,12 @@ def test_the_benchmark_job_publishes_its_report_to_a_file_store(tmp_path: Path) 
     hr = release((tmp_path / "releases").as_uri() + "/")
     command, env = job_command(hr, tmp_path / "work")
     assert "--report-uri" not in command  # the Job passes the folder as $QPA_REPORT_URI
-    assert env["QPA_REPORT_URI"] == builder.report_prefix(hr)
+    assert env["QPA_REPORT_URI"] == builder.report_prefix(hr, Defaults())
     status_file = tmp_path / "termination-log"
     result = run_job(command, env, QPA_STATUS_FILE=str(status_file))
     assert result.returncode == 0, result.stdout + result.stderr
     # the operator's reader finds it at the candidate's report URI
-    candidate = builder.candidate(hr)
+    candidate = builder.candidate(hr, Defaults())
     assert candidate.report_uri == env["QPA_REPORT_URI"] + "report.json"
     report = read_report(candidate.report_uri)
     assert report.tasks == LIMIT and report.complete and report.samples == 1
@@ -155,7 +155,7 @@ def test_the_benchmark_job_publishes_to_s3(tmp_path: Path, seaweed: SeaweedS3) -
         QPA_S3_SECRET_KEY_FILE=str(keys / "secret"),
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    candidate = builder.candidate(hr)
+    candidate = builder.candidate(hr, Defaults())
     assert candidate.report_uri is not None
     config = seaweed.store_config()
     report = read_report(candidate.report_uri, config)

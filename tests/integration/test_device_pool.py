@@ -358,4 +358,4 @@ def test_bridge_command_starts_its_adb_server_and_publishes(
          "--node", NODE, "--once"],
         env=_env(kube_config, tmp_path), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert bad.returncode == 2 and "bridgeImage" in bad.stderr.replace("\n", "")
+    assert bad.returncode == 2 and "below intervalSeconds" in bad.stderr.replace("\n", "")

@@ -413,9 +413,9 @@ def test_harnessrelease_candidates_get_their_own_benchmark() -> None:
     hr = load("harnessrelease.yaml")
     other = hr.model_copy(deep=True)
     other.spec.harness.version = "harness-v4"
-    assert harnessrelease.bench_job_name(hr) != harnessrelease.bench_job_name(other)
-    assert harnessrelease.bench_job_name(hr) == harnessrelease.bench_job_name(
-        load("harnessrelease.yaml")
+    assert harnessrelease.bench_job_name(hr, D) != harnessrelease.bench_job_name(other, D)
+    assert harnessrelease.bench_job_name(hr, D) == harnessrelease.bench_job_name(
+        load("harnessrelease.yaml"), D
     )
     model = harnessrelease.model_service(hr, D)
     assert model["apiVersion"] == "serving.kserve.io/v1beta1"

@@ -93,7 +93,7 @@ class World:
             now=self.now,
             model=self.child("InferenceService", builder.model_name(hr)),
             harness=self.child("InferenceService", builder.harness_name(hr)),
-            bench=self.child("Job", builder.bench_job_name(hr)),
+            bench=self.child("Job", builder.bench_job_name(hr, D)),
             **extra,
         )
 
@@ -106,7 +106,7 @@ class World:
         self.body["status"] = decision.status.to_k8s()
         if decision.consume_override:
             self.body["metadata"].get("annotations", {}).pop(OVERRIDE_ANNOTATION, None)
-        bench = self.child("Job", builder.bench_job_name(hr))
+        bench = self.child("Job", builder.bench_job_name(hr, D))
         desired = release.children(self.hr, decision.status, D, bench)
         for manifest in desired.apply:
             key = (manifest["kind"], manifest["metadata"]["name"])
@@ -142,7 +142,7 @@ class World:
         }  # fmt: skip
 
     def job(self, **status: Any) -> None:
-        self.live[("Job", builder.bench_job_name(self.hr))]["status"] = status
+        self.live[("Job", builder.bench_job_name(self.hr, D))]["status"] = status
 
     def complete(self) -> None:
         self.job(
@@ -215,14 +215,14 @@ def test_a_first_release_is_deployed_benchmarked_and_promoted_without_a_canary()
     world.ready()
     world.step()
     assert world.status["phase"] == "Benchmarking"
-    job = world.child("Job", builder.bench_job_name(world.hr))
+    job = world.child("Job", builder.bench_job_name(world.hr, D))
     assert job is not None and job["spec"]["activeDeadlineSeconds"] == 21600
     assert world.status["benchmarkJob"] == job["metadata"]["name"]
     # Nothing is read until the Job completes.
-    assert not release.wants_report(world.hr, job)
+    assert not release.wants_report(world.hr, job, D)
 
     world.complete()
-    assert release.wants_report(world.hr, world.child("Job", job["metadata"]["name"]))
+    assert release.wants_report(world.hr, world.child("Job", job["metadata"]["name"]), D)
     world.step(verdict=passed())
     status = world.status
     assert status["phase"] == "Promoted" and status["decision"] == "promote"
@@ -385,7 +385,7 @@ def test_a_failed_benchmark_job_rolls_back() -> None:
     assert "BackoffLimitExceeded" in world.status["reasons"][0]
     assert "no promotion" in world.status["reasons"][0]
     # A failed Job is kept (finished) for its logs.
-    assert world.child("Job", builder.bench_job_name(world.hr)) is not None
+    assert world.child("Job", builder.bench_job_name(world.hr, D)) is not None
 
 
 def test_deadlines_roll_back() -> None:
@@ -405,7 +405,7 @@ def test_deadlines_roll_back() -> None:
     world.later(22201)
     world.step()
     assert world.conditions()["Rejected"] == ("True", "BenchmarkTimeout")
-    assert world.child("Job", builder.bench_job_name(world.hr)) is None  # unfinished: removed
+    assert world.child("Job", builder.bench_job_name(world.hr, D)) is None  # unfinished: removed
 
 
 def test_an_unreachable_store_is_retried_then_rolls_back() -> None:
@@ -576,7 +576,7 @@ def test_a_new_spec_supersedes_the_candidate_and_the_stable_spec_is_just_promote
     world.ready()
     world.step()
     assert world.status["phase"] == "Benchmarking"
-    old_job = builder.bench_job_name(world.hr)
+    old_job = builder.bench_job_name(world.hr, D)
     world.set_spec("harness-v5")
     world.step()
     assert world.status["phase"] == "Deploying" and "Superseded" in world.reasons()
@@ -631,7 +631,7 @@ def test_gpu_models_land_on_gpu_nodes_and_the_default_store_reaches_the_benchmar
     defaults = Defaults(gpu_node_selector=(("gpu", "h200"),), store=store)
     body = hr_body()
     body["spec"].pop("store")
-    body["spec"]["reportUri"] = "file:///reports/"  # an s3:// one must name its store
+    body["spec"]["reportUri"] = "file:///reports/"  # s3://: test_defaults_fallback.py
     hr = parse_resource(body)
     assert isinstance(hr, HarnessRelease)
     predictor = builder.model_service(hr, defaults)["spec"]["predictor"]

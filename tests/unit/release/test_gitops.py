@@ -265,3 +265,22 @@ def test_an_existing_overlay_patch_is_updated_in_place(gitops: Path, tmp_path: P
     )
     with pytest.raises(PromotionError, match=r"prod/harnessrelease\.yaml declares Harness"):
         promote(gitops, odd, source="prod", target="staging")
+
+
+def test_a_version_served_with_the_operators_image_is_pinned_to_it(
+    gitops: Path, tmp_path: Path
+) -> None:
+    """A spec without `harness.image` ran the operator's default: the overlay names it."""
+    promotion = promotable(HarnessRelease.model_validate(judged_release()))
+    version = promotion.version
+    bare = version.model_copy(
+        update={
+            "harness": version.harness.model_copy(update={"image": None}),
+            "harness_image": "registry.example/qpa-harness:7",
+        }
+    )
+    promotion = promotion.model_copy(update={"version": bare})
+    done = promote(gitops, promotion, source="staging", target="prod", author=AUTHOR)
+    patch = yaml.safe_load(done.patch.read_text())
+    assert patch["spec"]["harness"]["image"] == "registry.example/qpa-harness:7"
+    assert "Harness image registry.example/qpa-harness:7" in head_message(gitops)
