@@ -12,23 +12,27 @@ Three presets ship:
   at most 15 minutes. It is sized for a tiny model trained from scratch in minutes, so it
   makes choices a real run would not, all recorded here and in the report:
 
-  * **A curriculum.** Nine templates of the `mobilepa` suite (three per capability `tool_use`,
+  * **A curriculum.** Six templates of the `mobilepa` suite (two per capability `tool_use`,
     `memory` and `skills`) whose reference plans are short (one or two tool calls, then
     finish) and whose arguments are copied from the instruction, the user's memory or the
     previous tool result. Training uses their `train` split and freshly generated train
     variants; the held-out evaluation is their canonical `test` split (never trained on); the
     validation split drives diagnosis, the Harness revision and the weakness targeting.
     `subagent` templates (7+ steps) are out of a tiny model's reach and left out.
+  * **A copying warm-up** (`WarmupSettings`): a model built from a config cannot copy a name
+    or a number from its prompt, which every task needs; a pretrained planner can.
   * **A tokenizer with macro tokens.** Lines of the Harness's prompts that recur across the
     training conversations (the rules, the tool protocol, each tool's schema line, Skills,
     reset observations) are single added tokens, so the fixed text costs a token per line and
-    a conversation is about 500 tokens instead of about 1,800. The text the model sees is
+    a conversation is about 300 tokens instead of about 1,800. The text the model sees is
     exactly the Harness's (`qpa.data.render`); only its tokenization is compact. A real
     planner uses its own tokenizer.
   * **A compact first Harness** (`harness-v1`): at most 4 tools and a 100-token adapter budget
     (tool lines only, no Skills). Diagnosis then finds the Harness-side failures this causes
-    (`tool_not_exposed`, `skill_not_injected`) and the revision (`harness-v2`) fixes them.
-  * A 2-layer, hidden-128 Qwen3, bf16 autocast on CPU, greedy decoding, 96 new tokens a turn.
+    (`tool_not_exposed`, `skill_not_injected`) and the revision (`harness-v2`) fixes them. The
+    SFT mixture renders part of its trajectories for the widest Harness a revision can reach,
+    so the revised Harness's prompt is not new to the model.
+  * A 2-layer, hidden-128 Qwen3 (8 heads), bf16 autocast on CPU, greedy decoding.
 
 - `small`: the same loop on three templates with a few dozen optimizer steps, for tests (< 3
   minutes). Its numbers prove the plumbing, not learning.

@@ -1,0 +1,168 @@
+"""`qpa loop` end to end: the `small` preset in one process, then a rerun, then the cluster dry run.
+
+The `small` preset runs every stage of the loop (tiny model, task generation, oracle and noisy
+collection, curation, mixture, SFT, evaluation, diagnosis, Harness revision, weakness-targeted
+round 2, CARE RL, evaluation) on three templates with a few dozen optimizer steps: it proves the
+plumbing and the report's shape, not learning (`qpa loop --preset local` is where learning is
+measured).
+
+Checked: `report.json` has the required keys and numbers in range, the lineage points at files
+that exist; a second run skips every stage and reproduces the numbers; a changed RL setting
+marks only the RL stages stale; `--preset cluster --dry-run` prints YAML whose TaskBatch,
+TrainingRun and HarnessRelease documents parse with `qpa.api.v1alpha1` and validate against
+the CRDs in `crds/`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("trl")
+
+from qpa.loop.presets import get_preset
+from qpa.loop.report import comparable
+from qpa.loop.run import LoopRun, plan, run_loop
+
+ROOT = Path(__file__).resolve().parents[2]
+SIDES = ("model", "harness", "environment")
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> LoopRun:
+    return run_loop(get_preset("small"), tmp_path_factory.mktemp("loop-small"))
+
+
+def _check_entry(entry: dict[str, Any], capabilities: list[str]) -> None:
+    assert 0.0 <= entry["test_success"] <= 1.0
+    assert set(entry["by_capability"]) <= set(capabilities)
+    assert entry["by_capability"], "per-capability success is missing"
+    for value in entry["by_capability"].values():
+        assert 0.0 <= value <= 1.0
+    tokens = entry["output_tokens_per_solved_task"]
+    assert tokens is None or tokens >= 0.0
+    if entry["test_success"] > 0:
+        assert tokens is not None
+    assert set(entry["diagnosis"]) == set(SIDES)
+    assert all(isinstance(v, int) and v >= 0 for v in entry["diagnosis"].values())
+    failures = round((1.0 - entry["test_success"]) * entry["tasks"])
+    assert sum(entry["diagnosis"].values()) == failures
+
+
+@pytest.mark.timeout(900)  # the module's loop run happens in this test's setup
+def test_small_preset_end_to_end(first_run: LoopRun) -> None:
+    run = first_run
+    assert run.ran and not run.skipped
+    out = run.out
+    report = run.report
+    for name in ("report.json", "report.md"):
+        assert (out / name).is_file()
+    for plot in report["plots"]:
+        assert (out / plot).is_file()
+    stages = report["stages"]
+    assert {"untrained", "sft", "rl"} <= set(stages)
+    capabilities = report["curriculum"]["capabilities"]
+    assert capabilities == ["tool_use", "memory", "skills"]
+    for entry in stages.values():
+        _check_entry(entry, capabilities)
+    revised = [n for n, e in stages.items() if e["kind"] == "harness_revision"]
+    assert len(revised) == 1
+    assert stages["rl"]["harness_version"] == stages[revised[0]]["harness_version"]
+    revision = report["harness_revision"]
+    for when in ("harness_failures_before", "harness_failures_after"):
+        assert set(revision[when]) == {"validation", "test"}
+    weakness = report["weakness_targeting"]
+    assert set(weakness["mixture_weights"]) >= set(capabilities)
+    assert sum(weakness["rl_pool_by_capability"].values()) > 0
+    lineage = report["lineage"]
+    final = lineage["final_model"]
+    assert (out / final["checkpoint"] / "config.json").is_file()
+    assert [m["name"] for m in lineage["models"]] == ["untrained", "sft", "rl"]
+    for model in lineage["models"]:
+        assert (out / model["checkpoint"]).is_dir()
+    assert {"sft_mixture", "round2_mixture", "curated"} <= set(lineage["datasets"])
+    for dataset in lineage["datasets"].values():
+        assert (out / dataset["manifest"]).is_file()
+    assert lineage["harness_versions"][0]["version"] == "harness-v1"
+    timing = report["timing"]
+    assert set(timing["stages_s"]) == set(timing["status"])
+    assert all(s == "ran" for s in timing["status"].values())
+
+
+def test_second_run_skips_every_stage_and_reproduces(first_run: LoopRun) -> None:
+    run = first_run
+    again = run_loop(get_preset("small"), run.out)
+    assert again.skipped == [s for s in run.results]
+    assert not again.ran
+    assert comparable(again.report) == comparable(run.report)
+    assert again.report["timing"]["stages_s"] == run.report["timing"]["stages_s"]
+
+
+def test_changed_setting_reruns_downstream_only(first_run: LoopRun) -> None:
+    run = first_run
+    preset = get_preset("small")
+    changed = preset.model_copy(
+        update={"rl": preset.rl.model_copy(update={"steps": preset.rl.steps + 1})}
+    )
+    status = {stage.name: now for stage, now in plan(changed, run.out)}
+    stale = sorted(n for n, s in status.items() if s != "skip (done)")
+    assert stale == ["eval_rl", "rl"]
+    reseeded = {stage.name: now for stage, now in plan(preset.with_seed(1), run.out)}
+    assert all(s != "skip (done)" for s in reseeded.values())
+
+
+def _crd_schemas() -> dict[str, Any]:
+    from fakes.kube_schema import CustomResourceSchema
+
+    schemas: dict[str, Any] = {}
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        version = crd["spec"]["versions"][0]
+        schemas[crd["spec"]["names"]["kind"]] = CustomResourceSchema(
+            version["schema"]["openAPIV3Schema"]
+        )
+    return schemas
+
+
+def test_cluster_dry_run_prints_valid_resources() -> None:
+    from typer.testing import CliRunner
+
+    import qpa.cli.loop  # noqa: F401  (registers `qpa loop` on the app)
+    from qpa.api.v1alpha1 import parse_resource
+    from qpa.cli import app
+
+    result = CliRunner().invoke(app, ["loop", "--preset", "cluster", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+    kinds = [d["kind"] for d in documents]
+    assert {"TaskBatch", "TrainingRun", "HarnessRelease"} <= set(kinds)
+    stages = {d["spec"]["stage"] for d in documents if d["kind"] == "TrainingRun"}
+    assert stages == {"sft", "rl"}
+    schemas = _crd_schemas()
+    for document in documents:
+        if document["kind"] not in ("TaskBatch", "TrainingRun", "HarnessRelease"):
+            continue
+        parse_resource(document)
+        schema = schemas[document["kind"]]
+        body = yaml.safe_load(yaml.safe_dump(document))
+        assert schema.prune(body) == [], document["metadata"]["name"]
+        schema.default(body)
+        assert schema.validate(body) == [], document["metadata"]["name"]
+    release = next(d for d in documents if d["kind"] == "HarnessRelease")
+    rl_run = next(d for d in documents if d["kind"] == "TrainingRun" and d["spec"]["stage"] == "rl")
+    assert release["spec"]["model"]["uri"].startswith(rl_run["spec"]["outputUri"])
+
+
+def test_cluster_preset_needs_dry_run() -> None:
+    from typer.testing import CliRunner
+
+    import qpa.cli.loop  # noqa: F401
+    from qpa.cli import app
+
+    result = CliRunner().invoke(app, ["loop", "--preset", "cluster"])
+    assert result.exit_code != 0
