@@ -1406,7 +1406,10 @@ def stage_round2(ctx: StageContext) -> dict[str, Any]:
     report_ref = ctx.path(ctx.inputs["eval_harness"]["validation"]["report"])
     report = load_report(report_ref)
     weakness = Weakness.from_report(report, source=str(report_ref))
-    existing = read_task_file(ctx.path(ctx.output("tasks", "train_tasks")))
+    # New variants are unique against the canonical suite only, not round 1's: a template's
+    # variant space can be small (a memory task's values come from the user's memory), and
+    # round 1 may have used all of it. The generator never reproduces a test-split task.
+    existing = curriculum(ctx.preset, "train")
     generated, summary = _generate(
         ctx,
         ctx.dir / "generated",
