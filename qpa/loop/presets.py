@@ -12,8 +12,8 @@ Three presets ship:
   at most 15 minutes. It is sized for a tiny model trained from scratch in minutes, so it
   makes choices a real run would not, all recorded here and in the report:
 
-  * **A curriculum.** Six templates of the `mobilepa` suite (two per capability `tool_use`,
-    `memory` and `skills`) whose reference plans are short (one or two tool calls, then
+  * **A curriculum.** Six templates of the `mobilepa` suite (three `tool_use`, two `memory`,
+    one `skills`) whose reference plans are short (one or two tool calls, then
     finish) and whose arguments are copied from the instruction, the user's memory or the
     previous tool result. Training uses their `train` split and freshly generated train
     variants; the held-out evaluation is their canonical `test` split (never trained on); the
