@@ -92,7 +92,7 @@ class WarmupSettings(_Settings):
     tokenizer's training corpus (train/validation text, never the test split).
     """
 
-    steps: int = Field(default=1000, ge=0, description="0: no warm-up")
+    steps: int = Field(default=1500, ge=0, description="0: no warm-up")
     batch_size: int = Field(default=32, ge=1)
     length: int = Field(default=24, ge=4, description="longest span (filler: up to half)")
     learning_rate: float = Field(default=3e-3, gt=0)
@@ -315,7 +315,7 @@ def local_preset() -> LoopPreset:
         harness=COMPACT_HARNESS,
         collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5),
         mix=MixSettings(target_size=1600),
-        sft=SFTSettings(max_steps=300, batch_size=8, learning_rate=1e-3),
+        sft=SFTSettings(max_steps=600, batch_size=8, learning_rate=1e-3),
         round2=Round2Settings(count=120, target_size=240),
         rl=RLSettings(steps=12, tasks_per_step=8, samples_per_task=4, learning_rate=1e-4),
     )
