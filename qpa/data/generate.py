@@ -411,6 +411,30 @@ def plan_generation(
     return plan
 
 
+def plan_per_template(
+    target: CoverageTarget,
+    *,
+    count: int,
+    existing: Sequence[Task] = (),
+    templates: dict[str, TaskTemplate],
+) -> CoveragePlan:
+    """`count` picks for every template in `templates`, each planned against its own cells.
+
+    `plan_generation` fills cells, and templates sharing a cell are interchangeable there: a
+    template whose cells another template also covers can get no picks at all. A curriculum
+    that must train every one of its templates plans them one by one instead.
+    """
+    plan = CoveragePlan()
+    for name in sorted(templates):
+        one = plan_generation(
+            target, existing=existing, count=count, templates={name: templates[name]}
+        )
+        plan.picks += one.picks
+        plan.cells.update(one.cells)
+        plan.reasons = sorted({*plan.reasons, *one.reasons})
+    return plan
+
+
 # --------------------------------------------------------------------------- executability
 
 

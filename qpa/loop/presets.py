@@ -27,11 +27,13 @@ Three presets ship:
     a conversation is about 300 tokens instead of about 1,800. The text the model sees is
     exactly the Harness's (`qpa.data.render`); only its tokenization is compact. A real
     planner uses its own tokenizer.
-  * **A compact first Harness** (`harness-v1`): at most 4 tools and a 100-token adapter budget
-    (tool lines only, no Skills). Diagnosis then finds the Harness-side failures this causes
-    (`tool_not_exposed`, `skill_not_injected`) and the revision (`harness-v2`) fixes them. The
-    SFT mixture renders part of its trajectories for the widest Harness a revision can reach,
-    so the revised Harness's prompt is not new to the model.
+  * **A compact first Harness** (`harness-v1`): at most 12 tools and a 150-token adapter
+    budget (tool lines only, no Skills). Diagnosis then finds the Harness-side failures this
+    causes (`skill_not_injected`, `tool_not_exposed`) and the revision (`harness-v2`) fixes
+    them. The SFT mixture renders each trajectory for v1 or one rung of a ladder of Harness
+    sizes up to the revision's caps, so the revised Harness's prompt is not new to the model.
+  * **Every template trained**: round 1 generates `generated_per_template` tasks for each
+    template (`plan_per_template`), not per coverage cell.
   * A 2-layer, hidden-128 Qwen3 (8 heads), bf16 autocast on CPU, greedy decoding.
 
 - `small`: the same loop on three templates with a few dozen optimizer steps, for tests (< 3
@@ -286,12 +288,12 @@ SMALL_TEMPLATES = ["add_new_contact", "alarm_with_preferred_sound", "cancel_meet
 
 COMPACT_HARNESS = HarnessConfig(
     version="harness-v1",
-    token_budget=100,
-    max_tools=4,
+    token_budget=150,
+    max_tools=12,
     memory_k=3,
     max_turns=6,
 )
-"""The first Harness for the tiny model: 4 tools, tool lines only (no Skills), 6 turns."""
+"""The first Harness for the tiny model: 12 tools, tool lines only (no Skills), 6 turns."""
 
 TINY_MODEL = TinyConfig(
     vocab_size=2048,

@@ -436,18 +436,33 @@ def build_tokenizer(
     return tokenizer
 
 
-def widest_harness(preset: LoopPreset) -> HarnessConfig:
-    """The first Harness opened to the revision's caps (every tool and Skill that fits): the
-    other end of what a revision can become. Macro lines are mined from it too, and the SFT
-    mixture renders part of its trajectories for it, so a revised Harness is no new prompt."""
-    return preset.harness.model_copy(
-        update={
-            "version": f"{preset.harness.version}-widest",
-            "token_budget": preset.revision.token_budget_cap,
-            "max_tools": preset.revision.max_tools_cap,
-            "memory_k": preset.revision.memory_k_cap,
-        }
-    )
+def harness_ladder(preset: LoopPreset, rungs: int = 3) -> list[HarnessConfig]:
+    """The first Harness opened step by step to the revision's caps (tool cap, adapter budget,
+    memory k), the last rung the widest: what a revision can become. Macro lines are mined from
+    every rung, and the SFT mixture renders each trajectory for one of v1 and the rungs, so a
+    revised Harness is no new prompt (a tiny model trained on two prompt sizes fails on a
+    third in between). The budget grows geometrically: revisions are small steps."""
+    first, caps = preset.harness, preset.revision
+    ladder: list[HarnessConfig] = []
+    for rung in range(1, rungs + 1):
+        share = rung / rungs
+
+        def toward(start: int, cap: int, share: float = share) -> int:
+            return max(start, round(start + (cap - start) * share))
+
+        budget = first.token_budget * (caps.token_budget_cap / first.token_budget) ** share
+
+        ladder.append(
+            first.model_copy(
+                update={
+                    "version": f"{first.version}-rung{rung}",
+                    "token_budget": max(first.token_budget, round(budget / 50) * 50),
+                    "max_tools": toward(first.max_tools or caps.max_tools_cap, caps.max_tools_cap),
+                    "memory_k": toward(first.memory_k, caps.memory_k_cap),
+                }
+            )
+        )
+    return ladder
 
 
 def make_checkpoint(
@@ -463,8 +478,8 @@ def make_checkpoint(
     rng = random.Random(stage_seed(preset.seed, "tiny-corpus"))
     picked = rng.sample(train, min(settings.conversations, len(train)))
     trajectories = [t for t in oracle_trajectories(picked) if t.success]
-    wide = widest_harness(preset)
-    episodes = [[render_trajectory(t, h) for h in (preset.harness, wide)] for t in trajectories]
+    harnesses = [preset.harness, *harness_ladder(preset)]
+    episodes = [[render_trajectory(t, h) for h in harnesses] for t in trajectories]
     conversations = [c for pair in episodes for c in pair]
     macros: list[str] = []
     if settings.macro_lines:
@@ -1043,10 +1058,18 @@ def _generate(
     weak_threshold: float = 0.7,
     weak_boost: float = 2.0,
     parents: Sequence[str] = (),
+    per_template: bool = False,
 ) -> tuple[list[Task], dict[str, Any]]:
     """Tasks for the curriculum's templates (`plan_generation` + `generate_tasks`), written
-    with their plan and an (automatic) review queue to `out`."""
-    from qpa.data.generate import CoverageTarget, generate_tasks, plan_generation, write_generated
+    with their plan and an (automatic) review queue to `out`. `per_template`: `count` is per
+    template and every template gets its share (`plan_per_template`)."""
+    from qpa.data.generate import (
+        CoverageTarget,
+        generate_tasks,
+        plan_generation,
+        plan_per_template,
+        write_generated,
+    )
     from qpa.envs.sandbox.suite import all_templates
     from qpa.store import open_store
 
@@ -1058,9 +1081,12 @@ def _generate(
         weak_boost=weak_boost,
         include_canonical_train=False,
     )
-    plan = plan_generation(
-        target, existing=existing, weakness=weakness, count=count, templates=templates
-    )
+    if per_template:
+        plan = plan_per_template(target, count=count, existing=existing, templates=templates)
+    else:
+        plan = plan_generation(
+            target, existing=existing, weakness=weakness, count=count, templates=templates
+        )
     result = generate_tasks(plan, seed=seed, existing=existing, suite=ctx.preset.suite)
     store = open_store(out)
     manifest = write_generated(
@@ -1208,10 +1234,11 @@ def stage_tasks(ctx: StageContext) -> dict[str, Any]:
     generated, summary = _generate(
         ctx,
         ctx.dir / "generated",
-        count=settings.generated_per_template * len(settings.templates),
+        count=settings.generated_per_template,
         per_cell=settings.per_cell,
         seed=1 + ctx.preset.seed * 1000,
         existing=canonical,
+        per_template=True,
     )
     train = [*canonical, *generated]
     write_jsonl(ctx.dir / "train_tasks.jsonl", train)
@@ -1274,7 +1301,7 @@ def stage_mix(ctx: StageContext) -> dict[str, Any]:
         target_size=settings.target_size,
         harness=ctx.preset.harness,
         include_failures=settings.include_failures,
-        harness_variants=[widest_harness(ctx.preset)] if settings.harness_variants else [],
+        harness_variants=harness_ladder(ctx.preset) if settings.harness_variants else [],
     )
     manifest = result.manifest
     ctx.log(f"mix: {result.rows} rows from {manifest.counts.get('drawn', 0)} trajectories")

@@ -24,6 +24,7 @@ from qpa.data.generate import (
     load_coverage_target,
     parse_variants,
     plan_generation,
+    plan_per_template,
     required_literals,
     variant_problems,
     write_generated,
@@ -82,6 +83,20 @@ def test_thin_cells_are_filled_first() -> None:
     assert plan.cells["memory/email/3"]["after"] == 5
     # with the canonical train split counted, the default target is already full
     assert plan_generation(CoverageTarget()).picks == []
+
+
+def test_every_template_gets_its_share_when_planned_per_template() -> None:
+    # text_contact_by_name's only cell is also text_partner_from_memory's: cell filling
+    # all but leaves it out, a per-template plan does not
+    names = ["add_new_contact", "text_contact_by_name", "text_partner_from_memory"]
+    templates = {n: t for n, t in all_templates().items() if n in names}
+    target = CoverageTarget(include_canonical_train=False)
+    cells = plan_generation(target, count=30, templates=templates)
+    assert Counter(p.template for p in cells.picks)["text_contact_by_name"] <= 2
+    plan = plan_per_template(target, count=10, templates=templates)
+    assert Counter(p.template for p in plan.picks) == {n: 10 for n in names}
+    made = generate_tasks(plan, seed=7)
+    assert Counter(t.template for t in made.tasks)["text_contact_by_name"] == 10
 
 
 def _report(weak: str) -> object:
