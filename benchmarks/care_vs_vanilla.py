@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 "output_tokens_per_task": result["output_tokens_per_task"],
                 "rollout_output_tokens_last_step": trained["output_tokens_by_step"][-1],
                 "rollout_success_by_step": trained["success_rate_by_step"],
-                "care_tiers": trained["care_tiers"],
+                "care_tier_share": trained["care_tier_share"],
                 "seconds": round(time.perf_counter() - started, 1),
             }
             folder.mkdir(parents=True, exist_ok=True)

@@ -319,7 +319,7 @@ def local_preset() -> LoopPreset:
         mix=MixSettings(target_size=1600),
         sft=SFTSettings(max_steps=600, batch_size=8, learning_rate=1e-3),
         round2=Round2Settings(count=120, target_size=240),
-        rl=RLSettings(steps=12, tasks_per_step=8, samples_per_task=4, learning_rate=1e-4),
+        rl=RLSettings(steps=24, tasks_per_step=8, samples_per_task=4, learning_rate=1e-4),
     )
 
 
