@@ -344,7 +344,8 @@ def small_preset() -> LoopPreset:
             validation_per_template=3,
             test_per_template=4,
         ),
-        harness=COMPACT_HARNESS,
+        # 4 tools: a Harness gap on every template, so the revision always has work
+        harness=COMPACT_HARNESS.model_copy(update={"max_tools": 4, "token_budget": 100}),
         collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5),
         mix=MixSettings(target_size=60),
         sft=SFTSettings(max_steps=20, batch_size=8, learning_rate=3e-3, checkpoint_every=10),

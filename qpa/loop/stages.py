@@ -443,26 +443,27 @@ def harness_ladder(preset: LoopPreset, rungs: int = 3) -> list[HarnessConfig]:
     revised Harness is no new prompt (a tiny model trained on two prompt sizes fails on a
     third in between). The budget grows geometrically: revisions are small steps."""
     first, caps = preset.harness, preset.revision
+    tools = first.max_tools or caps.max_tools_cap
+    budget = max(first.token_budget, 50)
     ladder: list[HarnessConfig] = []
     for rung in range(1, rungs + 1):
         share = rung / rungs
-
-        def toward(start: int, cap: int, share: float = share) -> int:
-            return max(start, round(start + (cap - start) * share))
-
-        budget = first.token_budget * (caps.token_budget_cap / first.token_budget) ** share
-
+        rung_budget = budget * (max(caps.token_budget_cap, budget) / budget) ** share
         ladder.append(
             first.model_copy(
                 update={
                     "version": f"{first.version}-rung{rung}",
-                    "token_budget": max(first.token_budget, round(budget / 50) * 50),
-                    "max_tools": toward(first.max_tools or caps.max_tools_cap, caps.max_tools_cap),
-                    "memory_k": toward(first.memory_k, caps.memory_k_cap),
+                    "token_budget": max(first.token_budget, round(rung_budget / 50) * 50),
+                    "max_tools": _between(tools, caps.max_tools_cap, share),
+                    "memory_k": _between(first.memory_k, caps.memory_k_cap, share),
                 }
             )
         )
     return ladder
+
+
+def _between(start: int, cap: int, share: float) -> int:
+    return max(start, round(start + (cap - start) * share))
 
 
 def make_checkpoint(

@@ -28,6 +28,7 @@ pytest.importorskip("trl")
 from qpa.loop.presets import get_preset
 from qpa.loop.report import comparable
 from qpa.loop.run import LoopRun, plan, run_loop
+from qpa.loop.stages import harness_ladder
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDES = ("model", "harness", "environment")
@@ -127,6 +128,25 @@ def _crd_schemas() -> dict[str, Any]:
             version["schema"]["openAPIV3Schema"]
         )
     return schemas
+
+
+def test_harness_ladder_climbs_from_v1_to_the_revision_caps() -> None:
+    preset = get_preset("local")
+    first, caps = preset.harness, preset.revision
+    ladder = harness_ladder(preset)
+    assert len(ladder) == 3
+    assert len({h.version for h in [first, *ladder]}) == 4
+    for lower, upper in zip([first, *ladder], ladder, strict=False):
+        assert upper.max_tools is not None and lower.max_tools is not None
+        assert upper.max_tools >= lower.max_tools and upper.token_budget > lower.token_budget
+        assert upper.memory_k >= lower.memory_k
+    top = ladder[-1]
+    assert (top.max_tools, top.token_budget, top.memory_k) == (
+        caps.max_tools_cap,
+        caps.token_budget_cap,
+        caps.memory_k_cap,
+    )
+    assert all(h.token_budget % 50 == 0 and h.max_turns == first.max_turns for h in ladder)
 
 
 def test_cluster_dry_run_prints_valid_resources() -> None:
