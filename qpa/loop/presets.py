@@ -115,7 +115,12 @@ class TaskSettings(_Settings):
     generated_per_template: int = Field(
         default=40, ge=0, description="round 1: fresh train variants per template"
     )
-    per_cell: int = Field(default=4, ge=0, description="coverage target per cell (round 1)")
+    per_cell: int = Field(
+        default=4,
+        ge=0,
+        description="round 1's coverage target per cell, recorded in its plan (the count per "
+        "template is `generated_per_template`)",
+    )
     validation_per_template: int | None = Field(
         default=None, ge=1, description="cap on validation tasks per template (all when unset)"
     )
