@@ -1,0 +1,364 @@
+"""HarnessRelease: its spec, status and custom resource model."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Final, Literal
+
+from pydantic import Field
+
+from qpa.api.v1alpha1.base import (
+    ARTIFACT_URI,
+    IMAGE,
+    MODEL_URI,
+    Condition,
+    ConfigMapKeySelector,
+    CrossFieldRule,
+    EnvironmentKind,
+    LocalObjectReference,
+    ObjectStore,
+    ResourceRequirements,
+    Split,
+    _conditions,
+    _defaulted,
+    _Model,
+    _observed_generation,
+    _timestamp,
+)
+from qpa.api.v1alpha1.resource import (
+    AGE_COLUMN,
+    PHASE_COLUMN,
+    CustomResource,
+    KindInfo,
+    PrinterColumn,
+)
+
+
+class ModelServing(_Model):
+    """The planner model served by KServe."""
+
+    uri: str = Field(pattern=MODEL_URI, max_length=2048, description="storageUri of the model.")
+    runtime: Literal["vllm", "huggingface"] = Field(
+        default="vllm", description="Serving runtime (vLLM needs GPUs)."
+    )
+    served_model_name: str = Field(
+        default="planner", min_length=1, max_length=253, description="Name clients ask for."
+    )
+    gpus: int = Field(default=1, ge=0, le=16, description="GPUs per replica.")
+    max_model_length: int | None = Field(
+        default=None, ge=128, description="Context length limit passed to the runtime."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Extra resources of each replica."
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="self.runtime != 'vllm' || self.gpus >= 1",
+            message="runtime vllm needs gpus >= 1",
+            check=lambda m: m.runtime != "vllm" or m.gpus >= 1,
+        ),
+    )
+
+
+class HarnessServing(_Model):
+    """The Harness served as a KServe custom predictor (`qpa harness serve`)."""
+
+    image: str | None = Field(
+        default=None,
+        pattern=IMAGE,
+        description="Harness image with qpa installed; default: the operator's "
+        "(the chart's images.harness).",
+    )
+    version: str = Field(
+        min_length=1, max_length=63, description="Harness version (Skills and config)."
+    )
+    config_map_ref: ConfigMapKeySelector | None = Field(
+        default=None, description="ConfigMap key with the Harness YAML (--harness-config)."
+    )
+
+
+class BenchmarkSettings(_Model):
+    """The benchmark run against the candidate (`qpa bench run`)."""
+
+    suite: str = Field(default="mobilepa", min_length=1, max_length=63, description="Suite.")
+    split: Split = Field(default="test", description="Split scored.")
+    samples: int = Field(default=1, ge=1, le=64, description="Samples per task (--samples).")
+    limit: int | None = Field(default=None, ge=1, description="At most this many tasks.")
+    concurrency: int = Field(default=8, ge=1, le=1024, description="Episodes in parallel.")
+    environment: EnvironmentKind = Field(
+        default="sandbox", description="Environment kind the benchmark runs in."
+    )
+    rollout_pool_ref: LocalObjectReference | None = Field(
+        default=None, description="RolloutPool serving the benchmark's environments."
+    )
+
+
+class GateSettings(_Model):
+    """Release thresholds; the same fields as `qpa bench gate --spec` (snake_case there)."""
+
+    min_overall: float = Field(default=0.5, ge=0, le=1, description="Lowest overall success.")
+    max_capability_regression: float = Field(
+        default=0.03,
+        ge=0,
+        le=1,
+        description="Largest drop of any capability's success against stable (absolute).",
+    )
+    max_cost_increase: float | None = Field(
+        default=0.10, ge=0, description="Largest relative rise of cost per 1K tasks; null: off."
+    )
+    max_environment_error_rate: float | None = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Largest share of episodes ended by the infrastructure; null: off.",
+    )
+    min_samples: int = Field(default=1, ge=1, description="Fewest samples per task.")
+    min_tasks: int = Field(default=1, ge=1, description="Fewest tasks scored.")
+    require_complete: bool = Field(default=True, description="Fail a partial report.")
+
+
+class ReleaseTimeouts(_Model):
+    """How long each stage of a release may take before it is rolled back (fail closed)."""
+
+    deploy_seconds: int = Field(
+        default=1800,
+        ge=10,
+        le=86400,
+        description="From deploying the candidate until both InferenceServices are Ready; "
+        "also the longest a canary step may wait for the Harness to be Ready.",
+    )
+    benchmark_seconds: int = Field(
+        default=21600,
+        ge=10,
+        le=604800,
+        description="The benchmark Job's activeDeadlineSeconds; from its start until the "
+        "verdict (report read) the release waits at most this plus reportSeconds.",
+    )
+    report_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description="How long an unreachable object store may delay reading the report, "
+        "from the first failed read, before the release is rolled back.",
+    )
+
+
+class CanarySettings(_Model):
+    """Traffic steps of the canary (percent of requests to the candidate)."""
+
+    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [10, 50, 100],
+        min_length=1,
+        max_length=20,
+        description="Increasing traffic percentages; the last is 100.",
+        json_schema_extra={"default": [10, 50, 100], "x-kubernetes-list-type": "set"},
+    )
+    step_seconds: int = Field(
+        default=300, ge=0, le=86400, description="Seconds at each step before the next."
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="self.steps[size(self.steps) - 1] == 100",
+            message="the last canary step must be 100",
+            check=lambda m: bool(m.steps) and m.steps[-1] == 100,
+        ),
+        CrossFieldRule(
+            # strictly: the list is a set (no repeats) and sorted
+            cel="self.steps.isSorted()",
+            message="canary steps must increase",
+            check=lambda m: all(a < b for a, b in zip(m.steps, m.steps[1:], strict=False)),
+        ),
+    )
+
+
+class HarnessReleaseSpec(_Model):
+    """A model + Harness candidate: deploy, benchmark, gate, then promote or roll back."""
+
+    model: ModelServing = Field(description="The planner model to serve.")
+    harness: HarnessServing = Field(description="The Harness version to serve.")
+    benchmark: BenchmarkSettings = _defaulted(BenchmarkSettings, "Benchmark of the candidate.")
+    gate: GateSettings = _defaulted(GateSettings, "Thresholds the candidate must pass.")
+    canary: CanarySettings = _defaulted(CanarySettings, "Canary traffic steps.")
+    timeouts: ReleaseTimeouts = _defaulted(ReleaseTimeouts, "Deadlines of each stage.")
+    promotion: Literal["auto", "manual"] = Field(
+        default="auto",
+        description="auto: start the canary when the gate passes; manual: wait for the "
+        "annotation qpa.ai/override=promote.",
+    )
+    report_uri: str = Field(
+        pattern=ARTIFACT_URI,
+        max_length=2048,
+        description="Where benchmark reports go, e.g. s3://qpa/releases/planner/.",
+    )
+    store: ObjectStore | None = Field(
+        default=None,
+        description="Object storage settings for an s3:// reportUri; default: the operator's "
+        "(the chart's objectStore).",
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="self.benchmark.samples >= self.gate.minSamples",
+            message="benchmark.samples must be at least gate.minSamples",
+            check=lambda m: m.benchmark.samples >= m.gate.min_samples,
+        ),
+    )
+
+
+#: Annotation a person sets on a HarnessRelease to force the current candidate through
+#: (`promote`: skip the benchmark or overrule the gate) or to stop it (`abort`: roll back).
+#: The operator records it in status (`override`, condition `Overridden`) and removes it.
+OVERRIDE_ANNOTATION: Final = "qpa.ai/override"
+OverrideAction = Literal["promote", "abort"]
+
+
+class ReleaseVersion(_Model):
+    """A model + Harness pair as deployed: enough to deploy it again or to promote it."""
+
+    id: str = Field(
+        min_length=1, max_length=63, description="Hash of model and Harness serving settings."
+    )
+    model_uri: str = Field(description="Model storageUri.")
+    harness_image: str = Field(description="Harness image.")
+    harness_version: str = Field(description="Harness version.")
+    model: ModelServing = Field(description="The model as served.")
+    harness: HarnessServing = Field(description="The Harness as served.")
+    report_uri: str | None = Field(default=None, description="Its benchmark report.json.")
+    promoted_at: datetime | None = _timestamp("When it became stable.")
+
+
+class Scores(_Model):
+    """Benchmark scores of one version."""
+
+    overall: float = Field(ge=0, le=1, description="Success rate over all tasks.")
+    by_capability: dict[str, float] = Field(
+        default_factory=dict, description="Success rate per capability."
+    )
+    cost_per_1k_tasks: float | None = Field(
+        default=None, ge=0, description="Output cost per 1K tasks (USD)."
+    )
+    tasks: int = Field(default=0, ge=0, description="Tasks scored.")
+    samples: int = Field(default=0, ge=0, description="Samples per task.")
+
+
+HarnessReleasePhase = Literal[
+    "Pending",
+    "Deploying",
+    "Benchmarking",
+    "AwaitingPromotion",
+    "Canary",
+    "Promoted",
+    "RolledBack",
+]
+
+
+class ReleaseOverride(_Model):
+    """A manual override the operator acted on (from the `qpa.ai/override` annotation)."""
+
+    action: OverrideAction = Field(description="promote or abort.")
+    version: str = Field(description="Id of the candidate it applied to.")
+    at: datetime = Field(description="When the operator acted on it.")
+
+
+class HarnessReleaseStatus(_Model):
+    """Where a release stands, with the scores and the decision."""
+
+    phase: HarnessReleasePhase | None = Field(default=None, description="Lifecycle phase.")
+    observed_generation: int | None = _observed_generation()
+    conditions: list[Condition] = _conditions()
+    candidate: ReleaseVersion | None = Field(default=None, description="Version under test.")
+    stable: ReleaseVersion | None = Field(default=None, description="Version serving now.")
+    previous: ReleaseVersion | None = Field(
+        default=None, description="The stable version before the last promotion (kept deployed)."
+    )
+    since: datetime | None = _timestamp("When the current phase or canary step began.")
+    benchmark_job: str | None = Field(default=None, description="The candidate's benchmark Job.")
+    scores: Scores | None = Field(default=None, description="The candidate's scores.")
+    stable_scores: Scores | None = Field(default=None, description="The stable version's scores.")
+    deltas: dict[str, float] = Field(
+        default_factory=dict, description="Candidate minus stable, per capability and overall."
+    )
+    decision: Literal["promote", "rollback"] | None = Field(
+        default=None, description="The gate's decision (missing results never promote)."
+    )
+    reasons: list[str] = Field(default_factory=list, description="Why, one line per check.")
+    override: ReleaseOverride | None = Field(
+        default=None, description="The manual override applied to the candidate, if any."
+    )
+    canary_step: int | None = Field(default=None, ge=0, description="Index of the canary step.")
+    traffic_percent: int = Field(
+        default=0, ge=0, le=100, description="Share of traffic on the candidate."
+    )
+    report_uri: str | None = Field(default=None, description="The candidate's report.json.")
+
+
+class HarnessRelease(CustomResource):
+    """A gated release of a model + Harness version through a canary."""
+
+    info = KindInfo(
+        kind="HarnessRelease",
+        plural="harnessreleases",
+        singular="harnessrelease",
+        short_names=("hr",),
+        description="HarnessRelease deploys a model (KServe + vLLM) and a Harness version as a "
+        "canary, benchmarks it, and promotes or rolls back by the gate.",
+        printer_columns=(
+            PrinterColumn(
+                name="Harness",
+                type="string",
+                json_path=".spec.harness.version",
+                description="The candidate's Harness version.",
+            ),
+            PHASE_COLUMN,
+            PrinterColumn(name="Decision", type="string", json_path=".status.decision"),
+            PrinterColumn(
+                name="Score",
+                type="number",
+                json_path=".status.scores.overall",
+                description="The candidate's overall success rate.",
+            ),
+            PrinterColumn(
+                name="Delta",
+                type="number",
+                json_path=".status.deltas.overall",
+                description="Overall success, candidate minus stable.",
+            ),
+            PrinterColumn(
+                name="Stable",
+                type="string",
+                json_path=".status.stable.harnessVersion",
+                description="The Harness version serving now.",
+            ),
+            PrinterColumn(name="Traffic", type="integer", json_path=".status.trafficPercent"),
+            PrinterColumn(name="Model", type="string", json_path=".spec.model.uri", priority=1),
+            *(
+                PrinterColumn(
+                    name=label,
+                    type="number",
+                    json_path=f".status.scores.byCapability.{capability}",
+                    description=f"The candidate's {capability} success rate.",
+                    priority=1,
+                )
+                for capability, label in (
+                    ("tool_use", "ToolUse"),
+                    ("memory", "Memory"),
+                    ("skills", "Skills"),
+                    ("subagent", "Subagent"),
+                )
+            ),
+            PrinterColumn(
+                name="Reason",
+                type="string",
+                json_path=".status.reasons[0]",
+                description="The first reason of the decision.",
+                priority=1,
+            ),
+            AGE_COLUMN,
+        ),
+    )
+
+    kind: Literal["HarnessRelease"] = "HarnessRelease"
+    spec: HarnessReleaseSpec
+    status: HarnessReleaseStatus | None = None

@@ -1,0 +1,117 @@
+"""The envelope every kind shares: metadata, printer columns, names (`KindInfo`), CustomResource."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from qpa.api.v1alpha1.base import (
+    API_VERSION,
+    GROUP,
+    _Model,
+)
+
+
+class OwnerReference(_Model):
+    """Points a child object at its owner (garbage collection, `controller` marks the owner)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = None
+
+
+class ObjectMeta(_Model):
+    """Kubernetes object metadata (the fields qpa reads; others are kept as they are)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    generate_name: str | None = None
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    uid: str | None = None
+    resource_version: str | None = None
+    generation: int | None = None
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    finalizers: list[str] = Field(default_factory=list)
+    owner_references: list[OwnerReference] = Field(default_factory=list)
+
+
+class PrinterColumn(BaseModel):
+    """A column of `kubectl get` (CRD additionalPrinterColumns)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    name: str
+    type: Literal["string", "integer", "number", "boolean", "date"]
+    json_path: str
+    description: str = ""
+    priority: int = 0
+
+
+AGE_COLUMN = PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp")
+
+
+PHASE_COLUMN = PrinterColumn(
+    name="Phase", type="string", json_path=".status.phase", description="Lifecycle phase."
+)
+
+
+class KindInfo(BaseModel):
+    """How a kind is named and shown: the CRD's names, scope and printer columns."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    printer_columns: tuple[PrinterColumn, ...]
+    description: str
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+
+class CustomResource(BaseModel):
+    """Envelope shared by the five kinds: apiVersion, kind, metadata, spec, status."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    info: ClassVar[KindInfo]
+
+    api_version: Literal["qpa.ai/v1alpha1"] = API_VERSION
+    kind: str
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+
+    def to_k8s(self) -> dict[str, Any]:
+        """The object as the API server takes it (camelCase, unset fields left out)."""
+        body = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        meta = body.get("metadata", {})
+        for key in ("labels", "annotations", "finalizers", "ownerReferences"):
+            if not meta.get(key):
+                meta.pop(key, None)
+        return body
+
+    def owner_reference(self, *, controller: bool = True) -> OwnerReference:
+        """An ownerReference to this object, for its children (needs metadata.uid)."""
+        if not self.metadata.name or not self.metadata.uid:
+            raise ValueError("an owner needs metadata.name and metadata.uid")
+        return OwnerReference(
+            api_version=API_VERSION,
+            kind=self.info.kind,
+            name=self.metadata.name,
+            uid=self.metadata.uid,
+            controller=controller,
+            block_owner_deletion=True,
+        )

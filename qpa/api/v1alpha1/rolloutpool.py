@@ -1,0 +1,145 @@
+"""RolloutPool: its spec, status and custom resource model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from qpa.api.v1alpha1.base import (
+    HTTP_URL,
+    IMAGE,
+    Condition,
+    CrossFieldRule,
+    EnvironmentKind,
+    LocalObjectReference,
+    ResourceRequirements,
+    SecretKeySelector,
+    _conditions,
+    _defaulted,
+    _immutable,
+    _Model,
+    _observed_generation,
+)
+from qpa.api.v1alpha1.resource import (
+    AGE_COLUMN,
+    PHASE_COLUMN,
+    CustomResource,
+    KindInfo,
+    PrinterColumn,
+)
+
+
+class ReplicaRange(_Model):
+    """How many environment-server pods to keep: at least `min`, at most `max`."""
+
+    min: int = Field(default=1, ge=0, le=1000, description="Pods kept warm.")
+    max: int = Field(default=4, ge=1, le=1000, description="Pods at most under load.")
+
+    RULES = (
+        CrossFieldRule(
+            cel="self.min <= self.max",
+            message="replicas.min must not exceed replicas.max",
+            check=lambda m: m.min <= m.max,
+        ),
+    )
+
+
+class LLMSimSettings(_Model):
+    """The model endpoint that plays the apps of an llm_sim environment."""
+
+    model_url: str = Field(
+        pattern=HTTP_URL, max_length=2048, description="OpenAI-compatible endpoint (--model-url)."
+    )
+    model: str = Field(
+        default="", max_length=253, description="Model name at the endpoint (--model)."
+    )
+    api_key_secret_ref: SecretKeySelector | None = Field(
+        default=None, description="Secret key holding the endpoint's API key."
+    )
+
+
+class RolloutPoolSpec(_Model):
+    """A warm pool of environment servers (`qpa env serve`) behind one Service."""
+
+    environment: EnvironmentKind = Field(
+        description="Environment kind served (qpa env serve --kind).",
+        json_schema_extra=_immutable("environment is immutable"),
+    )
+    image: str | None = Field(
+        default=None,
+        pattern=IMAGE,
+        description="Image with qpa installed (the operator's sandbox image if unset).",
+    )
+    replicas: ReplicaRange = _defaulted(ReplicaRange, "Pod count range.")
+    sessions_per_pod: int = Field(
+        default=16, ge=1, le=1024, description="Concurrent episodes per pod (--max-sessions)."
+    )
+    session_ttl_seconds: float = Field(
+        default=600.0, gt=0, le=86400, description="Idle session lifetime (--session-ttl)."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Container and Service port.")
+    llm_sim: LLMSimSettings | None = Field(
+        default=None, description="Endpoint settings, for environment llm_sim only."
+    )
+    device_pool_ref: LocalObjectReference | None = Field(
+        default=None, description="DevicePool whose phones back the sessions (device only)."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Resources of each pod."
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="self.environment == 'device' ? has(self.devicePoolRef) : !has(self.devicePoolRef)",
+            message="devicePoolRef is required for environment device and allowed only there",
+            check=lambda m: (m.environment == "device") == (m.device_pool_ref is not None),
+        ),
+        CrossFieldRule(
+            cel="self.environment == 'llm_sim' ? has(self.llmSim) : !has(self.llmSim)",
+            message="llmSim is required for environment llm_sim and allowed only there",
+            check=lambda m: (m.environment == "llm_sim") == (m.llm_sim is not None),
+        ),
+    )
+
+
+RolloutPoolPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
+
+
+class RolloutPoolStatus(_Model):
+    """Capacity of a RolloutPool."""
+
+    phase: RolloutPoolPhase | None = Field(default=None, description="Lifecycle phase.")
+    observed_generation: int | None = _observed_generation()
+    conditions: list[Condition] = _conditions()
+    replicas: int = Field(default=0, ge=0, description="Pods that exist.")
+    ready_replicas: int = Field(default=0, ge=0, description="Pods that are ready.")
+    capacity: int = Field(default=0, ge=0, description="Sessions the ready pods can hold.")
+    leased: int = Field(default=0, ge=0, description="Sessions in use.")
+    service_url: str | None = Field(default=None, description="URL of the pool's Service.")
+
+
+class RolloutPool(CustomResource):
+    """A warm pool of environment servers that rollouts lease sessions from."""
+
+    info = KindInfo(
+        kind="RolloutPool",
+        plural="rolloutpools",
+        singular="rolloutpool",
+        short_names=("rp",),
+        description="RolloutPool keeps a warm pool of environment servers (`qpa env serve`): "
+        "sandbox, LLM-simulated or device-backed.",
+        printer_columns=(
+            PrinterColumn(name="Environment", type="string", json_path=".spec.environment"),
+            PHASE_COLUMN,
+            PrinterColumn(name="Ready", type="integer", json_path=".status.readyReplicas"),
+            PrinterColumn(name="Capacity", type="integer", json_path=".status.capacity"),
+            PrinterColumn(name="Leased", type="integer", json_path=".status.leased"),
+            PrinterColumn(name="Image", type="string", json_path=".spec.image", priority=1),
+            AGE_COLUMN,
+        ),
+    )
+
+    kind: Literal["RolloutPool"] = "RolloutPool"
+    spec: RolloutPoolSpec
+    status: RolloutPoolStatus | None = None

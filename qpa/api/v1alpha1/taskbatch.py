@@ -1,0 +1,252 @@
+"""TaskBatch: its spec, status and custom resource model."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from qpa.api.v1alpha1.base import (
+    ARTIFACT_URI,
+    HTTP_URL,
+    IMAGE,
+    MODEL_URI,
+    Capability,
+    Condition,
+    ConfigMapKeySelector,
+    CrossFieldRule,
+    LocalObjectReference,
+    ObjectStore,
+    Planner,
+    ResourceRequirements,
+    SecretKeySelector,
+    Split,
+    _check_unique,
+    _conditions,
+    _defaulted,
+    _immutable,
+    _list_set,
+    _Model,
+    _observed_generation,
+    _s3_needs_store,
+    _timestamp,
+)
+from qpa.api.v1alpha1.resource import (
+    AGE_COLUMN,
+    PHASE_COLUMN,
+    CustomResource,
+    KindInfo,
+    PrinterColumn,
+)
+
+
+class TaskGenerator(_Model):
+    """Generate tasks from a suite (what `qpa tasks generate` does)."""
+
+    suite: str = Field(
+        default="mobilepa", min_length=1, max_length=63, description="Task suite to draw from."
+    )
+    seed: int = Field(default=0, ge=0, description="Suite seed; 0 is the canonical suite.")
+    split: Split | None = Field(default=None, description="Only tasks of this split.")
+    domains: list[str] = _list_set("Only these domains (all when empty).")
+    capabilities: list[Capability] = Field(
+        default_factory=list,
+        description="Only tasks exercising these capabilities (all when empty).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    limit: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="At most this many tasks."
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel=None,  # the server enforces it through x-kubernetes-list-type: set
+            message="domains and capabilities must be unique",
+            check=_check_unique("domains", "capabilities"),
+        ),
+    )
+
+
+class TaskSource(_Model):
+    """Where a batch's tasks come from: a generator or an existing dataset, exactly one."""
+
+    generator: TaskGenerator | None = Field(
+        default=None, description="Generate tasks from a suite."
+    )
+    dataset_uri: str | None = Field(
+        default=None,
+        pattern=ARTIFACT_URI,
+        max_length=2048,
+        description="Tasks as JSON Lines at an s3:// or file:// URI.",
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="has(self.generator) != has(self.datasetUri)",
+            message="set exactly one of generator or datasetUri",
+            check=lambda m: (m.generator is None) != (m.dataset_uri is None),
+        ),
+    )
+
+
+class HarnessVersion(_Model):
+    """The Harness version acting around the model: its name and its config."""
+
+    version: str = Field(
+        default="harness-v1",
+        min_length=1,
+        max_length=63,
+        description="Harness version label recorded in every trajectory.",
+    )
+    config_map_ref: ConfigMapKeySelector | None = Field(
+        default=None,
+        description="ConfigMap key holding the Harness YAML (Skills, memory, budgets); "
+        "passed as --harness-config.",
+    )
+
+
+class PolicyEndpoint(_Model):
+    """The policy that acts: a planner (model endpoint or checkpoint) plus a Harness version."""
+
+    planner: Planner = Field(default="openai", description="Planner backend (qpa --planner).")
+    model_url: str | None = Field(
+        default=None,
+        pattern=HTTP_URL,
+        max_length=2048,
+        description="OpenAI-compatible endpoint of the model (planner openai), e.g. "
+        "http://planner-predictor.qpa.svc/v1.",
+    )
+    model: str = Field(
+        default="planner", min_length=1, max_length=253, description="Model name at the endpoint."
+    )
+    model_uri: str | None = Field(
+        default=None,
+        pattern=MODEL_URI,
+        max_length=2048,
+        description="Checkpoint to load in-process (planner local).",
+    )
+    api_key_secret_ref: SecretKeySelector | None = Field(
+        default=None, description="Secret key holding the endpoint's API key."
+    )
+    harness: HarnessVersion = _defaulted(HarnessVersion, "Harness version around the model.")
+
+    RULES = (
+        CrossFieldRule(
+            cel="self.planner != 'openai' || has(self.modelUrl)",
+            message="planner openai needs modelUrl",
+            check=lambda m: m.planner != "openai" or m.model_url is not None,
+        ),
+        CrossFieldRule(
+            cel="self.planner != 'local' || has(self.modelUri)",
+            message="planner local needs modelUri",
+            check=lambda m: m.planner != "local" or m.model_uri is not None,
+        ),
+    )
+
+
+class TaskBatchSpec(_Model):
+    """A batch of tasks rolled out by an indexed Job of `qpa collect` workers."""
+
+    source: TaskSource = Field(
+        description="Where the tasks come from.",
+        json_schema_extra=_immutable("source is immutable; create a new TaskBatch"),
+    )
+    policy: PolicyEndpoint = Field(description="The model and Harness version that act.")
+    rollout_pool_ref: LocalObjectReference | None = Field(
+        default=None,
+        description="RolloutPool whose environment servers run the episodes "
+        "(in-process sandbox when unset).",
+    )
+    samples_per_task: int = Field(
+        default=1, ge=1, le=64, description="Episodes per task (the group size for CARE)."
+    )
+    parallelism: int = Field(default=4, ge=1, le=1024, description="Workers running at once.")
+    shards: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Job completions, one shard of the tasks each (defaults to parallelism).",
+    )
+    max_turns: int = Field(default=40, ge=1, le=1000, description="Turn budget per episode.")
+    output_uri: str = Field(
+        pattern=ARTIFACT_URI,
+        max_length=2048,
+        description="Where trajectories land, e.g. s3://qpa/taskbatches/nightly/.",
+    )
+    store: ObjectStore | None = Field(
+        default=None, description="Object storage settings for s3:// URIs."
+    )
+    image: str | None = Field(
+        default=None, pattern=IMAGE, description="Worker image (the operator's default if unset)."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Resources of each worker pod."
+    )
+    backoff_limit: int = Field(
+        default=3, ge=0, le=100, description="Retries per shard before the batch fails."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the batch after this many seconds."
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="!has(self.shards) || self.shards >= self.parallelism",
+            message="shards must be at least parallelism (extra workers would have no shard)",
+            check=lambda m: m.shards is None or m.shards >= m.parallelism,
+        ),
+        _s3_needs_store(),
+    )
+
+
+TaskBatchPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+class TaskBatchStatus(_Model):
+    """Progress of a TaskBatch, copied from its workers' reports."""
+
+    phase: TaskBatchPhase | None = Field(default=None, description="Lifecycle phase.")
+    observed_generation: int | None = _observed_generation()
+    conditions: list[Condition] = _conditions()
+    tasks: int = Field(default=0, ge=0, description="Tasks in the batch.")
+    trajectories: int = Field(default=0, ge=0, description="Trajectories written so far.")
+    successes: int = Field(default=0, ge=0, description="Trajectories whose task succeeded.")
+    failures: int = Field(default=0, ge=0, description="Trajectories whose task failed (kept).")
+    completed_shards: int = Field(default=0, ge=0, description="Shards finished.")
+    failed_shards: int = Field(default=0, ge=0, description="Shards that failed for good.")
+    job_name: str | None = Field(default=None, description="The indexed Job running the batch.")
+    output_uri: str | None = Field(default=None, description="Where the trajectories are.")
+    start_time: datetime | None = _timestamp("When the Job started.")
+    completion_time: datetime | None = _timestamp("When the batch finished.")
+
+
+class TaskBatch(CustomResource):
+    """A batch of tasks rolled out into trajectories in object storage."""
+
+    info = KindInfo(
+        kind="TaskBatch",
+        plural="taskbatches",
+        singular="taskbatch",
+        short_names=("tb",),
+        description="TaskBatch generates and/or runs a batch of tasks: an indexed Job of "
+        "`qpa collect` workers writes trajectories to object storage.",
+        printer_columns=(
+            PHASE_COLUMN,
+            PrinterColumn(
+                name="Pool",
+                type="string",
+                json_path=".spec.rolloutPoolRef.name",
+                description="RolloutPool running the episodes.",
+            ),
+            PrinterColumn(name="Tasks", type="integer", json_path=".status.tasks"),
+            PrinterColumn(name="Trajectories", type="integer", json_path=".status.trajectories"),
+            PrinterColumn(name="Successes", type="integer", json_path=".status.successes"),
+            PrinterColumn(name="Output", type="string", json_path=".spec.outputUri", priority=1),
+            AGE_COLUMN,
+        ),
+    )
+
+    kind: Literal["TaskBatch"] = "TaskBatch"
+    spec: TaskBatchSpec
+    status: TaskBatchStatus | None = None
