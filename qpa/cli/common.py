@@ -10,8 +10,11 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True)
+# Messages never wrap: a terminal folds long lines itself, and a log, a pipe or CI keeps each
+# message (and every path in it) on one line that grep finds. Rich still fits tables and
+# progress bars to the width.
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def print_json(data: Any) -> None:

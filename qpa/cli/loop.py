@@ -63,7 +63,7 @@ def loop(
         sys.stdout.write(render_yaml(cluster_resources(chosen), chosen))
         return
     folder = out or Path("runs") / f"loop-{chosen.name}"
-    console = Console(file=sys.stdout)
+    console = Console(file=sys.stdout, soft_wrap=True)
     if dry_run:
         from qpa.loop.run import plan
 

@@ -97,7 +97,7 @@ def run_loop(
     root = Path(out).resolve()
     root.mkdir(parents=True, exist_ok=True)
     # Bound to the real stdout now: stages redirect sys.stdout into their log files.
-    console = console or Console(file=sys.stdout)
+    console = console or Console(file=sys.stdout, soft_wrap=True)
     quiet_libraries()
     (root / "preset.json").write_text(preset.model_dump_json(indent=2) + "\n")
     log = _logger(console, root / "loop.log")

@@ -69,3 +69,24 @@ def test_tasks_generate_is_reproducible(tmp_path: Path) -> None:
     runner.invoke(app, ["tasks", "generate", "--seed", "3", "--out", str(a)])
     runner.invoke(app, ["tasks", "generate", "--seed", "3", "--out", str(b)])
     assert a.read_bytes() == b.read_bytes() and a.stat().st_size > 0
+
+
+def test_errors_never_wrap_on_a_narrow_non_terminal(tmp_path: Path) -> None:
+    """A person greps errors and CI logs are not terminals: one line, the path unbroken."""
+    import os
+    import subprocess
+    import sys
+
+    deep = tmp_path.joinpath(*(["a-rather-long-folder-name"] * 6))
+    deep.mkdir(parents=True)
+    corrupt = deep / "tasks.jsonl"
+    corrupt.write_text('{"id": "half\n')
+    env = {**os.environ, "COLUMNS": "40", "TERM": "dumb"}
+    result = subprocess.run(
+        [sys.executable, "-c", "from qpa.cli import main; main()", "collect",
+         "--tasks", str(corrupt), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and f"{corrupt}:1" in lines[0], result.stderr
