@@ -42,6 +42,12 @@ from qpa.api.v1alpha1 import (
     ResourceRequirements,
     SecretKeySelector,
 )
+from qpa.api.v1alpha1.workorder import (
+    WORK_ORDER_DIR,
+    WORK_ORDER_KEY,
+    Resolved,
+    dump_work_order,
+)
 
 JsonDict = dict[str, Any]
 
@@ -240,6 +246,42 @@ def metadata(
         meta["annotations"] = dict(annotations)
     meta["ownerReferences"] = owner_references(owner)
     return meta
+
+
+# --------------------------------------------------------------------------- work orders
+
+
+def work_order_name(owner: CustomResource) -> str:
+    """The ConfigMap holding the work order of `owner`'s pods."""
+    return child_name(owner, "order")
+
+
+def work_order_config_map(
+    owner: CustomResource, resolved: Resolved, component: str, defaults: Defaults
+) -> JsonDict:
+    """The work order (the resource + what the operator resolved) as a ConfigMap: the one input
+    of the pods, read with `qpa <stage> --spec WORK_ORDER_PATH` (see `qpa.api...workorder`)."""
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(owner, work_order_name(owner), component, defaults),
+        "data": {WORK_ORDER_KEY: dump_work_order(owner, resolved)},
+    }
+    return with_spec_hash(manifest)
+
+
+def work_order_parts(owner: CustomResource) -> PodParts:
+    """The volume and read-only mount of the work order at WORK_ORDER_DIR."""
+    return PodParts(
+        volumes=({"name": "work-order", "configMap": {"name": work_order_name(owner)}},),
+        mounts=({"name": "work-order", "mountPath": WORK_ORDER_DIR, "readOnly": True},),
+    )
+
+
+def work_order_hash(config_map: Mapping[str, Any]) -> dict[str, str]:
+    """A pod-template annotation that changes with the work order, so long-running pods
+    (Deployments, DaemonSets) restart when their input changes."""
+    return {CONFIG_HASH_ANNOTATION: content_hash(config_map.get("data") or {})}
 
 
 # --------------------------------------------------------------------------- hashing
