@@ -1,9 +1,9 @@
 """RolloutPool -> a Deployment of `qpa env serve`, its Service, and an autoscaler.
 
-Each pod runs
-
-    qpa env serve --kind <environment> --host 0.0.0.0 --port <port> --max-sessions <n> ...
-
+Each pod runs `qpa env serve --spec /etc/qpa/order/workorder.yaml`: its input is the pool itself
+(the work order ConfigMap `<pool>-order`: the RolloutPool plus the DevicePool bridge address the
+operator resolved), turned into the server's settings by `EnvServeConfig.from_rolloutpool`; a
+changed work order rolls the pods (its hash is a pod-template annotation). The pods sit
 behind the Service `<pool>-env` on port 80 (so clients need not know the container port:
 TaskBatch and TrainingRun pass `--env-url http://<pool>-env.<ns>.svc.<domain>`).
 `replicas.min` pods are kept warm; when `replicas.max` is larger, a HorizontalPodAutoscaler
@@ -43,10 +43,13 @@ from qpa_operator.builders.common import (
     selector_labels,
     service_host,
     with_spec_hash,
+    work_order_config_map,
+    work_order_hash,
+    work_order_parts,
 )
 
 from qpa.api import RolloutPool
-from qpa.api.v1alpha1 import RolloutPoolStatus, set_condition
+from qpa.api.v1alpha1 import WORK_ORDER_PATH, Resolved, RolloutPoolStatus, set_condition
 
 COMPONENT: Final = "env-server"
 CONTAINER: Final = "env-server"
@@ -76,29 +79,25 @@ def bridge_service(device_pool: str) -> str:
     return f"{device_pool}-bridge"
 
 
-def serve_args(pool: RolloutPool) -> list[str]:
-    """The `qpa env serve` command line (flags as `qpa env serve --help`)."""
-    spec = pool.spec
-    args = [
-        "qpa", "env", "serve",
-        "--kind", spec.environment,
-        "--host", "0.0.0.0",
-        "--port", str(spec.port),
-        "--max-sessions", str(spec.sessions_per_pod),
-        "--session-ttl", f"{spec.session_ttl_seconds:g}",
-    ]  # fmt: skip
-    if spec.llm_sim is not None:
-        args += ["--model-url", spec.llm_sim.model_url]
-        if spec.llm_sim.model:
-            args += ["--model", spec.llm_sim.model]
-        if spec.llm_sim.api_key_secret_ref is not None:
-            args += ["--api-key-env", "QPA_API_KEY"]
-    return args
+def resolved(pool: RolloutPool, defaults: Defaults) -> Resolved:
+    """What the pool's pods get besides the spec: their namespace and the DevicePool's bridge."""
+    namespace = owner_namespace(pool)
+    bridge = None
+    if pool.spec.device_pool_ref is not None:
+        host = service_host(bridge_service(pool.spec.device_pool_ref.name), namespace, defaults)
+        bridge = f"{host}:{BRIDGE_PORT}"
+    return Resolved(namespace=namespace, device_bridge=bridge)
+
+
+def work_order(pool: RolloutPool, defaults: Defaults) -> JsonDict:
+    return work_order_config_map(pool, resolved(pool, defaults), COMPONENT, defaults)
+
+
+SERVE_ARGS: Final = ("qpa", "env", "serve", "--spec", WORK_ORDER_PATH)
 
 
 def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     spec = pool.spec
-    namespace = owner_namespace(pool)
     extra = PodParts(
         env=(env_var("HOME", "/tmp"), env_var("QPA_ROLLOUT_POOL", pool.metadata.name or "")),
         volumes=(empty_dir("tmp"),),
@@ -106,22 +105,19 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     )
     device = PodParts()
     if spec.device_pool_ref is not None:
-        bridge = service_host(bridge_service(spec.device_pool_ref.name), namespace, defaults)
         device = PodParts(
             env=(
-                env_var("QPA_DEVICE_POOL", spec.device_pool_ref.name),
-                env_var("QPA_DEVICE_BRIDGE", f"{bridge}:{BRIDGE_PORT}"),
                 field_env("POD_NAME", "metadata.name"),
                 field_env("POD_NAMESPACE", "metadata.namespace"),
             )
         )
     llm = api_key_parts(spec.llm_sim.api_key_secret_ref if spec.llm_sim else None)
-    parts = combine([extra, device, llm])
+    parts = combine([extra, device, llm, work_order_parts(pool)])
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
     container: JsonDict = {
         "name": CONTAINER,
         "image": spec.image or defaults.image,
-        "args": serve_args(pool),
+        "args": list(SERVE_ARGS),
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
         "env": list(parts.env),
         "volumeMounts": list(parts.mounts),
@@ -153,7 +149,10 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
                 "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
             },
             "template": {
-                "metadata": {"labels": labels(pool, COMPONENT, defaults)},
+                "metadata": {
+                    "labels": labels(pool, COMPONENT, defaults),
+                    "annotations": work_order_hash(work_order(pool, defaults)),
+                },
                 "spec": pod_spec,
             },
         },
@@ -230,7 +229,7 @@ def children(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
         result += [
             with_spec_hash(obj) for obj in lease_rbac(pool, account_name(pool), COMPONENT, defaults)
         ]
-    result += [deployment(pool, defaults), service(pool, defaults)]
+    result += [work_order(pool, defaults), deployment(pool, defaults), service(pool, defaults)]
     if autoscaled(pool):
         result.append(autoscaler(pool, defaults))
     return result

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
+from qpa.api.v1alpha1 import RolloutPool, WorkOrder, WorkOrderError, first_error
 from qpa.cli import app
 from qpa.cli.common import die, err_console
 from qpa.envs.factory import env_kinds
+from qpa.envs.serve_config import EnvServeConfig
 from qpa.envs.server import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_SESSIONS,
@@ -22,6 +26,14 @@ app.add_typer(env_app, name="env", no_args_is_help=True)
 
 @env_app.command("serve")
 def serve_command(
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="A RolloutPool work order (what the pool's pods run); the other flags are "
+            "then not used.",
+        ),
+    ] = None,
     kind: Annotated[str, typer.Option(help=f"Environment kind: {', '.join(env_kinds())}.")] = (
         "sandbox"
     ),
@@ -60,32 +72,66 @@ def serve_command(
     ] = 30.0,
 ) -> None:
     """Serve reset/step/verify/tools/state for one environment kind until interrupted."""
-    if kind not in env_kinds():
-        die(f"unknown environment kind {kind!r}; choose from: {', '.join(env_kinds())}")
+    try:
+        if spec is not None:
+            config = EnvServeConfig.from_rolloutpool(WorkOrder.load(spec, RolloutPool))
+        else:
+            config = EnvServeConfig.model_validate(
+                {
+                    "kind": kind,
+                    "host": host,
+                    "port": port,
+                    "max_sessions": max_sessions,
+                    "session_ttl_s": session_ttl,
+                    "max_body_bytes": max_body_bytes,
+                    "log_level": log_level,
+                    "model_url": model_url,
+                    "model": model,
+                    "api_key_env": api_key_env,
+                    "device_pool": device_pool,
+                    "serial": serial,
+                    "adb": adb,
+                    "acquire_timeout_s": acquire_timeout,
+                }
+            )
+    except WorkOrderError as exc:
+        die(str(exc))
+    except ValidationError as exc:
+        die(first_error(exc))
+    run_server(config)
+
+
+def run_server(config: EnvServeConfig) -> None:
+    """Serve `config` until interrupted (the kind's options built here, at the edge)."""
     env_options: dict[str, object] = {}
-    if kind == "llm_sim":
-        if not model_url:
-            die("--kind llm_sim needs --model-url (the endpoint that plays the apps)")
-        env_options = {"endpoint": model_url, "model": model, "api_key_env": api_key_env}
-    elif kind == "device":
+    if config.kind == "llm_sim":
+        env_options = {
+            "endpoint": config.model_url,
+            "model": config.model,
+            "api_key_env": config.api_key_env,
+        }
+    elif config.kind == "device":
         from qpa.cli.device import device_env_options
 
         env_options = device_env_options(
-            serial=serial, adb=adb, device_pool=device_pool, acquire_timeout=acquire_timeout
+            serial=config.serial,
+            adb=config.adb,
+            device_pool=config.device_pool,
+            namespace=config.namespace,
+            acquire_timeout=config.acquire_timeout_s,
         )
     err_console.print(
-        f"qpa env serve: {kind} environments on http://{host}:{port} "
-        f"(max {max_sessions} sessions, idle ttl {session_ttl:g}s)",
+        f"qpa env serve: {config.kind} environments on http://{config.host}:{config.port} "
+        f"(max {config.max_sessions} sessions, idle ttl {config.session_ttl_s:g}s)",
         highlight=False,
-        soft_wrap=True,
     )
     serve(
-        kind,
-        host=host,
-        port=port,
-        max_sessions=max_sessions,
-        session_ttl_s=session_ttl,
-        max_body_bytes=max_body_bytes,
-        log_level=log_level,
+        config.kind,
+        host=config.host,
+        port=config.port,
+        max_sessions=config.max_sessions,
+        session_ttl_s=config.session_ttl_s,
+        max_body_bytes=config.max_body_bytes,
+        log_level=config.log_level,
         env_options=env_options,
     )

@@ -26,6 +26,9 @@ import yaml
 from fakes.kube_api import KubeAPIServer
 from fakes.kubectl import Kubectl
 
+from qpa.api.v1alpha1 import WORK_ORDER_KEY, WORK_ORDER_PATH, RolloutPool, WorkOrder
+from qpa.envs.serve_config import EnvServeConfig
+
 kopf = pytest.importorskip("kopf")
 from helpers.operator_runner import (  # noqa: E402
     NS,
@@ -49,6 +52,13 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+async def served_config(kube_api: KubeAPIServer, pool: str) -> EnvServeConfig:
+    """The server settings a pool's pod derives from the work order ConfigMap it mounts."""
+    config_map = await exists(kube_api, "configmaps", f"{pool}-order")
+    order = WorkOrder.parse(yaml.safe_load(config_map["data"][WORK_ORDER_KEY]), RolloutPool)
+    return EnvServeConfig.from_rolloutpool(order)
 
 
 def stored(kube: KubeAPIServer, plural: str, name: str) -> dict[str, Any]:
@@ -270,11 +280,11 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         service = await exists(kube_api, "services", "sandbox-env")
         hpa = await exists(kube_api, "horizontalpodautoscalers", "sandbox-env")
 
-        argv = command(deployment)
-        assert argv[:3] == ["qpa", "env", "serve"]
-        assert flag(argv, "--kind") == "sandbox" and flag(argv, "--host") == "0.0.0.0"
-        assert flag(argv, "--port") == "8000" and flag(argv, "--max-sessions") == "32"
-        assert flag(argv, "--session-ttl") == "600"
+        # The pods' one input is the pool itself (its work order), read by `qpa env serve`.
+        assert command(deployment) == ["qpa", "env", "serve", "--spec", WORK_ORDER_PATH]
+        config = await served_config(kube_api, "sandbox")
+        assert (config.kind, config.host, config.port) == ("sandbox", "0.0.0.0", 8000)
+        assert (config.max_sessions, config.session_ttl_s) == (32, 600)
         assert deployment["spec"]["replicas"] == 2
         pod = deployment["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
@@ -293,9 +303,9 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         phones_pod = phones["spec"]["template"]["spec"]
         assert phones_pod["serviceAccountName"] == "phones-env"
         assert phones_pod["automountServiceAccountToken"] is True
-        env = {e["name"]: e.get("value") for e in container(phones)["env"]}
-        assert env["QPA_DEVICE_POOL"] == "lab-phones"
-        assert env["QPA_DEVICE_BRIDGE"] == "lab-phones-bridge.default.svc.cluster.local:5037"
+        device = await served_config(kube_api, "phones")
+        assert (device.kind, device.device_pool) == ("device", "lab-phones")
+        assert device.adb == "lab-phones-bridge.default.svc.cluster.local:5037"
         role = await exists(kube_api, "roles", "phones-env")
         assert role["rules"][0]["resources"] == ["leases"]
         await exists(kube_api, "rolebindings", "phones-env")

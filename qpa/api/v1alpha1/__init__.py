@@ -136,6 +136,7 @@ from qpa.api.v1alpha1.trainingrun import (
     TrainingRunStatus,
 )
 from qpa.api.v1alpha1.workorder import (
+    API_KEY_ENV,
     SUMMARY_LIMIT,
     WORK_ORDER_DIR,
     WORK_ORDER_KEY,
@@ -145,6 +146,7 @@ from qpa.api.v1alpha1.workorder import (
     WorkOrder,
     WorkOrderError,
     dump_work_order,
+    first_error,
     work_order_document,
 )
 
@@ -182,6 +184,7 @@ def parse_resource(obj: dict[str, Any]) -> CustomResource:
 
 __all__ = [
     "AGE_COLUMN",
+    "API_KEY_ENV",
     "API_VERSION",
     "ARTIFACT_URI",
     "CATEGORY",
@@ -288,6 +291,7 @@ __all__ = [
     "_snake",
     "_timestamp",
     "dump_work_order",
+    "first_error",
     "parse_resource",
     "resource_for_kind",
     "set_condition",

@@ -31,6 +31,8 @@ from qpa.api.v1alpha1.resource import CustomResource
 WORK_ORDER_DIR: Final = "/etc/qpa/order"
 WORK_ORDER_KEY: Final = "workorder.yaml"
 WORK_ORDER_PATH: Final = f"{WORK_ORDER_DIR}/{WORK_ORDER_KEY}"
+#: The variable the operator fills from a spec's `apiKeySecretRef` (never the key itself).
+API_KEY_ENV: Final = "QPA_API_KEY"
 #: Kubernetes keeps at most 4 KiB of a termination message.
 SUMMARY_LIMIT: Final = 4096
 
@@ -50,6 +52,9 @@ class Resolved(_Model):
     )
     rollout_pool_url: str | None = Field(
         default=None, description="Base URL of the referenced RolloutPool's Service."
+    )
+    device_bridge: str | None = Field(
+        default=None, description="HOST:PORT of the referenced DevicePool's adb bridge."
     )
     attempt: int = Field(default=0, ge=0, description="Attempt of the run (TrainingRun).")
     dataset_uri: str | None = Field(
@@ -89,7 +94,7 @@ class WorkOrder(BaseModel, Generic[R]):
             resource = kind.model_validate(body)
             resolved = Resolved.model_validate(resolved_raw)
         except ValidationError as exc:
-            raise WorkOrderError(f"{source}: {_first_error(exc)}") from None
+            raise WorkOrderError(f"{source}: {first_error(exc)}") from None
         return cls(resource=resource, resolved=resolved)
 
     @classmethod
@@ -131,10 +136,13 @@ def dump_work_order(resource: CustomResource, resolved: Resolved) -> str:
     return yaml.safe_dump(work_order_document(resource, resolved), sort_keys=True)
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
+    """`field.path: message` of a validation error's first problem, on one line (a rule of the
+    whole model names its field in its own message)."""
     error = exc.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in error["loc"]) or "(root)"
-    return f"{where}: {error['msg']}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {message}" if where else message
 
 
 # --------------------------------------------------------------------------- summaries

@@ -314,11 +314,14 @@ def test_taskbatch_config_map_carries_the_task_spec() -> None:
 def test_rolloutpool_autoscales_between_min_and_max_and_wires_devices() -> None:
     sandbox, phones = load("rolloutpool.yaml", 0), load("rolloutpool.yaml", 1)
     kinds = [c["kind"] for c in rolloutpool.children(sandbox, D)]
-    assert kinds == ["NetworkPolicy", "Deployment", "Service", "HorizontalPodAutoscaler"]
+    assert kinds == [
+        "NetworkPolicy", "ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler",
+    ]  # fmt: skip
     assert rolloutpool.unmanaged_fields(sandbox) == ("spec.replicas",)
     phone_kinds = [c["kind"] for c in rolloutpool.children(phones, D)]
     assert phone_kinds == [
-        "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service",
+        "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment",
+        "Service",
     ]  # fmt: skip
     assert rolloutpool.unmanaged_fields(phones) == ()
     role = rolloutpool.children(phones, D)[2]
