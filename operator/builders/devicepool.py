@@ -3,12 +3,13 @@
 On every node matching `nodeSelector` one bridge pod (`bridgeImage`, else the operator's
 default bridge image) runs
 
-    qpa device bridge --pool <name> --config /etc/qpa/bridge/devicepool.yaml --adb-port 5037
+    qpa device bridge --spec /etc/qpa/order/workorder.yaml
 
 with the node's `/dev/bus/usb` mounted (hostPath). It is the only privileged pod qpa runs:
-adb needs the raw USB devices. The pool's spec (filters, health checks, lease duration) reaches
-it as a ConfigMap in the `DevicePoolSpec` wire form, so the bridge parses it with `qpa.api`; the
-pod template carries the ConfigMap's hash, so a spec change rolls the bridges. A headless
+adb needs the raw USB devices. The pool itself (filters, health checks, lease duration, adb
+port) reaches it as its work order (ConfigMap `<pool>-order`), read by
+`BridgeSettings.from_devicepool`; the pod template carries the work order's hash, so a spec
+change rolls the bridges. A headless
 Service `<pool>-bridge` lists the bridges for device-backed RolloutPools, and a ServiceAccount
 with a Role on `coordination.k8s.io` Leases (and on its own DevicePool's status) lets the
 bridge publish phones.
@@ -27,14 +28,10 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-import yaml
 from qpa_operator.builders.common import (
-    CONFIG_HASH_ANNOTATION,
     Defaults,
     JsonDict,
     child_name,
-    content_hash,
-    env_var,
     field_env,
     labels,
     lease_rbac,
@@ -43,15 +40,22 @@ from qpa_operator.builders.common import (
     selector_labels,
     setting,
     with_spec_hash,
+    work_order_config_map,
+    work_order_hash,
+    work_order_parts,
 )
 
 from qpa.api import GROUP, DevicePool
-from qpa.api.v1alpha1 import DevicePoolStatus, Phone, set_condition
+from qpa.api.v1alpha1 import (
+    WORK_ORDER_PATH,
+    DevicePoolStatus,
+    Phone,
+    Resolved,
+    set_condition,
+)
 
 COMPONENT: Final = "device-bridge"
 CONTAINER: Final = "bridge"
-CONFIG_MOUNT: Final = "/etc/qpa/bridge"
-CONFIG_KEY: Final = "devicepool.yaml"
 USB_PATH: Final = "/dev/bus/usb"
 SERVICE_PORT: Final = 5037
 
@@ -72,10 +76,6 @@ def daemonset_name(pool: DevicePool) -> str:
     return child_name(pool, "bridge")
 
 
-def config_map_name(pool: DevicePool) -> str:
-    return child_name(pool, "bridge")
-
-
 def service_name(pool: DevicePool) -> str:
     return child_name(pool, "bridge")
 
@@ -84,32 +84,16 @@ def account_name(pool: DevicePool) -> str:
     return child_name(pool, "bridge")
 
 
-def config_text(pool: DevicePool) -> str:
-    return yaml.safe_dump(pool.spec.to_k8s(), sort_keys=True)
-
-
 def config_map(pool: DevicePool, defaults: Defaults) -> JsonDict:
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata(pool, config_map_name(pool), COMPONENT, defaults),
-        "data": {CONFIG_KEY: config_text(pool)},
-    }
-    return with_spec_hash(manifest)
+    """The bridge's work order: the DevicePool itself and its namespace."""
+    return work_order_config_map(
+        pool, Resolved(namespace=owner_namespace(pool)), COMPONENT, defaults
+    )
 
 
-def bridge_args(pool: DevicePool) -> list[str]:
-    """The bridge starts the node's adb server, reachable by the device RolloutPools' pods,
-    and writes its pod address into each phone Lease (`$(POD_IP)` is expanded by the kubelet).
-    """
-    return [
-        "qpa", "device", "bridge",
-        "--pool", pool.metadata.name or "",
-        "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}",
-        "--adb-port", str(pool.spec.adb_port),
-        "--adb-listen-all",
-        "--advertise", f"$(POD_IP):{pool.spec.adb_port}",
-    ]  # fmt: skip
+#: The bridge reads its pool from the work order; `$(POD_IP)` (for the Leases) and the node
+#: come from the pod's own environment.
+BRIDGE_ARGS: Final = ("qpa", "device", "bridge", "--spec", WORK_ORDER_PATH)
 
 
 def bridge_image(pool: DevicePool, defaults: Defaults) -> str:
@@ -129,10 +113,9 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
     container: JsonDict = {
         "name": CONTAINER,
         "image": bridge_image(pool, defaults),
-        "args": bridge_args(pool),
+        "args": list(BRIDGE_ARGS),
         "ports": [{"name": "adb", "containerPort": spec.adb_port, "protocol": "TCP"}],
         "env": [
-            env_var("QPA_DEVICE_POOL", pool.metadata.name or ""),
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -140,7 +123,7 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
         ],
         "volumeMounts": [
             {"name": "usb", "mountPath": USB_PATH},
-            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            *work_order_parts(pool).mounts,
         ],
         # The one privileged container of qpa: adb opens the node's raw USB devices.
         "securityContext": {
@@ -160,7 +143,7 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
             "template": {
                 "metadata": {
                     "labels": labels(pool, COMPONENT, defaults),
-                    "annotations": {CONFIG_HASH_ANNOTATION: content_hash(config_text(pool))},
+                    "annotations": work_order_hash(config_map(pool, defaults)),
                 },
                 "spec": {
                     "serviceAccountName": account_name(pool),
@@ -170,7 +153,7 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
                     "containers": [container],
                     "volumes": [
                         {"name": "usb", "hostPath": {"path": USB_PATH, "type": "Directory"}},
-                        {"name": "config", "configMap": {"name": config_map_name(pool)}},
+                        *work_order_parts(pool).volumes,
                     ],
                 },
             },

@@ -9,6 +9,7 @@ environment (`qpa run --env device`, `qpa env serve --kind device`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -130,13 +131,22 @@ def list_command(
 
 @device_app.command("bridge")
 def bridge_command(
-    pool: Annotated[
-        str, typer.Option(envvar="QPA_DEVICE_POOL", help="DevicePool this bridge serves.")
-    ],
-    config: Annotated[
-        Path, typer.Option(help="The pool's spec (the ConfigMap's devicepool.yaml).")
-    ],
     node: Annotated[str, typer.Option(envvar="NODE_NAME", help="Node the phones are attached to.")],
+    spec_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="The DevicePool's work order (what the bridge pods run): pool, spec and adb "
+            "port come from it, the pod's address from $POD_IP, and the adb server accepts "
+            "other pods.",
+        ),
+    ] = None,
+    pool: Annotated[
+        str | None, typer.Option(envvar="QPA_DEVICE_POOL", help="DevicePool this bridge serves.")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="The pool's spec as YAML (without --spec).")
+    ] = None,
     adb_port: Annotated[int, typer.Option(min=1, max=65535, help="adb server port.")] = 5037,
     adb_host: Annotated[str, typer.Option(help="adb server host.")] = "127.0.0.1",
     namespace: Annotated[
@@ -163,12 +173,33 @@ def bridge_command(
     ] = None,
 ) -> None:
     """Publish this node's phones to the DevicePool: Leases, health, quarantine, status."""
+    from qpa.api.v1alpha1 import DevicePool, WorkOrder, WorkOrderError
     from qpa.device.bridge import AdbServerProcess, Bridge, BridgeSettings
     from qpa.device.kube import Kube, KubeError
     from qpa.envs.device import DeviceError, parse_address
 
-    spec = load_pool_spec(config)
-    for address in [*(connect or []), *([advertise] if advertise else [])]:
+    if spec_file is not None:
+        try:
+            order = WorkOrder.load(spec_file, DevicePool)
+        except WorkOrderError as exc:
+            die(str(exc))
+        base = BridgeSettings.from_devicepool(order, node=node, pod_ip=os.environ.get("POD_IP"))
+        settings = dataclasses.replace(base, connect=tuple(connect or ()))
+        adb_listen_all = True
+    else:
+        if pool is None or config is None:
+            die("give --spec (a DevicePool work order), or --pool and --config")
+        settings = BridgeSettings(
+            pool=pool,
+            node=node,
+            spec=load_pool_spec(config),
+            adb_host=adb_host,
+            adb_port=adb_port,
+            advertise=advertise,
+            connect=tuple(connect or ()),
+            namespace=namespace,
+        )
+    for address in [*settings.connect, *([settings.advertise] if settings.advertise else [])]:
         try:
             parse_address(address)
         except ValueError as exc:
@@ -177,18 +208,10 @@ def bridge_command(
         level=os.environ.get("QPA_LOG_LEVEL", "INFO"), format="%(levelname)s %(name)s %(message)s"
     )
     try:
-        kube = Kube.connect(namespace, str(kubeconfig) if kubeconfig else None)
+        kube = Kube.connect(settings.namespace, str(kubeconfig) if kubeconfig else None)
     except KubeError as exc:
         die(str(exc))
-    settings = BridgeSettings(
-        pool=pool,
-        node=node,
-        spec=spec,
-        adb_host=adb_host,
-        adb_port=adb_port,
-        advertise=advertise,
-        connect=tuple(connect or ()),
-    )
+    adb_port, pool = settings.adb_port, settings.pool
     server = AdbServerProcess(adb_port, listen_all=adb_listen_all) if start_adb else None
     bridge = Bridge(settings, kube)
     try:

@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from qpa.api import DevicePool
-from qpa.api.v1alpha1 import DeviceFilter, DevicePoolSpec, Phone
+from qpa.api.v1alpha1 import DeviceFilter, DevicePoolSpec, Phone, WorkOrder
 from qpa.device import names
 from qpa.device.health import probe, reset_phone
 from qpa.device.kube import Conflict, Kube, KubeError, NotFound
@@ -244,6 +244,23 @@ class BridgeSettings:
     advertise: str | None = None  # HOST:PORT other pods reach this adb server at
     connect: tuple[str, ...] = ()  # network phones (`adb connect`)
     command_timeout: float | None = None  # defaults to healthCheck.timeoutSeconds
+    namespace: str | None = None  # the pool's namespace (default: the client's)
+
+    @classmethod
+    def from_devicepool(
+        cls, order: WorkOrder[DevicePool], *, node: str, pod_ip: str | None
+    ) -> BridgeSettings:
+        """A bridge pod's settings: the pool's spec and name from its work order, the node and
+        the pod's address (what other pods dial, written into each phone Lease) from the pod."""
+        spec = order.resource.spec
+        return cls(
+            pool=order.name,
+            node=node,
+            spec=spec,
+            adb_port=spec.adb_port,
+            advertise=f"{pod_ip}:{spec.adb_port}" if pod_ip else None,
+            namespace=order.resolved.namespace,
+        )
 
 
 @dataclass

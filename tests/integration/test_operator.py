@@ -26,7 +26,13 @@ import yaml
 from fakes.kube_api import KubeAPIServer
 from fakes.kubectl import Kubectl
 
-from qpa.api.v1alpha1 import WORK_ORDER_KEY, WORK_ORDER_PATH, RolloutPool, WorkOrder
+from qpa.api.v1alpha1 import (
+    WORK_ORDER_KEY,
+    WORK_ORDER_PATH,
+    DevicePool,
+    RolloutPool,
+    WorkOrder,
+)
 from qpa.envs.serve_config import EnvServeConfig
 
 kopf = pytest.importorskip("kopf")
@@ -408,9 +414,10 @@ async def test_devicepool_bridges_phones_from_device_nodes(
         kubectl("apply", "--validate=false", "-f", "examples/devicepool.yaml")
         pool = await exists(kube_api, "dp", "lab-phones")
         ds = await exists(kube_api, "daemonsets", "lab-phones-bridge")
-        argv = command(ds)
-        assert argv[:3] == ["qpa", "device", "bridge"] and flag(argv, "--pool") == "lab-phones"
-        assert flag(argv, "--adb-port") == "5037"
+        assert command(ds) == ["qpa", "device", "bridge", "--spec", WORK_ORDER_PATH]
+        order_map = await exists(kube_api, "configmaps", "lab-phones-order")
+        order = WorkOrder.parse(yaml.safe_load(order_map["data"][WORK_ORDER_KEY]), DevicePool)
+        assert order.name == "lab-phones" and order.resource.spec.adb_port == 5037
         pod = ds["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"qpa.ai/device-node": "true"}
         assert container(ds)["securityContext"]["privileged"] is True
@@ -418,13 +425,10 @@ async def test_devicepool_bridges_phones_from_device_nodes(
             "volumes"
         ]
         assert pod["serviceAccountName"] == "lab-phones-bridge"
-        config = await exists(kube_api, "configmaps", "lab-phones-bridge")
-        assert yaml.safe_load(config["data"]["devicepool.yaml"])["selector"]["models"] == [
-            "Pixel 8", "Pixel 7a",
-        ]  # fmt: skip
+        assert order.resource.spec.selector.models == ["Pixel 8", "Pixel 7a"]
         svc = await exists(kube_api, "services", "lab-phones-bridge")
         assert svc["spec"]["clusterIP"] == "None"
-        for child in (ds, config, svc):
+        for child in (ds, order_map, svc):
             assert_owned_by(child, pool)
         await phase(kube_api, "dp", "lab-phones", "Pending")
 

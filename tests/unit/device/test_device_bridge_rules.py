@@ -131,26 +131,34 @@ def test_the_daemonset_runs_the_real_bridge_command(tmp_path: Path) -> None:
     example = next(d for d in yaml.safe_load_all(Path("examples/devicepool.yaml").read_text()) if d)
     example["metadata"] |= {"namespace": "default", "uid": "0b6f6a2e-1"}
     pool = DevicePool.model_validate(example)
-    argv = operator_devicepool.bridge_args(pool)
+    argv = list(operator_devicepool.BRIDGE_ARGS)
     group: Any = typer.main.get_command(app)
     command = group.commands["device"].commands["bridge"]
     known = {opt for param in command.params for opt in param.opts}
     assert {w for w in argv if w.startswith("--")} <= known
     ds = operator_devicepool.daemonset(pool, Defaults())
     env = {e["name"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert {"NODE_NAME", "POD_NAMESPACE", "POD_IP", "QPA_DEVICE_POOL"} <= env
+    assert {"NODE_NAME", "POD_NAMESPACE", "POD_IP"} <= env
     role = next(c for c in operator_devicepool.children(pool, Defaults()) if c["kind"] == "Role")
     status_rule = next(r for r in role["rules"] if r["resources"] == ["devicepools/status"])
     assert status_rule["resourceNames"] == ["lab-phones"] and status_rule["verbs"] == [
         "get", "patch",
     ]  # fmt: skip
-    # the spec the ConfigMap carries is what the bridge reads
-    cm = operator_devicepool.config_map(pool, Defaults())
-    config = tmp_path / "devicepool.yaml"
-    config.write_text(cm["data"]["devicepool.yaml"])
-    from qpa.cli.device import load_pool_spec
+    # the work order the ConfigMap carries is what the bridge reads
+    from qpa.api.v1alpha1 import WORK_ORDER_KEY, WorkOrder
+    from qpa.device.bridge import BridgeSettings
 
-    assert load_pool_spec(config) == pool.spec
+    cm = operator_devicepool.config_map(pool, Defaults())
+    config = tmp_path / WORK_ORDER_KEY
+    config.write_text(cm["data"][WORK_ORDER_KEY])
+    order = WorkOrder.load(config, DevicePool)
+    settings = BridgeSettings.from_devicepool(order, node="node-1", pod_ip="10.1.2.3")
+    assert (settings.pool, settings.spec, settings.namespace) == (
+        "lab-phones",
+        pool.spec,
+        "default",
+    )
+    assert (settings.adb_port, settings.advertise) == (5037, "10.1.2.3:5037")
 
 
 def test_adb_server_command_line() -> None:

@@ -307,7 +307,7 @@ def test_taskbatch_config_map_carries_the_task_spec() -> None:
     tb = load("taskbatch.yaml")
     cm = taskbatch.config_map(tb, D)
     spec = yaml.safe_load(cm["data"]["taskbatch.yaml"])["spec"]
-    assert spec["source"]["generator"]["capabilities"] == ["tool_use", "memory"]
+    assert spec["source"]["capabilities"] == ["tool_use", "memory"]
     assert spec["samplesPerTask"] == 8
 
 
@@ -401,15 +401,13 @@ def test_data_plans() -> None:
 def test_devicepool_bridge_config_roundtrips_through_the_api() -> None:
     pool = load("devicepool.yaml")
     cm = devicepool.config_map(pool, D)
-    from qpa.api.v1alpha1 import DevicePoolSpec
+    from qpa.api.v1alpha1 import WORK_ORDER_KEY, DevicePool, WorkOrder
 
-    spec = DevicePoolSpec.model_validate(yaml.safe_load(cm["data"]["devicepool.yaml"]))
-    assert spec == pool.spec
+    order = WorkOrder.parse(yaml.safe_load(cm["data"][WORK_ORDER_KEY]), DevicePool)
+    assert order.resource.spec == pool.spec and order.name == pool.metadata.name
     ds = devicepool.daemonset(pool, D)
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
-    assert annotations[common.CONFIG_HASH_ANNOTATION] == common.content_hash(
-        devicepool.config_text(pool)
-    )
+    assert annotations == common.work_order_hash(cm)
 
 
 def test_harnessrelease_candidates_get_their_own_benchmark() -> None:

@@ -20,7 +20,7 @@ from qpa_operator.builders import harnessrelease as builder
 from qpa_operator.builders.common import STORE_SECRET_MOUNT, MissingSetting, spec_hash_of
 
 from qpa.api import DevicePool, HarnessRelease, parse_resource
-from qpa.api.v1alpha1 import HarnessReleaseStatus, ObjectStore
+from qpa.api.v1alpha1 import WORK_ORDER_KEY, HarnessReleaseStatus, ObjectStore
 
 ROOT = Path(__file__).resolve().parents[3]
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -81,8 +81,8 @@ def test_a_devicepool_without_bridge_image_runs_the_operators() -> None:
     (bridge,) = containers(devicepool.daemonset(own, CHART))
     assert bridge["image"] == "lab.example/bridge:9"  # the resource's own wins
     # the bridge still reads the pool's spec (its ConfigMap) without the field
-    config = devicepool.config_map(pool(), CHART)["data"][devicepool.CONFIG_KEY]
-    assert "bridgeImage" not in yaml.safe_load(config)
+    config = devicepool.config_map(pool(), CHART)["data"][WORK_ORDER_KEY]
+    assert "bridgeImage" not in yaml.safe_load(config)["spec"]
 
 
 def test_a_new_default_bridge_image_rolls_the_bridges() -> None:
