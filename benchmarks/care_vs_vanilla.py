@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     from qpa.loop.run import run_loop
     from qpa.loop.stages import (
         curriculum,
-        evaluate,
         quiet_libraries,
         read_marker,
         read_task_file,
@@ -63,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_seed,
         train_rl,
     )
+    from qpa.train.greedy import evaluate
 
     console = Console()
     quiet_libraries()

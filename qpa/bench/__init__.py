@@ -4,6 +4,8 @@
 - `qpa.bench.scoring`: `score(trajectories, prices) -> Report`, `PriceTable`;
 - `qpa.bench.report`: `write_report` (report.json, report.md, PNG plots), `compare`;
 - `qpa.bench.gate`: `GateSpec`, `evaluate_gate` (pure), `load_report`.
+- `qpa.bench.evaluate`: `score_episodes` (trajectories + report of one episode per task),
+  `summarize` (the numbers the loop reports).
 
 The benchmark judges any policy and trains none: it imports the contract, environments and the
 Harness, never training code or the CLI.

@@ -256,7 +256,7 @@ def _lineage(root: Path, out: Mapping[str, Any], v1: str, v2: str) -> dict[str, 
                 "name": "untrained",
                 "checkpoint": tiny["checkpoint"],
                 "parents": [],
-                "made_by": "qpa.loop.stages.make_checkpoint (random Qwen3, seeded)",
+                "made_by": "qpa.train.warmup.build_checkpoint (random Qwen3, seeded)",
                 "tokenizer": {
                     "size": tiny["tokenizer_size"],
                     "macro_tokens": tiny["macro_tokens"],

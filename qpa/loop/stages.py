@@ -32,8 +32,12 @@ The stages, in order (`STAGES`):
 | `rl` | online RL with CARE from the SFT model through Harness v2 on the round-2 pool |
 | `eval_rl` | the RL model on validation and test (Harness v2), diagnosis |
 
-`evaluate` (greedy, batched across episodes through the Harness, scored by `qpa.bench`) and
-`build_tokenizer`/`make_checkpoint` are public: `benchmarks/care_vs_vanilla.py` reuses them.
+This module is the orchestration only: the settings a stage reads, its inputs, its folder and
+its summary. The work is done elsewhere: the tiny checkpoint by `qpa.train.warmup`, evaluation
+by `qpa.train.greedy` (greedy episodes of a checkpoint) and `qpa.bench.evaluate` (report,
+summary), the Harness revision by `qpa.harness.revision`, data by `qpa.data`, training by
+`qpa.train.sft` and `qpa.train.rl`. `curriculum`, `train_rl` and the marker helpers are public:
+`benchmarks/care_vs_vanilla.py` reuses them.
 """
 
 from __future__ import annotations
@@ -44,16 +48,15 @@ import json
 import os
 import random
 import shutil
-import threading
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from qpa.contract import CAPABILITIES, Policy, Task, ToolCall, Trajectory
+from qpa.contract import CAPABILITIES, Task, Trajectory
 from qpa.harness.agent import HarnessConfig
 from qpa.loop.presets import LoopPreset
 
@@ -318,122 +321,7 @@ def read_trajectories(path: Path) -> list[Trajectory]:
     return list(read(path))
 
 
-# =========================================================================== tokenizer + model
-
-
-def oracle_trajectories(tasks: Iterable[Task]) -> list[Trajectory]:
-    """The oracle's (reference plan's) episode of each task, in the sandbox."""
-    from qpa.envs.factory import make_env
-    from qpa.harness.planners import OraclePlanner
-    from qpa.harness.runner import run_episode
-
-    env = make_env("sandbox")
-    try:
-        return [run_episode(env, task, OraclePlanner()) for task in tasks]
-    finally:
-        env.close()
-
-
-def macro_lines(
-    episodes: Iterable[Iterable[Sequence[Mapping[str, Any]]]],
-    *,
-    min_count: int = 2,
-    min_chars: int = 12,
-    limit: int = 6000,
-) -> list[str]:
-    """Lines of the Harness's fixed text that recur in at least `min_count` episodes.
-
-    `episodes` holds, per episode, its conversations (the same episode rendered for one or
-    more Harness versions); a line counts once per episode. Only the system prompt (rules, the
-    tool protocol, tool and Skill lines, memory header) and the opening user turn (the quoting
-    preface, the reset observation) are mined: what the model writes and the tool results it
-    must read are never made opaque. The tokenizer makes each line a single token.
-    """
-    counts: Counter[str] = Counter()
-    for conversations in episodes:
-        lines: set[str] = set()
-        for conversation in conversations:
-            opening = True
-            for message in conversation:
-                role = message.get("role")
-                if role == "assistant":
-                    opening = False
-                    continue
-                if role == "user" and not opening:
-                    continue
-                lines.update(
-                    line
-                    for line in str(message.get("content") or "").split("\n")
-                    if len(line) >= min_chars
-                )
-        counts.update(lines)
-    frequent = [line for line, count in counts.most_common() if count >= min_count]
-    return sorted(frequent[:limit])
-
-
-def build_tokenizer(
-    texts: Iterable[str],
-    *,
-    vocab_size: int,
-    macros: Sequence[str] = (),
-    model_max_length: int = 4096,
-) -> Any:
-    """A byte-level BPE tokenizer (ChatML template of the tiny checkpoints) with macro tokens.
-
-    Pre-tokenization splits text into words, runs of digits and runs of everything else
-    (spaces, punctuation), so a word or a number is tokenized the same wherever it appears
-    (copying an argument from the instruction into a call is then token for token), while the
-    call syntax between arguments (`", "`, `": "`, `"}}`) can merge into a few tokens. `macros`
-    are added as single,
-    non-special tokens after the protocol tags (see `qpa.train.tiny`).
-    """
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
-
-    from qpa.train.tiny import (
-        EOS_TOKEN,
-        PAD_TOKEN,
-        PROTOCOL_TOKENS,
-        SPECIAL_TOKENS,
-        TRAINING_CHAT_TEMPLATE,
-    )
-
-    special = [t for t in SPECIAL_TOKENS if t not in PROTOCOL_TOKENS]
-    raw = Tokenizer(models.BPE())
-    raw.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"[A-Za-z]+|[0-9]+|[^A-Za-z0-9]+"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    raw.train_from_iterator(list(texts), trainer)
-    raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in PROTOCOL_TOKENS])
-    if macros:
-        raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in macros])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        model_max_length=model_max_length,
-        clean_up_tokenization_spaces=False,
-    )
-    tokenizer.chat_template = TRAINING_CHAT_TEMPLATE
-    return tokenizer
+# =========================================================================== the tiny model
 
 
 def harness_ladder(preset: LoopPreset, rungs: int = 3) -> list[HarnessConfig]:
@@ -469,362 +357,29 @@ def _between(start: int, cap: int, share: float) -> int:
 def make_checkpoint(
     preset: LoopPreset, out: Path, *, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """The tiny checkpoint of `preset`: tokenizer (corpus: the suite's train/validation text
-    and Harness-rendered oracle conversations of the curriculum's train split) + random model."""
-    from qpa.data.render import render_trajectory
-    from qpa.train.tiny import TINY_MANIFEST, build_model, suite_corpus
+    """The tiny checkpoint of `preset` (`qpa.train.warmup.build_checkpoint`): its tokenizer's
+    corpus holds the suite's train/validation text and the oracle conversations of a sample of
+    the curriculum's train split, rendered for the first Harness and every rung of its ladder."""
+    from qpa.train.warmup import build_checkpoint, oracle_trajectories
 
-    settings = preset.tokenizer
     train = curriculum(preset, "train")
     rng = random.Random(stage_seed(preset.seed, "tiny-corpus"))
-    picked = rng.sample(train, min(settings.conversations, len(train)))
+    picked = rng.sample(train, min(preset.tokenizer.conversations, len(train)))
     trajectories = [t for t in oracle_trajectories(picked) if t.success]
-    harnesses = [preset.harness, *harness_ladder(preset)]
-    episodes = [[render_trajectory(t, h) for h in harnesses] for t in trajectories]
-    conversations = [c for pair in episodes for c in pair]
-    macros: list[str] = []
-    if settings.macro_lines:
-        macros = macro_lines(
-            episodes,
-            min_count=settings.macro_min_count,
-            min_chars=settings.macro_min_chars,
-            limit=settings.macro_max,
-        )
-    corpus = suite_corpus(conversations=20, seed=preset.seed)
-    chat = build_tokenizer(["x"], vocab_size=300)  # only its chat template renders the corpus
-    corpus += [
-        str(
-            chat.apply_chat_template(
-                [{"role": m["role"], "content": m["content"]} for m in c], tokenize=False
-            )
-        )
-        for c in conversations
-    ]
-    tokenizer = build_tokenizer(
-        corpus,
-        vocab_size=settings.vocab_size,
-        macros=macros,
-        model_max_length=preset.model.max_position_embeddings,
-    )
-    model = build_model(preset.model, tokenizer=tokenizer)
-    passages = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
-    warmup = induction_warmup(
-        model,
-        preset.warmup,
-        seed=stage_seed(preset.seed, "tiny-warmup"),
-        passages=passages,
-        separator=tokenizer.convert_tokens_to_ids("Ġ"),
+    return build_checkpoint(
+        out,
+        trajectories=trajectories,
+        harnesses=[preset.harness, *harness_ladder(preset)],
+        tokenizer_settings=preset.tokenizer,
+        model_config=preset.model,
+        warmup_settings=preset.warmup,
+        corpus_seed=preset.seed,
+        warmup_seed=stage_seed(preset.seed, "tiny-warmup"),
         log=log,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(out)
-    model.save_pretrained(out)
-    lengths = [
-        len(
-            tokenizer(
-                str(
-                    tokenizer.apply_chat_template(
-                        [{"role": m["role"], "content": m["content"]} for m in c], tokenize=False
-                    )
-                )
-            )["input_ids"]
-        )
-        for c in conversations[::2]
-    ]
-    manifest = {
-        "tiny_config": preset.model.model_dump(),
-        "tokenizer_size": len(tokenizer),
-        "bpe_vocab_size": settings.vocab_size,
-        "macro_tokens": len(macros),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "mean_conversation_tokens": round(sum(lengths) / max(1, len(lengths)), 1),
-        "warmup": warmup,
-    }
-    (out / TINY_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    log(
-        f"tiny: {manifest['parameters'] / 1e6:.2f}M parameters, {len(tokenizer)} tokens "
-        f"({len(macros)} macro lines), {manifest['mean_conversation_tokens']} tokens/conversation"
-    )
-    return manifest
-
-
-def induction_warmup(
-    model: Any,
-    settings: Any,
-    *,
-    seed: int,
-    passages: Sequence[Sequence[int]] = (),
-    separator: int | None = None,
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """Teach a random model to copy from its context (see `WarmupSettings`): a token span,
-    filler, the span again, next-token loss on the repeat, AdamW, bf16 autocast on CPU. A share
-    `settings.text_share` of the rows are windows of `passages` (tokenized corpus text), the
-    others random tokens of `[token_low, token_high)`."""
-    if settings.steps <= 0:
-        return {"steps": 0}
-    import torch
-
-    rng = random.Random(seed)
-    low = settings.token_low
-    high = min(settings.token_high, int(model.get_input_embeddings().num_embeddings))
-    if high - low < 2:
-        raise StageError(f"warm-up token range [{low}, {high}) is empty")
-    device = next(iter(model.parameters())).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
-    model.train()
-    clock = time.perf_counter()
-    first = last = float("nan")
-    n = settings.length
-    long_enough = [list(p) for p in passages if len(p) >= n]
-
-    def row() -> list[int]:
-        draw = rng.random()
-        if long_enough and draw < settings.text_share:
-            passage = rng.choice(long_enough)
-            start = rng.randrange(len(passage) - n + 1)
-            return passage[start : start + n]
-        if separator is not None and draw < settings.text_share + settings.spaced_share:
-            # words of 1-3 random tokens between separators, as text is tokenized: copying
-            # them needs to look past the separator (the token before it is what identifies)
-            tokens: list[int] = []
-            while len(tokens) < n:
-                tokens += [rng.randrange(low, high) for _ in range(rng.randint(1, 3))]
-                tokens.append(separator)
-            return tokens[:n]
-        return [rng.randrange(low, high) for _ in range(n)]
-
-    def example() -> tuple[list[int], list[int]]:
-        # span, filler, span again: spans of varied length at varied distances, so the model
-        # learns to find the earlier occurrence (induction), not a fixed offset
-        span = row()[: rng.randint(max(2, n // 4), n)]
-        filler = [rng.randrange(low, high) for _ in range(rng.randint(0, n // 2))]
-        prefix = span + filler
-        return prefix + span, [-100] * len(prefix) + span
-
-    for step in range(settings.steps):
-        batch = [example() for _ in range(settings.batch_size)]
-        width = max(len(tokens) for tokens, _ in batch)
-        # right padding needs no attention mask: a causal model never looks ahead
-        ids = torch.tensor(
-            [tokens + [0] * (width - len(tokens)) for tokens, _ in batch], device=device
-        )
-        labels = torch.tensor(
-            [target + [-100] * (width - len(target)) for _, target in batch], device=device
-        )
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cpu"):
-            loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        value = float(loss.detach())
-        first = value if step == 0 else first
-        last = value
-    model.eval()
-    summary = {
-        "steps": settings.steps,
-        "first_loss": round(first, 4),
-        "final_loss": round(last, 4),
-        "seconds": round(time.perf_counter() - clock, 1),
-    }
-    log(f"tiny: induction warm-up {settings.steps} steps, copy loss {first:.2f} -> {last:.3f}")
-    return summary
 
 
 # =========================================================================== evaluation
-
-
-def greedy_generate(
-    model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int
-) -> list[list[int]]:
-    """Greedy completions of a left-padded batch, cut at eos or a protocol stop token."""
-    import torch
-    from transformers import GenerationConfig
-
-    from qpa.train.rl import stop_token_ids, trim_completion
-
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stops = [tokenizer.eos_token_id, *(stop_token_ids(tokenizer) or [])]
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        attention[row, width - len(ids) :] = 1
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=pad,
-        eos_token_id=stops,
-        use_cache=True,
-    )
-    device = next(iter(model.parameters())).device
-    with torch.inference_mode():
-        output = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            generation_config=config,
-        )
-    return [trim_completion(row, stops, pad) for row in output[:, width:].tolist()]
-
-
-def run_episodes(
-    model: Any,
-    tokenizer: Any,
-    tasks: Sequence[Task],
-    harness: HarnessConfig,
-    *,
-    label: str,
-    max_new_tokens: int = 96,
-    workers: int = 64,
-) -> list[Trajectory]:
-    """One greedy episode per task through the Harness; model calls of all live episodes are
-    answered by one batched `generate` (`qpa.train.rl.TokenBatcher`), in task order."""
-    from qpa.envs.factory import make_env
-    from qpa.harness.agent import HarnessPlanner
-    from qpa.harness.runner import run_episode
-    from qpa.train.rl import PolicyBackend, TokenBatcher
-
-    if not tasks:
-        return []
-    was_training = bool(getattr(model, "training", False))
-    model.eval()
-    batcher = TokenBatcher(
-        lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens), workers
-    )
-    skills = harness.skill_library()
-    policy = Policy(planner="local", model=label, harness_version=harness.version)
-    results: list[Trajectory | None] = [None] * len(tasks)
-    queue = deque(enumerate(tasks))
-    queue_lock, token_lock = threading.Lock(), threading.Lock()
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            while True:
-                with queue_lock:
-                    if not queue:
-                        return
-                    index, task = queue.popleft()
-                backend = PolicyBackend.from_loaded(
-                    model, tokenizer, name=label, max_new_tokens=max_new_tokens
-                ).bind(batcher, order=(index, 0), max_prompt_tokens=None, token_lock=token_lock)
-                planner = HarnessPlanner(backend, harness, skills=skills)
-                env = make_env("sandbox")
-                try:
-                    results[index] = run_episode(
-                        env, task, planner, policy=policy, budgets=harness.budgets()
-                    )
-                finally:
-                    with contextlib.suppress(Exception):
-                        env.close()
-                    with contextlib.suppress(Exception):
-                        planner.memory.close()
-        except BaseException as exc:  # a worker bug must not hang the batcher
-            errors.append(exc)
-        finally:
-            batcher.leave()
-
-    count = min(workers, len(tasks))
-    batcher.enter(count)
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    try:
-        batcher.serve()
-    finally:
-        for thread in threads:
-            thread.join()
-        model.train(was_training)
-    if errors:
-        raise errors[0]
-    if batcher.failure is not None:
-        raise StageError(f"evaluation of {label}: generation failed: {batcher.failure}")
-    return [t for t in results if t is not None]
-
-
-def load_model(model_dir: Path) -> tuple[Any, Any]:
-    """(model, tokenizer) of a checkpoint folder, fp32 on CPU (GPU when present)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        model_dir, local_files_only=True, dtype=torch.float32
-    )
-    if torch.cuda.is_available():
-        model = model.to("cuda")
-    model.eval()
-    return model, tokenizer
-
-
-def summarize(report: Any, diagnosis: Any) -> dict[str, Any]:
-    """The numbers the loop reports for one evaluation (a bench `Report` + a diagnosis)."""
-    return {
-        "split": report.split,
-        "tasks": report.tasks,
-        "success": round(report.overall, 6),
-        "by_capability": {c: round(g.success, 6) for c, g in report.by_capability.items()},
-        "by_template": _by_template(report),
-        "output_tokens_per_solved_task": (
-            round(report.output_tokens_per_success, 3)
-            if report.output_tokens_per_success is not None
-            else None
-        ),
-        "output_tokens_per_task": round(report.output_tokens_per_task, 3),
-        "tool_calls_per_task": round(report.tool_calls, 3),
-        "harness_version": report.policy.harness_version,
-        "diagnosis": {side: int(n) for side, n in diagnosis.by_side.items()},
-        "diagnosis_by_cause": dict(sorted(diagnosis.by_cause.items())),
-        "failures": diagnosis.failures,
-    }
-
-
-def _by_template(report: Any) -> dict[str, float]:
-    rates: dict[str, list[float]] = defaultdict(list)
-    for task_id, outcome in report.per_task.items():
-        parts = task_id.split(".")
-        rates[parts[1] if len(parts) > 1 else task_id].append(outcome.rate)
-    return {k: round(sum(v) / len(v), 6) for k, v in sorted(rates.items())}
-
-
-def evaluate(
-    model_dir: Path,
-    tasks: Sequence[Task],
-    harness: HarnessConfig,
-    out: Path,
-    *,
-    label: str,
-    max_new_tokens: int = 96,
-    workers: int = 64,
-    loaded: tuple[Any, Any] | None = None,
-) -> dict[str, Any]:
-    """Evaluate a checkpoint on `tasks`: `out/trajectories.jsonl`, the bench report
-    (`report.json`, `report.md`: `qpa.bench.scoring.score`) and the diagnosis
-    (`diagnosis.json`, `diagnosis.md`: `qpa.diagnose`); returns `summarize(...)`."""
-    from qpa.bench.report import write_report
-    from qpa.bench.scoring import score
-    from qpa.diagnose import diagnose_dir
-
-    model, tokenizer = loaded if loaded is not None else load_model(model_dir)
-    trajectories = run_episodes(
-        model,
-        tokenizer,
-        tasks,
-        harness,
-        label=label,
-        max_new_tokens=max_new_tokens,
-        workers=workers,
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "trajectories.jsonl", trajectories)
-    report = score(trajectories, samples=1, expected_tasks=[t.id for t in tasks])
-    write_report(report, out, plots=False)
-    diagnosis = diagnose_dir(out)
-    return summarize(report, diagnosis)
 
 
 def _evaluate_splits(
@@ -834,6 +389,8 @@ def _evaluate_splits(
     label: str,
     splits: Sequence[str],
 ) -> dict[str, Any]:
+    from qpa.train.greedy import evaluate, load_model
+
     loaded = load_model(model_dir)
     outputs: dict[str, Any] = {"model": ctx.rel(model_dir), "harness": harness.model_dump()}
     for split in splits:
@@ -858,172 +415,6 @@ def _evaluate_splits(
 
 
 # =========================================================================== Harness revision
-
-
-@dataclass
-class Revision:
-    """A Harness revision: the new config and why each setting changed."""
-
-    config: HarnessConfig
-    changes: list[dict[str, Any]] = field(default_factory=list)
-    unaddressed: dict[str, int] = field(default_factory=dict)
-
-
-def _exposure(harness: HarnessConfig, task: Task, library: Any) -> Any:
-    from qpa.envs.sandbox import SandboxEnv
-    from qpa.harness.adapter import ScenarioAdapter
-
-    env = SandboxEnv()
-    try:
-        env.reset(task)
-        tools = list(env.tools())
-    finally:
-        env.close()
-    adapter = ScenarioAdapter(
-        library,
-        token_budget=harness.token_budget,
-        max_tools=harness.max_tools,
-        drop_skills=set(harness.drop_skills),
-    )
-    return adapter.select(task.instruction, tools)
-
-
-def _smallest(values: Iterable[int], ok: Callable[[int], bool], default: int) -> int:
-    for value in values:
-        if ok(value):
-            return value
-    return default
-
-
-def revise_harness(
-    current: HarnessConfig,
-    failures: Sequence[tuple[Task, str]],
-    settings: Any,
-) -> Revision:
-    """Turn Harness-side failures (task, cause) into the next Harness version.
-
-    The diagnosis reports the first Harness gap of a failure (a missing tool hides a missing
-    Skill behind it), so every gap of the failed tasks is closed, the adapter simulated on each
-    task's scenario:
-
-    - tools: `max_tools` becomes the smallest value exposing every reference-plan tool;
-    - Skills: `token_budget` becomes the smallest budget (steps of 50) at which the adapter
-      injects every Skill the task needs (`qpa.diagnose.skills_needed`);
-    - `memory_retrieval_miss`: `memory_k` grows by 2; `budget_cut`: `max_turns` covers the
-      longest reference plan plus 2 recovery turns.
-
-    Other Harness-side causes (a parser or guard rejection) have no setting to turn: they are
-    counted in `unaddressed` for a person to look at. Limits come from `RevisionSettings`.
-    """
-    from qpa.diagnose import skills_needed
-    from qpa.harness.skills import bump_version
-
-    library = current.skill_library()
-    causes = Counter(cause for _, cause in failures)
-    update: dict[str, Any] = {}
-    changes: list[dict[str, Any]] = []
-    max_tools = current.max_tools
-    # The diagnosis names the first Harness gap it finds (tools before Skills); a fix must close
-    # every gap of those tasks, or the next diagnosis only finds the one behind it.
-    tasks = list({t.id: t for t, _ in failures}.values())
-
-    def missing_tools(config: HarnessConfig, task: Task) -> list[str]:
-        names = set(_exposure(config, task, library).tool_names)
-        return [
-            a.tool
-            for a in task.reference_plan or []
-            if isinstance(a, ToolCall) and a.tool not in names
-        ]
-
-    def missing_skills(config: HarnessConfig, task: Task) -> list[str]:
-        needed = skills_needed(task)
-        if not needed:
-            return []
-        exposed = set(_exposure(config, task, library).skill_ids)
-        return [s for s in needed if s not in exposed]
-
-    tool_tasks = [t for t in tasks if missing_tools(current, t)]
-    if tool_tasks and max_tools is not None:
-        start = max_tools
-
-        def tools_ok(n: int) -> bool:
-            trial = current.model_copy(update={"max_tools": n})
-            return not any(missing_tools(trial, t) for t in tool_tasks)
-
-        max_tools = _smallest(
-            range(start + 1, settings.max_tools_cap + 1), tools_ok, settings.max_tools_cap
-        )
-        update["max_tools"] = max_tools
-        changes.append(
-            {
-                "setting": "max_tools",
-                "from": start,
-                "to": max_tools,
-                "cause": "tool_not_exposed",
-                "failures": causes["tool_not_exposed"],
-                "tasks": len(tool_tasks),
-                "tools": sorted({n for t in tool_tasks for n in missing_tools(current, t)}),
-                "why": "the reference plan's tools were cut by the adapter's tool cap",
-            }
-        )
-    widened = current.model_copy(update={"max_tools": max_tools})
-    skill_tasks = [t for t in tasks if missing_skills(widened, t)]
-    if skill_tasks:
-        start = current.token_budget
-
-        def skills_ok(budget: int) -> bool:
-            trial = widened.model_copy(update={"token_budget": budget})
-            return not any(missing_skills(trial, t) for t in skill_tasks)
-
-        budgets = range(start + 50, settings.token_budget_cap + 1, 50)
-        budget = _smallest(budgets, skills_ok, settings.token_budget_cap)
-        update["token_budget"] = budget
-        needed = sorted({s for t in skill_tasks for s in missing_skills(widened, t)})
-        changes.append(
-            {
-                "setting": "token_budget",
-                "from": start,
-                "to": budget,
-                "cause": "skill_not_injected",
-                "failures": causes["skill_not_injected"],
-                "tasks": len(skill_tasks),
-                "skills": needed,
-                "why": "Skills the tasks need did not fit the adapter's budget",
-            }
-        )
-    if causes["memory_retrieval_miss"]:
-        k = min(settings.memory_k_cap, current.memory_k + 2)
-        update["memory_k"] = k
-        changes.append(
-            {
-                "setting": "memory_k",
-                "from": current.memory_k,
-                "to": k,
-                "cause": "memory_retrieval_miss",
-                "failures": causes["memory_retrieval_miss"],
-                "why": "a remembered value the step needed was not retrieved",
-            }
-        )
-    if causes["budget_cut"]:
-        longest = max(len(t.reference_plan or []) for t, c in failures if c == "budget_cut")
-        turns = min(settings.max_turns_cap, max(current.max_turns, longest + 2))
-        if turns != current.max_turns:
-            update["max_turns"] = turns
-            changes.append(
-                {
-                    "setting": "max_turns",
-                    "from": current.max_turns,
-                    "to": turns,
-                    "cause": "budget_cut",
-                    "failures": causes["budget_cut"],
-                    "why": "the turn budget cut episodes that were on track",
-                }
-            )
-    handled = {"tool_not_exposed", "skill_not_injected", "memory_retrieval_miss", "budget_cut"}
-    unaddressed = {c: n for c, n in sorted(causes.items()) if c not in handled}
-    version = bump_version(current.version) if changes else current.version
-    config = current.model_copy(update={**update, "version": version})
-    return Revision(config=config, changes=changes, unaddressed=unaddressed)
 
 
 def harness_failures(trajectories_path: Path) -> list[tuple[Task, str]]:
@@ -1387,10 +778,13 @@ def stage_eval_sft(ctx: StageContext) -> dict[str, Any]:
 
 
 def stage_harness_revision(ctx: StageContext) -> dict[str, Any]:
+    from qpa.diagnose import skills_needed
+    from qpa.harness.revision import revise_harness
+
     current = ctx.preset.harness
     validation = ctx.inputs["eval_sft"]["validation"]
     failures = harness_failures(ctx.path(validation["trajectories"]))
-    revision = revise_harness(current, failures, ctx.preset.revision)
+    revision = revise_harness(current, failures, ctx.preset.revision, skills_needed=skills_needed)
     path = ctx.dir / f"{revision.config.version}.yaml"
     import yaml
 
@@ -1721,24 +1115,17 @@ def capabilities_of(preset: LoopPreset) -> list[str]:
 __all__ = [
     "MARKER",
     "STAGES",
-    "Revision",
     "Stage",
     "StageContext",
     "StageError",
     "StageResult",
-    "build_tokenizer",
     "capabilities_of",
     "curriculum",
-    "evaluate",
-    "greedy_generate",
     "harness_failures",
-    "load_model",
-    "macro_lines",
+    "harness_ladder",
     "make_checkpoint",
     "read_marker",
-    "revise_harness",
     "rl_config",
-    "run_episodes",
     "run_stage",
     "seed_everything",
     "stage_by_name",

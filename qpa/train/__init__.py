@@ -2,6 +2,10 @@
 
 - `qpa.train.tiny`: tiny Qwen3 checkpoints (tokenizer trained on the suite's text), the local
   stand-in for real checkpoints;
+- `qpa.train.warmup`: the loop's tiny checkpoint (tokenizer with macro tokens, induction
+  warm-up);
+- `qpa.train.greedy`: `evaluate` a local checkpoint (greedy episodes through the Harness, scored
+  by `qpa.bench.evaluate`, diagnosed);
 - `qpa.train.config`: run settings (`SFTConfig`, `DeepSpeedSettings`, `CheckpointSettings`,
   `MetricsSettings`) and their mapping to TRL;
 - `qpa.train.sft`: `train_sft(config)` (TRL `SFTTrainer` on pre-tokenized, turn-masked data);

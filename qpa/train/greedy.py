@@ -1,0 +1,180 @@
+"""Evaluate a local checkpoint: greedy episodes through the Harness, scored and diagnosed.
+
+`evaluate` runs one greedy episode per task with the model answering through the Harness, the
+model calls of all live episodes batched into one `generate` (`qpa.train.rl.TokenBatcher`), then
+hands the trajectories to the benchmark (`qpa.bench.evaluate`: `trajectories.jsonl`, the report)
+and the diagnosis (`qpa.diagnose`). The loop's eval stages and `benchmarks/care_vs_vanilla.py`
+evaluate the checkpoints they train with it. Importing it never imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from qpa.bench.evaluate import score_episodes, summarize
+from qpa.contract import Policy, Task, Trajectory
+from qpa.diagnose import diagnose_dir
+from qpa.envs.factory import make_env
+from qpa.harness.agent import HarnessConfig, HarnessPlanner
+from qpa.harness.runner import run_episode
+from qpa.train.rl import PolicyBackend, TokenBatcher, stop_token_ids, trim_completion
+
+
+class EvaluationError(RuntimeError):
+    """Generation failed during an evaluation (the message names the model's label)."""
+
+
+def greedy_generate(
+    model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
+    """Greedy completions of a left-padded batch, cut at eos or a protocol stop token."""
+    import torch
+    from transformers import GenerationConfig
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = [tokenizer.eos_token_id, *(stop_token_ids(tokenizer) or [])]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention[row, width - len(ids) :] = 1
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+        eos_token_id=stops,
+        use_cache=True,
+    )
+    device = next(iter(model.parameters())).device
+    with torch.inference_mode():
+        output = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            generation_config=config,
+        )
+    return [trim_completion(row, stops, pad) for row in output[:, width:].tolist()]
+
+
+def run_episodes(
+    model: Any,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    harness: HarnessConfig,
+    *,
+    label: str,
+    max_new_tokens: int = 96,
+    workers: int = 64,
+) -> list[Trajectory]:
+    """One greedy episode per task through the Harness; model calls of all live episodes are
+    answered by one batched `generate` (`qpa.train.rl.TokenBatcher`), in task order."""
+    if not tasks:
+        return []
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    batcher = TokenBatcher(
+        lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens), workers
+    )
+    skills = harness.skill_library()
+    policy = Policy(planner="local", model=label, harness_version=harness.version)
+    results: list[Trajectory | None] = [None] * len(tasks)
+    queue = deque(enumerate(tasks))
+    queue_lock, token_lock = threading.Lock(), threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            while True:
+                with queue_lock:
+                    if not queue:
+                        return
+                    index, task = queue.popleft()
+                backend = PolicyBackend.from_loaded(
+                    model, tokenizer, name=label, max_new_tokens=max_new_tokens
+                ).bind(batcher, order=(index, 0), max_prompt_tokens=None, token_lock=token_lock)
+                planner = HarnessPlanner(backend, harness, skills=skills)
+                env = make_env("sandbox")
+                try:
+                    results[index] = run_episode(
+                        env, task, planner, policy=policy, budgets=harness.budgets()
+                    )
+                finally:
+                    with contextlib.suppress(Exception):
+                        env.close()
+                    with contextlib.suppress(Exception):
+                        planner.memory.close()
+        except BaseException as exc:  # a worker bug must not hang the batcher
+            errors.append(exc)
+        finally:
+            batcher.leave()
+
+    count = min(workers, len(tasks))
+    batcher.enter(count)
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        batcher.serve()
+    finally:
+        for thread in threads:
+            thread.join()
+        model.train(was_training)
+    if errors:
+        raise errors[0]
+    if batcher.failure is not None:
+        raise EvaluationError(f"evaluation of {label}: generation failed: {batcher.failure}")
+    return [t for t in results if t is not None]
+
+
+def load_model(model_dir: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) of a checkpoint folder, fp32 on CPU (GPU when present)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        model_dir, local_files_only=True, dtype=torch.float32
+    )
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    model.eval()
+    return model, tokenizer
+
+
+def evaluate(
+    model_dir: Path,
+    tasks: Sequence[Task],
+    harness: HarnessConfig,
+    out: Path,
+    *,
+    label: str,
+    max_new_tokens: int = 96,
+    workers: int = 64,
+    loaded: tuple[Any, Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluate a checkpoint on `tasks`: `out/trajectories.jsonl`, the bench report
+    (`report.json`, `report.md`: `qpa.bench.evaluate.score_episodes`) and the diagnosis
+    (`diagnosis.json`, `diagnosis.md`: `qpa.diagnose`); returns `summarize(...)`."""
+    model, tokenizer = loaded if loaded is not None else load_model(model_dir)
+    trajectories = run_episodes(
+        model,
+        tokenizer,
+        tasks,
+        harness,
+        label=label,
+        max_new_tokens=max_new_tokens,
+        workers=workers,
+    )
+    report = score_episodes(trajectories, tasks, out)
+    diagnosis = diagnose_dir(out)
+    return summarize(report, diagnosis)
+
+
+__all__ = ["EvaluationError", "evaluate", "greedy_generate", "load_model", "run_episodes"]
