@@ -87,12 +87,15 @@ def collect_args(tb: TaskBatch, defaults: Defaults) -> list[str]:
     elif source.generator is not None:
         gen = source.generator
         args += ["--suite", gen.suite, "--seed", str(gen.seed)]
-        if gen.split is not None:
-            args += ["--split", gen.split]
-        if gen.limit is not None:
-            args += ["--limit", str(gen.limit)]
-        for domain in gen.domains:
-            args += ["--domain", domain]
+    args += ["--split", source.split or "all"]
+    if source.limit is not None:
+        args += ["--limit", str(source.limit)]
+    for domain in source.domains:
+        args += ["--domain", domain]
+    for capability in source.capabilities:
+        args += ["--capability", capability]
+    for task_id in source.task_ids:
+        args += ["--task-id", task_id]
     args += [
         "--samples",
         str(spec.samples_per_task),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -27,6 +28,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from qpa.api.v1alpha1 import TaskGenerator, TaskSource
 from qpa.cli import app
 from qpa.cli.common import console, die, err_console, print_json
 from qpa.cli.options import (
@@ -45,11 +47,10 @@ from qpa.data.collect import (
     CollectError,
     CollectProgress,
     collect,
-    load_tasks,
     parse_shard,
-    select_suite_tasks,
     shard_from_env,
 )
+from qpa.data.tasks import select_tasks
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
 from qpa.harness.factory import PLANNER_NAMES
 from qpa.harness.runner import DEFAULT_MAX_TURNS
@@ -66,14 +67,25 @@ def collect_command(
         typer.Option(help="Tasks JSONL (path or URI) or a tasks dataset URI (else --suite)."),
     ] = None,
     suite: Annotated[str, typer.Option("--suite", "-s", help="Task suite.")] = DEFAULT_SUITE,
-    split: Annotated[str, typer.Option(help="Split of --suite: train, validation, test.")] = (
-        "train"
-    ),
+    split: Annotated[
+        str | None,
+        typer.Option(
+            help="Only tasks of this split: train, validation, test or all "
+            "(default: train for --suite, all for --tasks)."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Suite seed (0 = canonical).")] = CANONICAL_SEED,
-    limit: Annotated[int | None, typer.Option(min=1, help="At most this many suite tasks.")] = (
-        None
-    ),
-    domain: Annotated[list[str] | None, typer.Option(help="Only these suite domains.")] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="At most this many tasks, round-robin by domain.")
+    ] = None,
+    domain: Annotated[list[str] | None, typer.Option(help="Only these domains (repeat).")] = None,
+    capability: Annotated[
+        list[str] | None,
+        typer.Option(help="Only tasks exercising any of these capabilities (repeat)."),
+    ] = None,
+    task_id: Annotated[
+        list[str] | None, typer.Option("--task-id", help="Only these task ids (repeat).")
+    ] = None,
     planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNER_NAMES)}.")] = "oracle",
     samples: Annotated[
         int, typer.Option("--samples", "-k", min=1, help="Samples per task (group size).")
@@ -125,8 +137,10 @@ def collect_command(
 
     Rerunning with the same --out (and spool) skips what is already collected.
     """
-    if split not in SPLITS:
-        die(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    if split is None:
+        split = "all" if tasks is not None else "train"
+    if split not in (*SPLITS, "all"):
+        die(f"unknown split {split!r}; choose from {', '.join(SPLITS)} or all")
     if shard is not None and shard_env:
         die("use --shard or --shard-from-env, not both")
     spec = planner_spec(
@@ -144,11 +158,19 @@ def collect_command(
             if shard_env
             else None
         )
-        selected: list[Task] = (
-            load_tasks(tasks, config)
-            if tasks is not None
-            else select_suite_tasks(suite, split, seed=seed, domains=domain or [], limit=limit)
+        source = TaskSource(
+            generator=None if tasks is not None else TaskGenerator(suite=suite, seed=seed),
+            dataset_uri=None if tasks is None else _as_uri(tasks),
+            split=None if split == "all" else split,
+            domains=domain or [],
+            capabilities=capability or [],
+            task_ids=task_id or [],
+            limit=limit,
         )
+        selected: list[Task] = select_tasks(source, config)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        die(f"task source {'.'.join(map(str, error['loc']))}: {error['msg']}")
     except (StoreError, CorruptLineError, ValueError, KeyError) as exc:
         die(str(exc))
     where = tasks or f"{suite}/{split}"

@@ -31,7 +31,6 @@ import os
 import tempfile
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,23 +40,21 @@ from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from qpa.contract import CorruptLineError, Environment, Policy, Task, Trajectory
+from qpa.data.tasks import load_tasks
 from qpa.harness.factory import PlannerSpec
 from qpa.harness.pool import check_remote, env_maker, policy_of, run_episodes
 from qpa.harness.runner import DEFAULT_MAX_TURNS
 from qpa.store import (
-    ArtifactNotFound,
     ArtifactStore,
     StoreConfig,
     StoreUnavailable,
     join_key,
-    open_object,
     open_store,
 )
 from qpa.store.manifest import (
     DatasetManifest,
     Lineage,
     ManifestFile,
-    read_manifest,
     write_manifest,
 )
 from qpa.store.spool import SpooledUploader, shard_tag
@@ -105,76 +102,6 @@ def shard_from_env(
     shard = (int(raw), count)
     shard_tag(shard)
     return shard
-
-
-def _parse_tasks(data: bytes, source: str) -> list[Task]:
-    tasks: list[Task] = []
-    for number, line in enumerate(data.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            tasks.append(Task.model_validate_json(line))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ())) or "<line>"
-            raise CorruptLineError(source, number, f"{where}: {first.get('msg')}") from None
-    return tasks
-
-
-def load_tasks(source: str | Path, config: StoreConfig | None = None) -> list[Task]:
-    """Tasks from a JSONL file or object (`tasks.jsonl`, `s3://b/p/tasks.jsonl`) or from a
-    dataset prefix holding a `manifest.json` (every listed `.jsonl` file, in order).
-
-    Raises `ArtifactNotFound` naming the URI, or `CorruptLineError` naming URI and line.
-    """
-    text = str(source)
-    store, key = open_object(text, config)
-    try:
-        return _parse_tasks(store.get_bytes(key), store.uri(key))
-    except ArtifactNotFound:
-        pass
-    dataset = open_store(text, config)
-    try:
-        manifest = read_manifest(dataset)
-    except ArtifactNotFound:
-        raise ArtifactNotFound(store.uri(key), "no such tasks file or dataset") from None
-    tasks: list[Task] = []
-    for entry in manifest.files:
-        if entry.key.endswith(".jsonl"):
-            tasks += _parse_tasks(dataset.get_bytes(entry.key), dataset.uri(entry.key))
-    return tasks
-
-
-def select_suite_tasks(
-    suite: str,
-    split: str | None = "train",
-    *,
-    seed: int = 0,
-    domains: Sequence[str] = (),
-    limit: int | None = None,
-) -> list[Task]:
-    """Tasks of a generated suite by split and domains; `limit` takes them round-robin across
-    domains so a small selection still covers the suite."""
-    from qpa.envs.sandbox.suite import generate_suite
-
-    chosen = [
-        t
-        for t in generate_suite(suite, seed)
-        if (split is None or t.split == split) and (not domains or t.domain in domains)
-    ]
-    if limit is None or limit >= len(chosen):
-        return chosen
-    by_domain: dict[str, list[Task]] = defaultdict(list)
-    for task in chosen:
-        by_domain[task.domain].append(task)
-    picked: list[Task] = []
-    queues = [list(reversed(v)) for _, v in sorted(by_domain.items())]
-    while len(picked) < limit:
-        for items in queues:
-            if items and len(picked) < limit:
-                picked.append(items.pop())
-    order = {t.id: i for i, t in enumerate(chosen)}
-    return sorted(picked, key=lambda t: order[t.id])
 
 
 # --------------------------------------------------------------------------- bookkeeping
@@ -701,9 +628,7 @@ __all__ = [
     "CollectProgress",
     "CollectResult",
     "collect",
-    "load_tasks",
     "parse_shard",
     "read_collected",
-    "select_suite_tasks",
     "shard_from_env",
 ]

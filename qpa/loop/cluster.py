@@ -98,20 +98,19 @@ def _task_batch(
     }
     if model_uri is not None:
         policy["modelUri"] = model_uri
-    generator: dict[str, Any] = {
-        "suite": preset.suite,
-        "seed": seed,
+    source: dict[str, Any] = {
+        "generator": {"suite": preset.suite, "seed": seed},
         "split": split,
         "capabilities": _capabilities(preset),
     }
     if limit is not None:
-        generator["limit"] = limit
+        source["limit"] = limit
     return {
         "apiVersion": "qpa.ai/v1alpha1",
         "kind": "TaskBatch",
         "metadata": _meta(preset, name, stage),
         "spec": {
-            "source": {"generator": generator},
+            "source": source,
             "policy": policy,
             "rolloutPoolRef": {"name": cluster.rollout_pool},
             "samplesPerTask": samples,

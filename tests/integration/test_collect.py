@@ -26,6 +26,7 @@ import uvicorn
 from fakes.seaweed import SeaweedS3
 from typer.testing import CliRunner
 
+from qpa.api.v1alpha1 import TaskGenerator, TaskSource
 from qpa.cli import app
 from qpa.contract import CorruptLineError, Task, Trajectory, write_tasks
 from qpa.data.collect import (
@@ -33,19 +34,25 @@ from qpa.data.collect import (
     CollectProgress,
     CollectResult,
     collect,
-    load_tasks,
     parse_shard,
     read_collected,
-    select_suite_tasks,
     shard_from_env,
 )
+from qpa.data.tasks import load_tasks, select_tasks
 from qpa.envs.server import create_app
 from qpa.harness.factory import PlannerSpec
 from qpa.store import ArtifactNotFound, StoreConfig, open_store
 from qpa.store.manifest import read_manifest, verify_manifest
 
 ORACLE = PlannerSpec("oracle")
-TASKS = select_suite_tasks("mobilepa", "train", limit=12)
+
+
+def suite_tasks(limit: int) -> list[Task]:
+    """The first `limit` training tasks of the canonical suite, as `qpa collect --limit` picks."""
+    return select_tasks(TaskSource(generator=TaskGenerator(), split="train", limit=limit))
+
+
+TASKS = suite_tasks(12)
 
 
 @contextlib.contextmanager
@@ -218,7 +225,7 @@ def test_cli_collect_with_shard_from_env_and_verify(tmp_path: Path) -> None:
         assert answer.exit_code == 0, answer.output
     summary = json.loads(answer.stdout[answer.stdout.index("{") :])
     assert summary["shard"] == "1/2" and summary["complete"] and summary["manifest"]
-    check_dataset(out, select_suite_tasks("mobilepa", "train", limit=6), 2)
+    check_dataset(out, suite_tasks(6), 2)
     verified = runner.invoke(app, ["data", "verify", out])
     assert verified.exit_code == 0 and "12 rows" in verified.output
     shown = runner.invoke(app, ["data", "manifest", out, "--json"])
@@ -292,7 +299,7 @@ def test_cli_collect_to_s3_with_credentials_from_the_environment(
     args = ["collect", "--limit", "4", "-k", "2", "--out", out, "--spool-dir", str(tmp_path)]
     answer = CliRunner().invoke(app, args)
     assert answer.exit_code == 0, answer.output
-    check_dataset(out, select_suite_tasks("mobilepa", "train", limit=4), 2)
+    check_dataset(out, suite_tasks(4), 2)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     denied = CliRunner().invoke(app, args)
     assert denied.exit_code == 2 and "access denied" in denied.output.replace("\n", " ")

@@ -48,28 +48,19 @@ class TaskGenerator(_Model):
         default="mobilepa", min_length=1, max_length=63, description="Task suite to draw from."
     )
     seed: int = Field(default=0, ge=0, description="Suite seed; 0 is the canonical suite.")
-    split: Split | None = Field(default=None, description="Only tasks of this split.")
-    domains: list[str] = _list_set("Only these domains (all when empty).")
-    capabilities: list[Capability] = Field(
-        default_factory=list,
-        description="Only tasks exercising these capabilities (all when empty).",
-        json_schema_extra={"x-kubernetes-list-type": "set"},
-    )
-    limit: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="At most this many tasks."
-    )
-
-    RULES = (
-        CrossFieldRule(
-            cel=None,  # the server enforces it through x-kubernetes-list-type: set
-            message="domains and capabilities must be unique",
-            check=_check_unique("domains", "capabilities"),
-        ),
-    )
 
 
 class TaskSource(_Model):
-    """Where a batch's tasks come from: a generator or an existing dataset, exactly one."""
+    """Which tasks a batch (or an RL run) uses: an origin, then one selection rule.
+
+    The origin is a generated suite (`generator`) or a dataset (`datasetUri`: a tasks JSON Lines
+    file, or a dataset prefix with a `manifest.json`; a dataset without task rows, such as an
+    SFT set, contributes the canonical suite's tasks its lineage names), exactly one. The
+    selection is the same for both: keep the tasks of `split`, of `domains`, exercising any of
+    `capabilities` and among `taskIds` (each filter off when unset or empty), then at most
+    `limit` of them, taken round-robin across domains so a small selection still covers them,
+    in the origin's order.
+    """
 
     generator: TaskGenerator | None = Field(
         default=None, description="Generate tasks from a suite."
@@ -78,7 +69,24 @@ class TaskSource(_Model):
         default=None,
         pattern=ARTIFACT_URI,
         max_length=2048,
-        description="Tasks as JSON Lines at an s3:// or file:// URI.",
+        description="Tasks as JSON Lines (or a dataset with a manifest.json) at an s3:// or "
+        "file:// URI.",
+    )
+    split: Split | None = Field(default=None, description="Only tasks of this split.")
+    domains: list[str] = _list_set("Only these domains (all when empty).")
+    capabilities: list[Capability] = Field(
+        default_factory=list,
+        description="Only tasks exercising any of these capabilities (all when empty).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    task_ids: list[str] = _list_set(
+        "Only these task ids (all when empty); each must be in the origin.", max_length=10_000
+    )
+    limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="At most this many tasks, round-robin across domains.",
     )
 
     RULES = (
@@ -86,6 +94,11 @@ class TaskSource(_Model):
             cel="has(self.generator) != has(self.datasetUri)",
             message="set exactly one of generator or datasetUri",
             check=lambda m: (m.generator is None) != (m.dataset_uri is None),
+        ),
+        CrossFieldRule(
+            cel=None,  # the server enforces it through x-kubernetes-list-type: set
+            message="domains, capabilities and taskIds must be unique",
+            check=_check_unique("domains", "capabilities", "task_ids"),
         ),
     )
 
@@ -101,8 +114,8 @@ class HarnessVersion(_Model):
     )
     config_map_ref: ConfigMapKeySelector | None = Field(
         default=None,
-        description="ConfigMap key holding the Harness YAML (Skills, memory, budgets); "
-        "passed as --harness-config.",
+        description="ConfigMap key holding the Harness YAML (Skills, memory, budgets), "
+        "mounted into each worker.",
     )
 
 

@@ -96,7 +96,12 @@ def test_snake_and_camel_names_are_both_accepted() -> None:
     )
     assert camel.samples_per_task == 8
     assert snake.to_k8s()["samplesPerTask"] == 4
-    assert snake.to_k8s()["source"] == {"datasetUri": "s3://qpa/tasks/x.jsonl"}
+    assert snake.to_k8s()["source"] == {
+        "datasetUri": "s3://qpa/tasks/x.jsonl",
+        "domains": [],
+        "capabilities": [],
+        "taskIds": [],
+    }
 
 
 def test_defaults_fill_in_nested_settings() -> None:
@@ -145,7 +150,12 @@ CROSS_FIELD_CASES: list[tuple[type[Any], dict[str, Any], str]] = [
     (api.ModelServing, {"uri": "s3://m/", "gpus": 0}, "runtime vllm needs gpus >= 1"),
     (api.CanarySettings, {"steps": [10, 50]}, "last canary step must be 100"),
     (api.CanarySettings, {"steps": [50, 10, 100]}, "must increase"),
-    (api.TaskGenerator, {"capabilities": ["memory", "memory"]}, "must be unique"),
+    (
+        api.TaskSource,
+        {"generator": {}, "capabilities": ["memory", "memory"]},
+        "must be unique",
+    ),
+    (api.TaskSource, {"generator": {}, "taskIds": ["a", "a"]}, "must be unique"),
 ]
 
 
