@@ -191,10 +191,10 @@ def children(
     keep = {("InferenceService", m["metadata"]["name"]) for m in apply}
     job_name = builder.bench_job_name(hr, defaults)
     if status.phase == "Benchmarking":
-        apply.append(builder.bench_job(hr, defaults))
-        keep.add(("Job", job_name))
+        apply += [builder.bench_work_order(hr, defaults), builder.bench_job(hr, defaults)]
+        keep |= {("ConfigMap", job_name), ("Job", job_name)}
     elif bench is not None and job_state(bench).finished:
-        keep.add(("Job", job_name))  # the finished run stays, for its logs
+        keep |= {("ConfigMap", job_name), ("Job", job_name)}  # the finished run stays, for logs
     return Desired(tuple(apply), frozenset(keep))
 
 

@@ -43,10 +43,12 @@ from qpa.api.v1alpha1 import (
     SecretKeySelector,
 )
 from qpa.api.v1alpha1.workorder import (
+    HARNESS_CONFIG_DIR,
     WORK_ORDER_DIR,
     WORK_ORDER_KEY,
     Resolved,
     dump_work_order,
+    harness_config_path,
 )
 
 JsonDict = dict[str, Any]
@@ -70,7 +72,7 @@ MANAGED_SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 #: Where a container writes its JSON summary for the operator (kubelet's default path).
 TERMINATION_LOG: Final = "/dev/termination-log"
 STORE_SECRET_MOUNT: Final = "/var/run/secrets/qpa/store"
-HARNESS_CONFIG_MOUNT: Final = "/etc/qpa/harness"
+HARNESS_CONFIG_MOUNT: Final = HARNESS_CONFIG_DIR
 
 
 def kind_label(kind: str) -> str:
@@ -257,23 +259,30 @@ def work_order_name(owner: CustomResource) -> str:
 
 
 def work_order_config_map(
-    owner: CustomResource, resolved: Resolved, component: str, defaults: Defaults
+    owner: CustomResource,
+    resolved: Resolved,
+    component: str,
+    defaults: Defaults,
+    *,
+    name: str | None = None,
 ) -> JsonDict:
     """The work order (the resource + what the operator resolved) as a ConfigMap: the one input
-    of the pods, read with `qpa <stage> --spec WORK_ORDER_PATH` (see `qpa.api...workorder`)."""
+    of the pods, read with `qpa <stage> --spec WORK_ORDER_PATH` (see `qpa.api...workorder`).
+    `name` defaults to `<owner>-order` (one work order per owner)."""
     manifest = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata(owner, work_order_name(owner), component, defaults),
+        "metadata": metadata(owner, name or work_order_name(owner), component, defaults),
         "data": {WORK_ORDER_KEY: dump_work_order(owner, resolved)},
     }
     return with_spec_hash(manifest)
 
 
-def work_order_parts(owner: CustomResource) -> PodParts:
+def work_order_parts(owner: CustomResource, *, name: str | None = None) -> PodParts:
     """The volume and read-only mount of the work order at WORK_ORDER_DIR."""
+    config_map = name or work_order_name(owner)
     return PodParts(
-        volumes=({"name": "work-order", "configMap": {"name": work_order_name(owner)}},),
+        volumes=({"name": "work-order", "configMap": {"name": config_map}},),
         mounts=({"name": "work-order", "mountPath": WORK_ORDER_DIR, "readOnly": True},),
     )
 
@@ -464,7 +473,7 @@ def harness_config_parts(ref: ConfigMapKeySelector | None) -> tuple[PodParts, st
         "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]},
     }
     mount = {"name": "harness-config", "mountPath": HARNESS_CONFIG_MOUNT, "readOnly": True}
-    return PodParts(volumes=(volume,), mounts=(mount,)), f"{HARNESS_CONFIG_MOUNT}/{ref.key}"
+    return PodParts(volumes=(volume,), mounts=(mount,)), harness_config_path(ref)
 
 
 def service_host(name: str, namespace: str, defaults: Defaults) -> str:

@@ -11,9 +11,10 @@
   Harness version's YAML from its ConfigMap. It is the release's endpoint: its
   `canaryTrafficPercent` splits requests between the candidate's revision and the last
   rolled-out one (KServe keeps the previous revision; setting 0 is KServe's rollback);
-- `<release>-bench-<candidate>`: a Job running `qpa bench run` on the suite split against the
-  candidate's model with the candidate's Harness settings; its report goes to
-  `<reportUri>/<release>/<candidate>/report.json`.
+- `<release>-bench-<candidate>`: a Job running `qpa bench run --spec` on its work order (a
+  ConfigMap of the same name: the release plus the candidate's endpoint, store and report
+  prefix the operator resolved), i.e. the suite split against the candidate's model with the
+  candidate's Harness settings; its report goes to `<reportUri>/<release>/<candidate>/report.json`.
 
 A spec that leaves `harness.image` unset gets the operator's Harness image (the chart's
 `images.harness`) and one that leaves `store` unset the operator's object store (the chart's
@@ -54,10 +55,19 @@ from qpa_operator.builders.common import (
     setting,
     store_parts,
     with_spec_hash,
+    work_order_config_map,
+    work_order_parts,
 )
 
 from qpa.api import HarnessRelease
-from qpa.api.v1alpha1 import HarnessServing, ModelServing, ObjectStore, ReleaseVersion
+from qpa.api.v1alpha1 import (
+    WORK_ORDER_PATH,
+    HarnessServing,
+    ModelServing,
+    ObjectStore,
+    ReleaseVersion,
+    Resolved,
+)
 
 ISVC_API: Final = "serving.kserve.io/v1beta1"
 MODEL_COMPONENT: Final = "model"
@@ -287,42 +297,43 @@ def harness_service(
     return with_spec_hash(manifest)
 
 
-def bench_args(hr: HarnessRelease, defaults: Defaults, config_path: str | None) -> list[str]:
+def bench_resolved(hr: HarnessRelease, defaults: Defaults) -> Resolved:
+    """What the benchmark pod gets besides the spec: the candidate's endpoint, where to publish,
+    the store and the RolloutPool."""
     bench = hr.spec.benchmark
-    args = [
-        "qpa", "bench", "run",
-        "--suite", bench.suite,
-        "--split", bench.split,
-        "--samples", str(bench.samples),
-        "--concurrency", str(bench.concurrency),
-        "--planner", "openai",
-        "--model-url", model_url(hr, defaults),
-        "--model", hr.spec.model.served_model_name,
-        "--out", "/work/bench",
-        "--no-plots",
-    ]  # fmt: skip
-    if bench.limit is not None:
-        args += ["--limit", str(bench.limit)]
-    if config_path is not None:
-        args += ["--harness-config", config_path]
-    if bench.rollout_pool_ref is not None:
-        pool = rollout_pool_url(bench.rollout_pool_ref.name, owner_namespace(hr), defaults)
-        args += ["--env-url", pool]
-    else:
-        args += ["--env-kind", bench.environment]
-    return args
+    namespace = owner_namespace(hr)
+    pool = bench.rollout_pool_ref
+    return Resolved(
+        namespace=namespace,
+        store=store_of(hr, defaults),
+        rollout_pool_url=rollout_pool_url(pool.name, namespace, defaults) if pool else None,
+        model_url=model_url(hr, defaults),
+        report_uri=report_prefix(hr, defaults),
+    )
+
+
+def bench_work_order(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
+    """The candidate's benchmark work order (named as its Job: one per candidate)."""
+    return work_order_config_map(
+        hr,
+        bench_resolved(hr, defaults),
+        BENCH_COMPONENT,
+        defaults,
+        name=bench_job_name(hr, defaults),
+    )
+
+
+BENCH_ARGS: Final = ("qpa", "bench", "run", "--spec", WORK_ORDER_PATH)
 
 
 def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
     harness = harness_of(hr, defaults)
-    config_parts, config_path = harness_config_parts(harness.config_map_ref)
+    config_parts, _ = harness_config_parts(harness.config_map_ref)
     parts = combine(
         [
             PodParts(
                 env=(
-                    env_var("QPA_REPORT_URI", report_prefix(hr, defaults)),
                     env_var("QPA_STATUS_FILE", TERMINATION_LOG),
-                    env_var("QPA_HARNESS_VERSION", hr.spec.harness.version),
                     env_var("HOME", "/tmp"),
                 ),
                 volumes=(empty_dir("work"), empty_dir("tmp")),
@@ -333,12 +344,13 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
             ),
             config_parts,
             store_parts(store_of(hr, defaults)),
+            work_order_parts(hr, name=bench_job_name(hr, defaults)),
         ]
     )
     container = {
         "name": "bench",
         "image": harness.image,
-        "command": bench_args(hr, defaults, config_path),
+        "command": list(BENCH_ARGS),
         "env": list(parts.env),
         "volumeMounts": list(parts.mounts),
         "securityContext": restricted_container_security(),

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -17,6 +18,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from qpa.api.v1alpha1 import (
+    BenchSummary,
+    HarnessRelease,
+    WorkOrder,
+    WorkOrderError,
+    first_error,
+)
+from qpa.bench.config import POD_OUT, BenchConfig
 from qpa.bench.gate import (
     GateResult,
     GateSpecError,
@@ -30,7 +39,7 @@ from qpa.bench.report import ComparisonRow, ReportFiles, compare, write_report
 from qpa.bench.run import BenchError, finish, rescore, run_bench, select_tasks
 from qpa.bench.scoring import EpisodeRecord, PriceTableError, Report, load_price_table
 from qpa.cli import app
-from qpa.cli.common import console, die, err_console, print_json, write_status_file
+from qpa.cli.common import console, die, err_console, print_json, write_summary
 from qpa.cli.options import (
     ApiKeyEnvOpt,
     HarnessConfigOpt,
@@ -105,7 +114,17 @@ def _ci(low: float, high: float) -> str:
 
 @bench_app.command("run")
 def run_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumable).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Output folder (resumable).")
+    ] = None,
+    spec_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="A HarnessRelease work order (what its benchmark Job runs): the suite, the "
+            "candidate and where to publish come from it; --out defaults to /work/bench.",
+        ),
+    ] = None,
     planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNER_NAMES)}.")] = "oracle",
     suite: Annotated[str, typer.Option("--suite", "-s", help="Task suite.")] = DEFAULT_SUITE,
     split: Annotated[str, typer.Option(help="train, validation or test.")] = "test",
@@ -155,27 +174,62 @@ def run_command(
     """Run every selected task k times and write trajectories.jsonl, report.json and report.md.
 
     Rerunning with the same --out skips the episodes already written. With --report-uri (or
-    $QPA_REPORT_URI, as the HarnessRelease benchmark Job sets it) the run's files are then
-    uploaded there, report.json last.
+    $QPA_REPORT_URI) the run's files are then uploaded there, report.json last.
     """
-    if split not in SPLITS:
-        die(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    try:
+        if spec_file is not None:
+            order = WorkOrder.load(spec_file, HarnessRelease)
+            config = BenchConfig.from_harnessrelease(order, out=out or POD_OUT)
+        else:
+            if out is None:
+                die("give --out (or --spec, a HarnessRelease work order)")
+            if split not in SPLITS:
+                die(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+            config = BenchConfig.model_validate(
+                {
+                    "out": out,
+                    "planner": planner_spec(
+                        planner, model_url, model, model_path, harness_config, api_key_env,
+                        noise, planner_seed,
+                    ),
+                    "suite": suite,
+                    "split": split,
+                    "seed": seed,
+                    "samples": samples,
+                    "concurrency": concurrency,
+                    "env_urls": env_url or [],
+                    "env_kind": env_kind,
+                    "limit": limit,
+                    "domains": domain or [],
+                    "capabilities": capability or [],
+                    "max_turns": max_turns,
+                    "retry_errors": retry_errors,
+                    "prices": prices,
+                    "plots": plots,
+                    "report_uri": report_uri,
+                }
+            )  # fmt: skip
+    except (WorkOrderError, ValueError, OSError) as exc:
+        die(first_error(exc) if isinstance(exc, ValidationError) else str(exc))
+    run_benchmark(config)
+
+
+def run_benchmark(config: BenchConfig) -> None:
+    """Run, score, report and publish one benchmark; exit codes as `qpa bench run --help`."""
+    out, spec, suite, split = config.out, config.planner, config.suite, config.split
     try:  # a bad URI or missing credentials fail now, not after the episodes
-        report_store = open_report_store(report_uri) if report_uri else None
+        report_store = open_report_store(config.report_uri) if config.report_uri else None
     except PublishError as exc:
         die(str(exc))
-    spec = planner_spec(
-        planner, model_url, model, model_path, harness_config, api_key_env, noise, planner_seed
-    )
     try:
-        price_table = load_price_table(prices)
-        everything = generate_suite(suite, seed)
+        price_table = load_price_table(config.prices)
+        everything = generate_suite(suite, config.seed)
         tasks = select_tasks(
             everything,
             split=split,
-            domains=domain or [],
-            capabilities=capability or [],
-            limit=limit,
+            domains=config.domains,
+            capabilities=list(config.capabilities),
+            limit=config.limit,
         )
     except (KeyError, BenchError, PriceTableError) as exc:
         die(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
@@ -190,7 +244,7 @@ def run_command(
         console=console,
         transient=False,
     )
-    bar = progress.add_task(f"{planner} on {suite}/{split}", total=None, success="-")
+    bar = progress.add_task(f"{spec.name} on {suite}/{split}", total=None, success="-")
     counts = {"done": 0, "success": 0}
 
     def started(total: int, done: int) -> None:
@@ -211,14 +265,14 @@ def run_command(
                 tasks,
                 spec,
                 out,
-                samples=samples,
-                concurrency=concurrency,
-                env_urls=env_url or [],
-                env_kind=env_kind,
-                max_turns=max_turns,
-                retry_errors=retry_errors,
-                seed=seed,
-                filters={"limit": limit, "domain": domain or [], "capability": capability or []},
+                samples=config.samples,
+                concurrency=config.concurrency,
+                env_urls=config.env_urls,
+                env_kind=config.env_kind,
+                max_turns=config.max_turns,
+                retry_errors=config.retry_errors,
+                seed=config.seed,
+                filters=config.filters,
                 on_start=started,
                 on_episode=finished,
             )
@@ -233,7 +287,7 @@ def run_command(
         err_console.print(f"re-ran {resume.dropped_errors} episodes that ended by a server error")
     if not result.records:
         die("no episode finished: nothing to score", code=130 if result.interrupted else 1)
-    report = finish(result, price_table, plots=plots)
+    report = finish(result, price_table, plots=config.plots)
     broken = report.errors_by_side.get("environment", 0)
     if broken:
         err_console.print(
@@ -252,15 +306,15 @@ def run_command(
             die(f"{exc}; the run is kept in {out}: rerun the same command to publish it")
         published_uri = published.report_uri
         console.print(f"published: {published_uri} ({len(published.objects)} files)")
-    write_status_file(  # the pod's termination message, when $QPA_STATUS_FILE says where
-        {
-            "report_uri": published_uri,
-            "overall": round(report.overall, 6),
-            "tasks": report.tasks,
-            "samples": report.samples,
-            "episodes": report.episodes,
-            "complete": report.complete,
-        }
+    write_summary(  # the pod's termination message, when $QPA_STATUS_FILE says where
+        BenchSummary(
+            report_uri=published_uri,
+            overall=round(report.overall, 6),
+            tasks=report.tasks,
+            samples=report.samples,
+            episodes=report.episodes,
+            complete=report.complete,
+        )
     )
     if result.interrupted:
         err_console.print("[yellow]interrupted: the report is partial; rerun to finish[/]")

@@ -10,6 +10,8 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
+from qpa.api.v1alpha1 import PodSummary
+
 # Messages never wrap: a terminal folds long lines itself, and a log, a pipe or CI keeps each
 # message (and every path in it) on one line that grep finds. Rich still fits tables and
 # progress bars to the width.
@@ -50,6 +52,15 @@ def write_status_file(summary: dict[str, Any]) -> None:
             del data[max(data, key=size)]
     with open(path, "w", encoding="utf-8") as stream:
         stream.write(encoded())
+
+
+def write_summary(summary: PodSummary) -> None:
+    """Write a pod's typed summary where `$QPA_STATUS_FILE` points (its termination message,
+    which the operator parses with the same model); nothing when the variable is unset."""
+    path = os.environ.get(STATUS_FILE_ENV)
+    if path:
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(summary.to_message(STATUS_FILE_LIMIT))
 
 
 def die(message: str, code: int = 2) -> NoReturn:

@@ -1,10 +1,11 @@
 """`qpa bench run` publishes its report where the HarnessRelease benchmark Job says.
 
-The operator's builder makes the Job (`qpa bench run ...` with `QPA_REPORT_URI` set to the
-candidate's report folder); these tests run that very command line through the real `qpa`
-console script (the oracle planner instead of the model endpoint, a tiny task limit) and then
-read the report back the way the operator does, with `qpa.release.verdict`: from a `file://`
-store in tmp_path and from a real S3 server (SeaweedFS).
+The operator's builder makes the Job (`qpa bench run --spec <work order>`, the work order a
+ConfigMap with the release and the candidate's endpoint and report folder); these tests run that
+very command through the real `qpa` console script on the work order the builder wrote, with
+only the candidate's endpoint pointed at a local OpenAI-compatible server (a model that answers
+at once) and a tiny task limit, and then read the report back the way the operator does, with
+`qpa.release.verdict`: from a `file://` store in tmp_path and from a real S3 server (SeaweedFS).
 """
 
 from __future__ import annotations
@@ -18,19 +19,19 @@ from typing import Any
 
 import pytest
 import yaml
+from fakes.openai_server import FakeOpenAI
 from fakes.seaweed import SeaweedS3
 from qpa_operator.builders import Defaults
 from qpa_operator.builders import harnessrelease as builder
 
 from qpa.api import HarnessRelease, parse_resource
+from qpa.api.v1alpha1 import WORK_ORDER_KEY, WORK_ORDER_PATH, BenchSummary
 from qpa.release.verdict import judge, read_report
 from qpa.store import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 QPA = Path(sys.executable).with_name("qpa")
 LIMIT = 3
-#: Options that point the Job at its model endpoint; the test plans with the oracle instead.
-PLANNER_OPTIONS = ("--planner", "--model-url", "--model")
 
 
 def release(report_uri: str, store: dict[str, Any] | None = None) -> HarnessRelease:
@@ -40,7 +41,7 @@ def release(report_uri: str, store: dict[str, Any] | None = None) -> HarnessRele
     spec["harness"].pop("configMapRef")
     spec["benchmark"].pop("rolloutPoolRef")
     spec["benchmark"].update(limit=LIMIT, samples=1, concurrency=2)
-    spec["gate"].update(minSamples=1, minTasks=1)
+    spec["gate"].update(minSamples=1, minTasks=1, minOverall=0)
     spec["reportUri"] = report_uri
     spec.pop("store", None)
     if store is not None:
@@ -51,23 +52,29 @@ def release(report_uri: str, store: dict[str, Any] | None = None) -> HarnessRele
     return resource
 
 
-def job_command(hr: HarnessRelease, out: Path) -> tuple[list[str], dict[str, str]]:
-    """The benchmark Job's command (with the oracle planner and a local --out) and its env."""
+def job_command(
+    hr: HarnessRelease, out: Path, model_url: str, **resolved: str
+) -> tuple[list[str], dict[str, str]]:
+    """The benchmark Job's command on its work order (endpoint and `resolved` overrides
+    applied, --out local) and its env."""
     job = builder.bench_job(hr, Defaults())
     (container,) = job["spec"]["template"]["spec"]["containers"]
-    command = list(container["command"])
-    assert command[:3] == ["qpa", "bench", "run"]
-    args: list[str] = []
-    rest = iter(command[3:])
-    for arg in rest:
-        value = next(rest) if arg.startswith("--") and arg not in ("--no-plots",) else None
-        if arg in PLANNER_OPTIONS:
-            continue
-        if arg == "--out":
-            value = str(out)
-        args += [arg] if value is None else [arg, value]
+    assert container["command"] == ["qpa", "bench", "run", "--spec", WORK_ORDER_PATH]
+    order = yaml.safe_load(builder.bench_work_order(hr, Defaults())["data"][WORK_ORDER_KEY])
+    assert order["resolved"]["modelUrl"] == builder.model_url(hr, Defaults())
+    order["resolved"] |= {"modelUrl": model_url, **resolved}
+    path = out.parent / "workorder.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(order))
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    return [str(QPA), *command[1:3], *args, "--planner", "oracle"], env
+    return [str(QPA), "bench", "run", "--spec", str(path), "--out", str(out)], env
+
+
+@pytest.fixture
+def endpoint() -> Any:
+    """The candidate model: answers every turn at once, without tool calls."""
+    with FakeOpenAI(lambda request: "Done.") as server:
+        yield server.base_url
 
 
 def run_job(
@@ -84,49 +91,54 @@ def run_job(
     )
 
 
-def test_the_benchmark_job_publishes_its_report_to_a_file_store(tmp_path: Path) -> None:
+def test_the_benchmark_job_publishes_its_report_to_a_file_store(
+    tmp_path: Path, endpoint: str
+) -> None:
     hr = release((tmp_path / "releases").as_uri() + "/")
-    command, env = job_command(hr, tmp_path / "work")
-    assert "--report-uri" not in command  # the Job passes the folder as $QPA_REPORT_URI
-    assert env["QPA_REPORT_URI"] == builder.report_prefix(hr, Defaults())
+    command, env = job_command(hr, tmp_path / "work", endpoint)
     status_file = tmp_path / "termination-log"
     result = run_job(command, env, QPA_STATUS_FILE=str(status_file))
     assert result.returncode == 0, result.stdout + result.stderr
     # the operator's reader finds it at the candidate's report URI
     candidate = builder.candidate(hr, Defaults())
-    assert candidate.report_uri == env["QPA_REPORT_URI"] + "report.json"
+    prefix = builder.report_prefix(hr, Defaults())
+    assert candidate.report_uri == prefix + "report.json"
     report = read_report(candidate.report_uri)
     assert report.tasks == LIMIT and report.complete and report.samples == 1
-    assert report.policy.planner == "oracle"
+    assert report.policy.planner == "openai" and report.policy.model == "planner"
     verdict = judge(candidate.report_uri, None, hr.spec.gate)
     assert verdict.kind == "passed" and verdict.scores is not None
     assert verdict.scores.overall == pytest.approx(report.overall, abs=1e-6)
+    # every trajectory records the release's Harness version
+    store = open_store(prefix)
+    lines = store.get_bytes("trajectories.jsonl").decode().splitlines()
+    harness_versions = {json.loads(line)["policy"]["harness_version"] for line in lines}
+    assert harness_versions == {hr.spec.harness.version}
     # the run's other files went along, byte for byte
-    store = open_store(env["QPA_REPORT_URI"])
     assert set(store.list()) >= {"report.json", "report.md", "trajectories.jsonl", "run.json"}
     local = tmp_path / "work"
     for name in ("report.json", "trajectories.jsonl"):
         assert store.get_bytes(name) == (local / name).read_bytes()
     assert f"published: {candidate.report_uri}" in result.stdout
-    # the pod's termination message says where the report went
-    summary = json.loads(status_file.read_text())
-    assert summary["report_uri"] == candidate.report_uri
-    assert (summary["tasks"], summary["complete"]) == (LIMIT, True)
+    # the pod's termination message is the typed summary, saying where the report went
+    summary = BenchSummary.from_message(status_file.read_text())
+    assert summary is not None and summary.report_uri == candidate.report_uri
+    assert (summary.tasks, summary.complete) == (LIMIT, True)
 
 
-def test_a_bad_report_uri_fails_before_any_episode(tmp_path: Path) -> None:
+def test_a_bad_report_uri_fails_before_any_episode(tmp_path: Path, endpoint: str) -> None:
     hr = release((tmp_path / "releases").as_uri() + "/")
-    command, env = job_command(hr, tmp_path / "work")
-    result = run_job(command, env, QPA_REPORT_URI="ftp://host/reports/")
+    command, env = job_command(hr, tmp_path / "work", endpoint, reportUri="ftp://host/reports/")
+    result = run_job(command, env)
     assert result.returncode != 0
-    assert "--report-uri ftp://host/reports/" in result.stderr + result.stdout
+    assert "ftp://host/reports/" in result.stderr + result.stdout
     assert "unsupported store scheme 'ftp'" in result.stderr + result.stdout
     assert not (tmp_path / "work" / "trajectories.jsonl").exists()
     # an s3:// folder without credentials is refused up front too
+    command, env = job_command(hr, tmp_path / "work", endpoint, reportUri="s3://qpa/releases/")
     result = run_job(
         command,
         env,
-        QPA_REPORT_URI="s3://qpa/releases/",
         QPA_S3_ENDPOINT="http://127.0.0.1:9",
         AWS_ACCESS_KEY_ID="",
         AWS_SECRET_ACCESS_KEY="",
@@ -135,14 +147,16 @@ def test_a_bad_report_uri_fails_before_any_episode(tmp_path: Path) -> None:
     assert not (tmp_path / "work" / "trajectories.jsonl").exists()
 
 
-def test_the_benchmark_job_publishes_to_s3(tmp_path: Path, seaweed: SeaweedS3) -> None:
+def test_the_benchmark_job_publishes_to_s3(
+    tmp_path: Path, seaweed: SeaweedS3, endpoint: str
+) -> None:
     root = seaweed.root("bench-publish")
     hr = release(
         f"{root}/releases/",
         store={"endpoint": seaweed.endpoint, "secretRef": {"name": "qpa-store"}},
     )
-    command, env = job_command(hr, tmp_path / "work")
-    assert env["QPA_REPORT_URI"].startswith(f"{root}/releases/")
+    command, env = job_command(hr, tmp_path / "work", endpoint)
+    assert builder.report_prefix(hr, Defaults()).startswith(f"{root}/releases/")
     # the pod reads its keys from the mounted Secret's files; here they are local files
     keys = tmp_path / "keys"
     keys.mkdir()

@@ -4,9 +4,9 @@ The real operator runs in a `KopfRunner` against the test API server (tests/fake
 kubectl applies, patches, annotates and shows the releases. The tests play the cluster's
 controllers and the benchmark: they mark InferenceServices Ready for their current generation
 (as KServe does), mark the benchmark Job complete or failed (as the Job controller does), and
-put the benchmark's `report.json` where the Job's `QPA_REPORT_URI` says (as `qpa bench run`
-does), in a `file://` store under tmp_path or on a real S3 server (SeaweedFS). The operator
-reads it through `qpa.store` and gates it with `qpa.bench.gate`.
+put the benchmark's `report.json` where the Job's work order says (`resolved.reportUri`, as
+`qpa bench run --spec` does), in a `file://` store under tmp_path or on a real S3 server
+(SeaweedFS). The operator reads it through `qpa.store` and gates it with `qpa.bench.gate`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from helpers.operator_runner import (
 )
 from helpers.release_reports import report_bytes
 
+from qpa.api.v1alpha1 import WORK_ORDER_KEY
 from qpa.store import open_store
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
@@ -120,8 +121,7 @@ async def benchmark(kube: KubeAPIServer, report: bytes | None, *, fails: bool = 
     """The benchmark Job's part: write the report where it is told, then finish."""
     current = await phase(kube, "hr", NAME, "Benchmarking")
     job = await exists(kube, "jobs", current["benchmarkJob"])
-    env = {e["name"]: e.get("value") for e in container(job)["env"]}
-    uri = env["QPA_REPORT_URI"]
+    uri = await report_folder(kube, job)
     if report is not None:
         open_store(uri).put_bytes("report.json", report)
     if fails:
@@ -129,6 +129,15 @@ async def benchmark(kube: KubeAPIServer, report: bytes | None, *, fails: bool = 
     else:
         job_complete(kube, job["metadata"]["name"])
     return str(uri)
+
+
+async def report_folder(kube: KubeAPIServer, job: dict[str, Any]) -> str:
+    """Where the benchmark publishes: its work order (the ConfigMap named as the Job)."""
+    (volume,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "work-order"]
+    order_map = await exists(kube, "configmaps", volume["configMap"]["name"])
+    order = yaml.safe_load(order_map["data"][WORK_ORDER_KEY])
+    assert order["kind"] == "HarnessRelease" and order["metadata"]["name"] == NAME
+    return str(order["resolved"]["reportUri"])
 
 
 async def walk_canary(kube: KubeAPIServer) -> list[int]:
@@ -371,10 +380,11 @@ async def test_reports_are_read_from_s3(
         current = await phase(kube_api, "hr", NAME, "Benchmarking")
         job = await exists(kube_api, "jobs", current["benchmarkJob"])
         env = {e["name"]: e.get("value") for e in container(job)["env"]}
-        assert env["QPA_REPORT_URI"].startswith(f"{root}/planner/")
+        folder = await report_folder(kube_api, job)
+        assert folder.startswith(f"{root}/planner/")
         assert env["QPA_S3_ENDPOINT"] == seaweed.endpoint
-        open_store(env["QPA_REPORT_URI"], seaweed.store_config()).put_bytes("report.json", GOOD)
+        open_store(folder, seaweed.store_config()).put_bytes("report.json", GOOD)
         job_complete(kube_api, job["metadata"]["name"])
         done = await phase(kube_api, "hr", NAME, "Promoted")
-        assert done["stable"]["reportUri"] == env["QPA_REPORT_URI"] + "report.json"
+        assert done["stable"]["reportUri"] == folder + "report.json"
         assert done["scores"]["overall"] == 0.8

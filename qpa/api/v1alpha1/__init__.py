@@ -81,6 +81,7 @@ from qpa.api.v1alpha1.devicepool import (
 from qpa.api.v1alpha1.harnessrelease import (
     OVERRIDE_ANNOTATION,
     BenchmarkSettings,
+    BenchSummary,
     CanarySettings,
     GateSettings,
     HarnessRelease,
@@ -137,6 +138,7 @@ from qpa.api.v1alpha1.trainingrun import (
 )
 from qpa.api.v1alpha1.workorder import (
     API_KEY_ENV,
+    HARNESS_CONFIG_DIR,
     SUMMARY_LIMIT,
     WORK_ORDER_DIR,
     WORK_ORDER_KEY,
@@ -147,6 +149,7 @@ from qpa.api.v1alpha1.workorder import (
     WorkOrderError,
     dump_work_order,
     first_error,
+    harness_config_path,
     work_order_document,
 )
 
@@ -193,6 +196,7 @@ __all__ = [
     "CONFIG_KEY",
     "DNS_SUBDOMAIN",
     "GROUP",
+    "HARNESS_CONFIG_DIR",
     "HTTP_URL",
     "IMAGE",
     "MAX_NAME_LENGTH",
@@ -206,6 +210,7 @@ __all__ = [
     "WORK_ORDER_DIR",
     "WORK_ORDER_KEY",
     "WORK_ORDER_PATH",
+    "BenchSummary",
     "BenchmarkSettings",
     "CARESettings",
     "CanarySettings",
@@ -292,6 +297,7 @@ __all__ = [
     "_timestamp",
     "dump_work_order",
     "first_error",
+    "harness_config_path",
     "parse_resource",
     "resource_for_kind",
     "set_condition",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Final, Literal
+from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import Field
 
@@ -32,6 +32,7 @@ from qpa.api.v1alpha1.resource import (
     KindInfo,
     PrinterColumn,
 )
+from qpa.api.v1alpha1.workorder import PodSummary
 
 
 class ModelServing(_Model):
@@ -362,3 +363,20 @@ class HarnessRelease(CustomResource):
     kind: Literal["HarnessRelease"] = "HarnessRelease"
     spec: HarnessReleaseSpec
     status: HarnessReleaseStatus | None = None
+
+
+class BenchSummary(PodSummary):
+    """What a benchmark pod (`qpa bench run`) reports in its termination message.
+
+    The release gate never trusts it: the operator reads the published report itself (fail
+    closed); this is for `kubectl describe` and logs.
+    """
+
+    STAGE: ClassVar[str] = "bench"
+
+    report_uri: str | None = Field(default=None, description="The published report.json.")
+    overall: float = Field(ge=0, le=1, description="Overall success rate.")
+    tasks: int = Field(ge=0, description="Tasks scored.")
+    samples: int = Field(ge=0, description="Samples per task.")
+    episodes: int = Field(ge=0, description="Episodes scored.")
+    complete: bool = Field(description="Every selected episode ran.")

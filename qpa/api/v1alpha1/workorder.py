@@ -24,13 +24,15 @@ from typing import Any, ClassVar, Final, Generic, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from qpa.api.v1alpha1.base import ObjectStore, _Model
+from qpa.api.v1alpha1.base import ConfigMapKeySelector, ObjectStore, _Model
 from qpa.api.v1alpha1.resource import CustomResource
 
 #: Where the operator mounts the work order in every pod it creates, and the file's key.
 WORK_ORDER_DIR: Final = "/etc/qpa/order"
 WORK_ORDER_KEY: Final = "workorder.yaml"
 WORK_ORDER_PATH: Final = f"{WORK_ORDER_DIR}/{WORK_ORDER_KEY}"
+#: Where a spec's Harness ConfigMap key (`harness.configMapRef`) is mounted in a pod.
+HARNESS_CONFIG_DIR: Final = "/etc/qpa/harness"
 #: The variable the operator fills from a spec's `apiKeySecretRef` (never the key itself).
 API_KEY_ENV: Final = "QPA_API_KEY"
 #: Kubernetes keeps at most 4 KiB of a termination message.
@@ -113,6 +115,11 @@ class WorkOrder(BaseModel, Generic[R]):
     @property
     def name(self) -> str:
         return self.resource.metadata.name or self.resource.info.singular
+
+
+def harness_config_path(ref: ConfigMapKeySelector | None) -> str | None:
+    """Where the pod finds the Harness YAML of `ref` (the operator mounts it there)."""
+    return f"{HARNESS_CONFIG_DIR}/{ref.key}" if ref is not None else None
 
 
 def work_order_document(resource: CustomResource, resolved: Resolved) -> dict[str, Any]:
