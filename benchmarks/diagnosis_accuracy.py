@@ -4,7 +4,7 @@ Run: `.venv/bin/python benchmarks/diagnosis_accuracy.py [--stride N] [--detours 
 (about a minute on 2 cores at the default stride; prints tables, asserts nothing).
 
 Sources, each over the canonical mobilepa test split (every `--stride`-th task), all through the
-real agent loop on the sandbox (`qpa.diagnose.faults`):
+real agent loop on the sandbox (`tests/helpers/faults.py`):
 
 - model side: the `noisy` planner (one injected, labelled fault per episode: wrong tool, wrong
   argument, skipped step, ignored memory, gave up early), run directly and through the Harness
@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from qpa.diagnose import SIDES
-from qpa.diagnose.attribution import diagnose
-from qpa.diagnose.faults import (
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the fault injection lives with the test helpers
+
+from helpers.faults import (  # noqa: E402
     FAULTS,
     SOURCES,
     Outcome,
@@ -43,7 +45,10 @@ from qpa.diagnose.faults import (
     measure,
     run_harness,
 )
-from qpa.envs.sandbox.suite import generate_suite
+
+from qpa.diagnose import SIDES  # noqa: E402
+from qpa.diagnose.attribution import diagnose  # noqa: E402
+from qpa.envs.sandbox.suite import generate_suite  # noqa: E402
 
 
 def _pct(num: int, den: int) -> str:

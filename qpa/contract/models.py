@@ -120,7 +120,12 @@ class Task(_Model):
 
 
 class ToolSpec(_Model):
-    """A tool as a planner sees it: OpenAI-style function schema plus its side-effect class."""
+    """A tool as a planner sees it: OpenAI-style function schema plus its side-effect class.
+
+    `side_effect`: `read` changes nothing; `write` changes the world's state; `payment` changes it
+    and moves money, so it needs the user's confirmation (the tool named in the task's
+    `confirmations`) or the environment refuses it with `permission_denied`.
+    """
 
     name: str = Field(pattern=r"^[a-zA-Z][a-zA-Z0-9_]{0,63}$")
     description: str
@@ -128,6 +133,28 @@ class ToolSpec(_Model):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     result: dict[str, Any] = Field(default_factory=dict)
     side_effect: SideEffect = "read"
+
+    @property
+    def changes_state(self) -> bool:
+        """Whether a successful call changes the world (a `write` or a `payment`)."""
+        return self.side_effect != "read"
+
+    @property
+    def needs_confirmation(self) -> bool:
+        """Whether the user must confirm the call first (a `payment`)."""
+        return self.side_effect == "payment"
+
+
+class SkillSpec(_Model):
+    """A Skill as the Harness holds it: an app's procedure document, recorded as `app.name`."""
+
+    app: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.app}.{self.name}"
 
 
 # --------------------------------------------------------------------------- actions
@@ -278,13 +305,25 @@ class Totals(_Model):
 
 
 class Trajectory(_Model):
-    """A whole episode, successful or not: failed trajectories are kept for diagnosis."""
+    """A whole episode, successful or not: failed trajectories are kept for diagnosis.
+
+    `tools` are the tools the environment offered in the episode (its `tools()` after reset, with
+    their side effects), whatever the Harness then showed the planner: what the planner was
+    offered is the first step's `tools_exposed` annotation (names). `skills` are the Skills the
+    planner could have been shown for those tools' apps (the Harness's library; empty for
+    planners without Skills); which it was shown is the `skills_exposed` annotation. Together they
+    tell diagnosis, curation and rendering what each tool does without any environment's
+    registry. Trajectories written before these fields existed read back with both empty: their
+    tools' effects are unknown, and readers must say so rather than guess.
+    """
 
     id: str
     task: Task
     env_kind: EnvKind = "sandbox"
     policy: Policy
     sample: int = 0
+    tools: list[ToolSpec] = Field(default_factory=list)
+    skills: list[SkillSpec] = Field(default_factory=list)
     steps: list[Step] = Field(default_factory=list)
     verification: Verification | None = None
     totals: Totals = Field(default_factory=Totals)
@@ -296,6 +335,10 @@ class Trajectory(_Model):
     @property
     def success(self) -> bool:
         return self.verification is not None and self.verification.success
+
+    def tool(self, name: str) -> ToolSpec | None:
+        """The offered tool called `name`, or None (not offered, or not recorded)."""
+        return next((t for t in self.tools if t.name == name), None)
 
     def recompute_totals(self, wall_time_s: float | None = None) -> Totals:
         """Derive totals from the steps (the one place they are computed)."""

@@ -19,8 +19,8 @@
    failure diagnosed as model-side, the step where the diagnosis shows the mistake.
 4. **Capability attribution.** `metadata["curation"]["capabilities"]` holds the task's declared
    capabilities, those the trajectory exercised (tool calls that went through, remembered values
-   used, sub-agents opened, Skill-governed writes) and, for failures, the capabilities the
-   diagnosis blames.
+   used, sub-agents opened, Skill-governed writes: calls the trajectory's own `tools` record as
+   state-changing) and, for failures, the capabilities the diagnosis blames.
 5. **Near-duplicates.** Within each set, trajectories with the same normalized action sequence
    (tools and arguments, case and spacing folded) and near-identical instructions (MinHash over
    word 3-shingles, Jaccard >= `near_duplicate_threshold`) keep one representative: the first in
@@ -70,7 +70,7 @@ from qpa.data.review import (
     read_source,
     start_batch,
 )
-from qpa.diagnose import Diagnosis, diagnose
+from qpa.diagnose import Diagnosis, EpisodeTools, diagnose
 from qpa.envs.sandbox.suite import CANONICAL_SEED, generate_suite
 from qpa.store import ArtifactNotFound, ArtifactStore
 from qpa.store.manifest import (
@@ -269,10 +269,10 @@ def exercised_capabilities(trajectory: Trajectory) -> list[Capability]:
             found.add("memory")
             break
     if "skills" in trajectory.task.capabilities:
-        from qpa.diagnose.attribution import is_write
-
+        book = EpisodeTools.of(trajectory)  # a tool of unknown effect is not claimed as a write
         if any(
-            isinstance(s.action, ToolCall) and _ok(s) and is_write(s.action.tool) for s in steps
+            isinstance(s.action, ToolCall) and _ok(s) and book.is_write(s.action.tool)
+            for s in steps
         ):
             found.add("skills")
     return [c for c in CAPABILITIES if c in found]

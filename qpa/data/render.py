@@ -207,11 +207,15 @@ def _library(skills_path: str | None) -> SkillLibrary:
 def episode_opening(trajectory: Trajectory) -> tuple[list[ToolSpec], Feedback]:
     """The tools on offer and the reset feedback the episode started with.
 
-    Environments are deterministic at reset: the sandbox (and the LLM-simulated apps, whose reset
-    asks no model) are reset on the task again. For other kinds the tools are the sandbox
-    registry's specs of the task's tools and the reset observation is rebuilt from the task.
+    The tools are the trajectory's own (`Trajectory.tools`: what the environment offered). The
+    reset feedback is not recorded, but environments are deterministic at reset: the sandbox (and
+    the LLM-simulated apps, whose reset asks no model) are reset on the task again, which also
+    gives the tools of a trajectory written before tools were recorded. For other kinds the reset
+    observation is rebuilt from the task; such a trajectory without recorded tools cannot show
+    the planner what it was offered, and is refused (ValueError naming the field).
     """
     task = trajectory.task
+    recorded = list(trajectory.tools)
     env: Any = None
     try:
         if trajectory.env_kind == "sandbox":
@@ -225,16 +229,20 @@ def episode_opening(trajectory: Trajectory) -> tuple[list[ToolSpec], Feedback]:
         if env is not None:
             first = env.reset(task)
             if first.status == "ok":
-                return list(env.tools()), first
+                return recorded or list(env.tools()), first
     finally:
         if env is not None:
             env.close()
-    from qpa.envs.sandbox.registry import all_tools
-
-    registry = all_tools()
-    tools = [registry[name].spec for name in task.tools if name in registry]
-    first = Feedback.ok({"user": task.user.name, "apps": task.apps, "tools": task.tools})
-    return tools, first
+    if not recorded:
+        raise ValueError(
+            f"trajectory {trajectory.id!r} ({trajectory.env_kind}): field 'tools' is empty (it "
+            "was written before trajectories recorded their tools), so the tools its planner "
+            "was offered are unknown and the episode cannot be rendered"
+        )
+    first = Feedback.ok(
+        {"user": task.user.name, "apps": task.apps, "tools": [t.name for t in recorded]}
+    )
+    return recorded, first
 
 
 class Renderer:

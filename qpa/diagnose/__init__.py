@@ -2,8 +2,9 @@
 
 `diagnose(trajectory)` attributes one failed trajectory (`attribution`, where the ordered rules
 are documented); `diagnose_dir(DIR)` reads `DIR/trajectories.jsonl` and writes
-`DIR/diagnosis.json` and `DIR/diagnosis.md` (`report`). `faults` injects Harness, environment
-and model faults to measure the attribution's accuracy; the diagnosis never uses it.
+`DIR/diagnosis.json` and `DIR/diagnosis.md` (`report`). What each tool does and which Skills came
+with the tools are read from the trajectory (`tools`); no environment is imported. The fault
+injection that measures the attribution's accuracy lives with the tests (`tests/helpers/faults.py`).
 """
 
 from qpa.diagnose.attribution import (
@@ -22,6 +23,7 @@ from qpa.diagnose.report import (
     build_report,
     diagnose_dir,
 )
+from qpa.diagnose.tools import EpisodeTools, named_tools
 
 __all__ = [
     "CAUSES",
@@ -30,10 +32,12 @@ __all__ = [
     "DiagnoseError",
     "Diagnosis",
     "DiagnosisReport",
+    "EpisodeTools",
     "Side",
     "build_report",
     "diagnose",
     "diagnose_dir",
     "extract_calls",
+    "named_tools",
     "skills_needed",
 ]

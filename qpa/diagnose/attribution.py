@@ -4,8 +4,14 @@
 (`environment`, `harness` or `model`), a short cause code, the trajectory step that shows it, the
 reference-plan step it concerns and a one-line reason. It reads only the trajectory: the task (with
 its reference plan, memory and verifier), the steps with their feedback and the Harness's step
-annotations (`tools_exposed`, `skills_exposed`, `memory_retrieved`, `parse_failure`, `guard`). It
-never reads labels a fault injector left behind (`injected_fault`, `plan_step`, metadata).
+annotations (`tools_exposed`, `skills_exposed`, `memory_retrieved`, `parse_failure`, `guard`), and
+the tools and Skills the episode offered (`Trajectory.tools`, `Trajectory.skills`: side effects,
+apps, argument schemas, Skill texts; `qpa.diagnose.tools`). It never reads an environment's
+registry, nor labels a fault injector left behind (`injected_fault`, `plan_step`, metadata).
+
+**Unknown effects.** A called tool the trajectory does not describe (a trajectory written before
+tools were recorded) is neither a read nor a write: it is never a harmless re-check or detour, and
+never an `extra_action`; every diagnosis lists such tools in `unknown_effects`.
 
 **Alignment with the reference plan.** Plan steps are matched, in order, to the trajectory's steps
 (greedy, looking ahead, so detours such as extra reads or recovered errors are allowed): a plan
@@ -85,11 +91,8 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, Literal, get_args
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
 
 from qpa.contract import (
@@ -99,13 +102,14 @@ from qpa.contract import (
     Finish,
     MemoryItem,
     MessageUser,
+    SkillSpec,
     Step,
     Task,
     ToolCall,
     ToolSpec,
     Trajectory,
 )
-from qpa.envs.sandbox.registry import all_tools, skills_for
+from qpa.diagnose.tools import EpisodeTools
 from qpa.harness.parsing import PSEUDO_TOOLS
 from qpa.harness.planners import resolve_refs
 
@@ -116,8 +120,6 @@ __all__ = [
     "Side",
     "diagnose",
     "extract_calls",
-    "is_write",
-    "named_tools",
     "skills_needed",
 ]
 
@@ -158,7 +160,6 @@ _BUDGET = re.compile(r"^harness:\s*(?:(turn)|token|wall-time)\s+budget(?: of (\d
 _GIVE_UP = re.compile(
     r"\b(sorry|could ?n[o']t|cannot|can't|unable|not able|giving up|no tool)\b", re.IGNORECASE
 )
-_TOOL_NAME = re.compile(r"\b[a-z][a-z0-9]*_[a-z0-9_]+\b")
 _REASON_CHARS = 240
 
 
@@ -175,62 +176,43 @@ class Diagnosis(BaseModel):
     plan_step: int | None = None
     reason: str
     capabilities: list[Capability] = Field(default_factory=list)
+    unknown_effects: list[str] = Field(default_factory=list)
+    """Tools the trajectory called (and the environment did not reject as unknown) whose side
+    effect it does not record (a trajectory written before tools were): the verdict could not
+    tell whether they changed anything."""
 
 
 # --------------------------------------------------------------------------- tools and skills
-
-
-@cache
-def _registry_specs() -> dict[str, ToolSpec]:
-    """Schemas known offline: the sandbox tools and the Harness's pseudo-tools."""
-    specs = {name: bound.spec for name, bound in all_tools().items()}
-    specs.update({p.name: p for p in PSEUDO_TOOLS})
-    return specs
-
-
-def _side_effect(tool: str) -> str | None:
-    spec = _registry_specs().get(tool)
-    return spec.side_effect if spec is not None else None
-
-
-def is_write(tool: str) -> bool:
-    """Whether a (sandbox) tool changes state; unknown tools count as reads."""
-    return _side_effect(tool) not in (None, "read")
-
-
-def _app_of(tool: str, apps: Sequence[str] = ()) -> str:
-    bound = all_tools().get(tool)
-    if bound is not None:
-        return bound.app.name
-    candidates = [a for a in apps if tool.startswith(f"{a}_")]
-    return max(candidates, key=len) if candidates else tool.split("_", 1)[0]
-
-
-def named_tools(text: str, known: Iterable[str] = ()) -> set[str]:
-    """The tool names a Skill's text mentions (registered tools, or the `known` ones)."""
-    names = set(_registry_specs()) | set(known)
-    return {w for w in _TOOL_NAME.findall(text) if w in names}
 
 
 def _plan_tools(plan: Sequence[Action]) -> list[str]:
     return [a.tool for a in plan if isinstance(a, ToolCall)]
 
 
-def skills_needed(task: Task, skills: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+def skills_needed(
+    task: Task,
+    skills: Mapping[str, Mapping[str, str]] | Iterable[SkillSpec],
+    tools: Iterable[ToolSpec],
+) -> list[str]:
     """The Skills (`app.name`) the task needs, by the rule in the module docstring.
 
-    `skills` maps app -> skill name -> text; by default the sandbox apps' own Skills.
+    `skills` are the Skills on offer (`SkillSpec`s, or app -> skill name -> text: a Harness's
+    library) and `tools` the episode's tools, whose side effects rank the Skills. For a recorded
+    episode: `skills_needed(t.task, t.skills, t.tools)`.
     """
+    return _skills_needed(task, EpisodeTools.build(tools, skills))
+
+
+def _skills_needed(task: Task, book: EpisodeTools) -> list[str]:
     if "skills" not in task.capabilities or not task.reference_plan:
         return []
-    library = skills if skills is not None else skills_for(list(task.apps))
     plan = _plan_tools(task.reference_plan)
     used = set(plan)
-    writes = {t for t in used if is_write(t)}
+    writes = {t for t in used if book.is_write(t)}
     scored: list[tuple[tuple[int, int, float], str]] = []
     for app in task.apps:
-        for name, text in sorted((library.get(app) or {}).items()):
-            named = named_tools(text, used)
+        for name, text in sorted((book.skills.get(app) or {}).items()):
+            named = book.named_tools(text, used)
             overlap = named & used
             if not overlap:
                 continue
@@ -240,11 +222,6 @@ def skills_needed(task: Task, skills: Mapping[str, Mapping[str, str]] | None = N
         return []
     best = max(key for key, _ in scored)
     return [skill for key, skill in scored if key == best]
-
-
-def _skill_text(skill_id: str) -> str:
-    app, _, name = skill_id.partition(".")
-    return skills_for([app]).get(app, {}).get(name, "")
 
 
 # --------------------------------------------------------------------------- values
@@ -415,22 +392,12 @@ def extract_calls(raw: str) -> list[tuple[str, dict[str, Any]]]:
     return calls
 
 
-@cache
-def _validator(tool: str) -> Draft202012Validator | None:
-    spec = _registry_specs().get(tool)
-    if spec is None:
-        return None
-    try:
-        Draft202012Validator.check_schema(spec.parameters)
-    except SchemaError:
-        return None
-    return Draft202012Validator(spec.parameters)
-
-
-def _valid_call(tool: str, arguments: dict[str, Any], *, schema_rejected: bool) -> bool:
+def _valid_call(
+    book: EpisodeTools, tool: str, arguments: dict[str, Any], *, schema_rejected: bool
+) -> bool:
     """Whether the arguments satisfy the tool's schema. Without a known schema, trust the
     Harness's parser: its own schema rejection (`schema_rejected`) stands."""
-    validator = _validator(tool)
+    validator = book.validator(tool)
     if validator is None:
         return not schema_rejected
     return not any(True for _ in validator.iter_errors(arguments))
@@ -491,9 +458,10 @@ def _same_action(a: Step, b: Step) -> bool:
     return a.action.model_dump(exclude={"call_id"}) == b.action.model_dump(exclude={"call_id"})
 
 
-def _noise(steps: Sequence[Step], index: int) -> bool:
+def _noise(steps: Sequence[Step], index: int, book: EpisodeTools) -> bool:
     """A step that changes nothing and explains nothing on its own: a re-check (a successful
-    read repeating an earlier successful call) or a call of a tool that does not exist here."""
+    call of a known read repeating an earlier successful call) or a call of a tool that does not
+    exist here. A call of unknown effect is never noise."""
     step = steps[index]
     if not isinstance(step.action, ToolCall):
         return False
@@ -501,7 +469,7 @@ def _noise(steps: Sequence[Step], index: int) -> bool:
         return True
     return (
         not _failed(step)
-        and not is_write(step.action.tool)
+        and book.is_read(step.action.tool)
         and any(_same_action(step, s) and not _failed(s) for s in steps[:index])
     )
 
@@ -549,6 +517,7 @@ class _Context:
     cursor: int = 0  # step index after the last matched step
     shown: int | None = None  # first unmatched non-structural step at/after the cursor
     skills_needed: list[str] = field(default_factory=list)
+    book: EpisodeTools = field(default_factory=lambda: EpisodeTools.build((), {}))
 
     @property
     def task_apps(self) -> list[str]:
@@ -594,7 +563,13 @@ class _Context:
 
 def _align(trajectory: Trajectory) -> _Context:
     plan = _plan_steps(trajectory.task.reference_plan or [])
-    ctx = _Context(trajectory, plan, list(trajectory.steps), results=[None] * len(plan))
+    ctx = _Context(
+        trajectory,
+        plan,
+        list(trajectory.steps),
+        results=[None] * len(plan),
+        book=EpisodeTools.of(trajectory),
+    )
     for plan_step in plan:
         if plan_step.structural:
             continue
@@ -616,7 +591,8 @@ def _align(trajectory: Trajectory) -> _Context:
         ctx.cursor = found + 1
     candidates = [j for j in range(ctx.cursor, len(ctx.steps)) if not _structural(ctx.steps[j])]
     ctx.shown = next(
-        (j for j in candidates if not _noise(ctx.steps, j)), candidates[0] if candidates else None
+        (j for j in candidates if not _noise(ctx.steps, j, ctx.book)),
+        candidates[0] if candidates else None,
     )
     return ctx
 
@@ -642,7 +618,24 @@ def _verdict(
         plan_step=plan_step,
         reason=_one_line(reason),
         capabilities=list(trajectory.task.capabilities),
+        unknown_effects=_unknown_effects(ctx),
     )
+
+
+def _unknown_effects(ctx: _Context) -> list[str]:
+    """The called tools whose side effect the trajectory does not record, in call order."""
+    found: list[str] = []
+    for step in ctx.steps:
+        tool = _tool(step)
+        if (
+            tool is not None
+            and tool not in found
+            and step.feedback.error != "unknown_tool"
+            and "parse_failure" not in step.annotations
+            and ctx.book.side_effect(tool) is None
+        ):
+            found.append(tool)
+    return found
 
 
 def _describe_plan_step(ctx: _Context) -> str:
@@ -800,7 +793,7 @@ def _rule_parser_rejected(ctx: _Context) -> Diagnosis | None:
                     index,
                     ctx.divergence,
                 )
-            if not _valid_call(tool, arguments, schema_rejected=schema_rejected):
+            if not _valid_call(ctx.book, tool, arguments, schema_rejected=schema_rejected):
                 continue
             if _went_through(ctx, index, tool, arguments):
                 continue
@@ -850,12 +843,12 @@ def _rule_skill_not_injected(ctx: _Context) -> Diagnosis | None:
     agent = ctx.agent_at(where)
     if agent != "main":
         seen |= set(ctx.notes("skills_exposed", agent) or [])
-    app = _app_of(expected.tool, ctx.task_apps)
+    app = ctx.book.app_of(expected.tool, ctx.task_apps)
     for skill in ctx.skills_needed:
         if skill in seen:
             continue
         skill_app = skill.partition(".")[0]
-        named = named_tools(_skill_text(skill), [expected.tool])
+        named = ctx.book.named_tools(ctx.book.skill_text(skill), [expected.tool])
         if skill_app == app or expected.tool in named:
             withheld = ctx.notes("skills_withheld") or []
             truncated = ctx.notes("skills_truncated") or []
@@ -937,12 +930,12 @@ def _rule_memory_miss(ctx: _Context) -> Diagnosis | None:
     )
 
 
-def _harmless(step: Step) -> bool:
+def _harmless(step: Step, book: EpisodeTools) -> bool:
     action = step.action
     if isinstance(action, ToolCall):
         if step.feedback.error == "unknown_tool":
             return True  # rejected before it could do anything
-        return not _failed(step) and not is_write(action.tool)
+        return not _failed(step) and book.is_read(action.tool)  # unknown effect: not harmless
     if isinstance(action, MessageUser):
         return "parse_failure" not in step.annotations
     return _structural(step)
@@ -952,7 +945,7 @@ def _on_track(ctx: _Context) -> bool:
     """Every step either matched the plan or was a harmless detour, and nothing repeated."""
     matched = set(ctx.matched.values())
     others = [i for i in range(len(ctx.steps)) if i not in matched]
-    if not all(_harmless(ctx.steps[i]) for i in others):
+    if not all(_harmless(ctx.steps[i], ctx.book) for i in others):
         return False
     return not any(
         _same_action(ctx.steps[i], ctx.steps[j])
@@ -1111,7 +1104,7 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
                     isinstance(ctx.steps[i].action, ToolCall)
                     or "parse_failure" in ctx.steps[i].annotations
                 )
-                and not _noise(ctx.steps, i)
+                and not _noise(ctx.steps, i, ctx.book)
                 for i in window
             ):
                 return _gave_up(ctx, index)
@@ -1120,7 +1113,7 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
             boundary = index
             break
         window.append(index)
-    noise = [i for i in window if _noise(ctx.steps, i)]
+    noise = [i for i in window if _noise(ctx.steps, i, ctx.book)]
     real = [i for i in window if i not in noise]
     same = [i for i in real if _same_tool(ctx, i)]
     if same:
@@ -1138,12 +1131,12 @@ def _rule_divergence(ctx: _Context) -> Diagnosis | None:
             )
         calls = noise
     if isinstance(expected, ToolCall) and calls:
-        kind = _side_effect(expected.tool)
+        kind = ctx.book.side_effect(expected.tool)
         alike = [
             i
             for i in calls
-            if _side_effect(_tool(ctx.steps[i]) or "") == kind
-            or is_write(_tool(ctx.steps[i]) or "")
+            if ctx.book.side_effect(_tool(ctx.steps[i]) or "") == kind
+            or ctx.book.is_write(_tool(ctx.steps[i]) or "")
         ]
         if alike or boundary is None:
             index = (alike or calls)[0]
@@ -1256,7 +1249,7 @@ def _rule_outcome(ctx: _Context) -> Diagnosis:
             if ctx.plan
             and i not in matched
             and isinstance(s.action, ToolCall)
-            and is_write(s.action.tool)
+            and ctx.book.is_write(s.action.tool)  # a call of unknown effect is not claimed
             and not _failed(s)
         ),
         None,
@@ -1315,4 +1308,4 @@ def diagnose(
 
 
 def _needed_for(trajectory: Trajectory) -> list[str]:
-    return skills_needed(trajectory.task)
+    return _skills_needed(trajectory.task, EpisodeTools.of(trajectory))

@@ -22,6 +22,7 @@ from qpa.contract import (
     Feedback,
     Finish,
     MessageUser,
+    SkillSpec,
     Step,
     Task,
     ToolCall,
@@ -107,11 +108,17 @@ class HarnessPlanner:
         self._contexts: list[_Context] = []
         self._retrieved: list[RetrievedMemory] = []
         self._pending_annotations: dict[str, Any] = {}
+        self._skills_offered: list[SkillSpec] = []
 
     # ------------------------------------------------------------------ Planner
     def start(self, task: Task, tools: list[ToolSpec], first: Feedback) -> None:
         self.task = task
         self.tools = {t.name: t for t in tools}
+        apps = [self.adapter.app_of(t) for t in tools]
+        self._skills_offered = [
+            SkillSpec(app=s.app, name=s.name, text=s.text)
+            for s in self.adapter.skills.for_apps(a for a in apps if a)
+        ]
         self.guard = ProvenanceGuard(task, tools)
         exposure = self.adapter.select(task.instruction, tools)
         user = task.user.user_id
@@ -170,6 +177,11 @@ class HarnessPlanner:
                     annotations["guard"] = refusal.message
                     return Decision(parsed, completion.usage, annotations, feedback=refusal)
         return Decision(parsed, completion.usage, annotations)
+
+    def skills_offered(self) -> list[SkillSpec]:
+        """The Skills of the library for the apps of the episode's tools: what the adapter could
+        inject (withheld and budget-cut ones included; the exposure says which it did)."""
+        return list(self._skills_offered)
 
     def end(self, trajectory: Trajectory) -> None:
         """After the episode: write memory back from the trajectory's evidence."""

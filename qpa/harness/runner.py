@@ -5,6 +5,10 @@ episode budgets (turns, tokens, wall time), keeps the sub-agent stack for `Deleg
 actions the Harness answered itself. Failures of the environment or of the model endpoint (a dead
 server, a lost device) end the episode with the cause recorded as environment-side; they never
 propagate as exceptions to the caller.
+
+The trajectory records what the episode offered, so it can be diagnosed, curated and rendered
+without the environment: `tools` is the environment's `tools()` after reset (the planner gets
+exactly these), and `skills` the planner's `skills_offered()` when it has Skills (the Harness).
 """
 
 from __future__ import annotations
@@ -82,7 +86,12 @@ def run_episode(
         if first.status == "error":
             trajectory.error = f"environment: reset failed: {first.message}"
         else:
-            planner.start(task, env.tools(), first)
+            offered = list(env.tools())
+            trajectory.tools = offered
+            planner.start(task, list(offered), first)
+            skills_offered = getattr(planner, "skills_offered", None)
+            if skills_offered is not None:
+                trajectory.skills = list(skills_offered())
             last: Step | None = None
             for index in range(limits.max_turns):
                 decision = planner.decide(last)

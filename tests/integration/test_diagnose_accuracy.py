@@ -8,12 +8,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from helpers.faults import FAULTS, SOURCES, Outcome, measure, run_harness, run_noisy
 from typer.testing import CliRunner
 
 from qpa.cli.diagnose import command_app
 from qpa.contract import Trajectory, write_trajectories
 from qpa.diagnose import DiagnosisReport, diagnose_dir
-from qpa.diagnose.faults import FAULTS, SOURCES, Outcome, measure, run_harness, run_noisy
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.harness.backends.scripted import OracleBackend
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ from qpa.contract import (
     Feedback,
     Finish,
     Policy,
+    SkillSpec,
     Step,
     Task,
     ToolCall,
+    ToolSpec,
     Trajectory,
     read_trajectories,
     write_trajectories,
@@ -119,3 +122,53 @@ def test_totals_are_derived_from_steps() -> None:
     )
     totals = trajectory.recompute_totals(wall_time_s=1.5)
     assert (totals.turns, totals.tool_calls, totals.errors, totals.wall_time_s) == (2, 1, 1, 1.5)
+
+
+def offered_trajectory() -> Trajectory:
+    trajectory = make_trajectory(4)
+    trajectory.tools = [
+        ToolSpec(name="parking_find", description="find", app="parking"),
+        ToolSpec(name="parking_renew", description="renew", app="parking", side_effect="payment"),
+        ToolSpec(name="parking_cancel", description="cancel", app="parking", side_effect="write"),
+    ]
+    trajectory.skills = [SkillSpec(app="parking", name="renew", text="parking_find first")]
+    return trajectory
+
+
+def test_trajectories_carry_the_tools_and_skills_they_offered(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trajectories(path, [offered_trajectory()])
+    (loaded,) = read_trajectories(path)
+    assert loaded == offered_trajectory()
+    assert [(t.name, t.side_effect) for t in loaded.tools] == [
+        ("parking_find", "read"),
+        ("parking_renew", "payment"),
+        ("parking_cancel", "write"),
+    ]
+    assert [s.id for s in loaded.skills] == ["parking.renew"]
+    renew, cancel = loaded.tool("parking_renew"), loaded.tool("parking_cancel")
+    assert renew is not None and renew.changes_state and renew.needs_confirmation
+    assert cancel is not None and cancel.changes_state and not cancel.needs_confirmation
+    find = loaded.tool("parking_find")
+    assert find is not None and not find.changes_state
+    assert loaded.tool("x") is None
+
+
+def test_a_trajectory_written_before_tools_were_recorded_reads_with_none() -> None:
+    old = make_trajectory(5).model_dump(mode="json")
+    del old["tools"], old["skills"]
+    loaded = Trajectory.model_validate_json(json.dumps(old))
+    assert loaded.tools == [] and loaded.skills == [] and loaded.tool("x") is None
+
+
+def test_recorded_tools_are_validated_naming_the_field() -> None:
+    data = offered_trajectory().model_dump(mode="json")
+    data["tools"][1]["side_effect"] = "delete"
+    with pytest.raises(ValidationError) as info:
+        Trajectory.model_validate(data)
+    assert "tools.1.side_effect" in str(info.value)
+    data = offered_trajectory().model_dump(mode="json")
+    data["skills"][0]["app"] = ""
+    with pytest.raises(ValidationError) as info:
+        Trajectory.model_validate(data)
+    assert "skills.0.app" in str(info.value)

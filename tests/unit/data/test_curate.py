@@ -250,3 +250,18 @@ def test_a_collected_batch_is_read_through_its_manifest(
     assert [t.id for t in load_trajectories([store.root_uri])] == [t.id for t in batch[:9]]
     store.delete("manifest.json")  # without a manifest: the parts
     assert len(load_trajectories([str(tmp_path / "collected")])) == 9
+
+
+def test_skill_governed_writes_are_read_from_the_trajectorys_tools() -> None:
+    from qpa.data.curate import exercised_capabilities
+
+    trajectory = oracle(task_of("schedule_text"))
+    assert "skills" in trajectory.task.capabilities
+    assert "skills" in exercised_capabilities(trajectory)
+    # every recorded tool a read: no write went through, whatever the sandbox would say
+    reads = [t.model_copy(update={"side_effect": "read"}) for t in trajectory.tools]
+    assert "skills" not in exercised_capabilities(trajectory.model_copy(update={"tools": reads}))
+    # written before tools were recorded: an unknown effect is not claimed as a write
+    old = trajectory.model_copy(update={"tools": []})
+    assert "skills" not in exercised_capabilities(old)
+    assert "tool_use" in exercised_capabilities(old)

@@ -186,3 +186,23 @@ def test_a_rendering_with_another_harness_version_follows_that_version() -> None
     small = render_trajectory(trajectory, HarnessConfig(drop_skills=["messaging.scheduled_send"]))
     assert plain(default)[1:] == plain(small)[1:]
     assert default[0]["content"] != small[0]["content"]
+
+
+def test_the_tools_rendered_are_the_ones_the_trajectory_recorded() -> None:
+    from qpa.data.render import episode_opening
+
+    task = task_of("add_new_contact")
+    trajectory = run_episode(SandboxEnv(), task, OraclePlanner())
+    tools, first = episode_opening(trajectory)
+    assert tools == trajectory.tools and first.status == "ok"
+    fewer = trajectory.model_copy(update={"tools": trajectory.tools[:1]})
+    assert episode_opening(fewer)[0] == trajectory.tools[:1]
+    # an old sandbox trajectory: the sandbox, reset again, says what it offered
+    assert episode_opening(trajectory.model_copy(update={"tools": []}))[0] == trajectory.tools
+    # a device episode cannot be reset offline: its recorded tools, or a clear refusal
+    device = trajectory.model_copy(update={"env_kind": "device"})
+    tools, first = episode_opening(device)
+    assert tools == trajectory.tools
+    assert first.observation["tools"] == [t.name for t in trajectory.tools]
+    with pytest.raises(ValueError, match="field 'tools' is empty"):
+        episode_opening(device.model_copy(update={"tools": []}))

@@ -8,6 +8,14 @@ from functools import cache
 from typing import Any
 
 import pytest
+from helpers.faults import (
+    FAULTS,
+    SkillSensitiveBackend,
+    expected_noisy_cause,
+    run_harness,
+    run_noisy,
+    task_skills,
+)
 
 from qpa.contract import (
     Action,
@@ -22,13 +30,6 @@ from qpa.contract import (
     Verification,
 )
 from qpa.diagnose import CAUSES, SIDES, diagnose, extract_calls, skills_needed
-from qpa.diagnose.faults import (
-    FAULTS,
-    SkillSensitiveBackend,
-    expected_noisy_cause,
-    run_harness,
-    run_noisy,
-)
 from qpa.envs.sandbox.suite import generate_suite
 
 SUITE = generate_suite()
@@ -356,12 +357,21 @@ def test_without_a_reference_plan_the_verifier_decides() -> None:
 
 
 def test_the_skills_a_task_needs() -> None:
-    assert skills_needed(first("schedule_text")) == ["messaging.scheduled_send"]
-    assert skills_needed(first("report_spam")) == ["messaging.spam_cleanup"]
-    assert skills_needed(first("text_contact_by_name")) == []  # no `skills` capability
+    assert task_skills(first("schedule_text")) == ["messaging.scheduled_send"]
+    assert task_skills(first("report_spam")) == ["messaging.spam_cleanup"]
+    assert task_skills(first("text_contact_by_name")) == []  # no `skills` capability
     for task in SUITE:
         if task.split == "test" and "skills" in task.capabilities and task.id.endswith("000"):
-            assert skills_needed(task), task.id
+            assert task_skills(task), task.id
+
+
+def test_the_skills_a_task_needs_come_from_the_trajectory() -> None:
+    base = clean("schedule_text")
+    assert base.skills and all(s.app in base.task.apps for s in base.skills)
+    assert skills_needed(base.task, base.skills, base.tools) == ["messaging.scheduled_send"]
+    # a Harness whose library lacks the Skill could not have injected it: not needed there
+    others = [s for s in base.skills if s.id != "messaging.scheduled_send"]
+    assert skills_needed(base.task, others, base.tools) != ["messaging.scheduled_send"]
 
 
 def test_calls_are_read_from_any_common_format() -> None:

@@ -1,9 +1,12 @@
 """Fault injection to MEASURE diagnosis: known Harness, environment and model faults, labelled.
 
-Nothing here is used by `diagnose` itself; the benchmark (`benchmarks/diagnosis_accuracy.py`)
-and the tests run tasks under each fault and score the attribution against the fault's known
-side and cause. Every fault goes through the real agent loop (`HarnessPlanner` + `run_episode`
-on the sandbox), so the trajectories look exactly like production ones.
+Test and benchmark code, not part of the library: `qpa.diagnose` never uses it. The tests
+(`helpers.faults`, `tests` is on pytest's path) and the benchmark
+(`benchmarks/diagnosis_accuracy.py`, which puts `tests` on `sys.path`) run tasks under each fault
+and score the attribution against the fault's known side and cause. Every fault goes through the
+real agent loop (`HarnessPlanner` + `run_episode` on the sandbox), so the trajectories look
+exactly like production ones. The faults are built from the sandbox registry (which Skills a task
+needs, which plan step writes); the diagnosis reads the same facts from the trajectory.
 
 Models (scripted, no weights):
 
@@ -57,10 +60,11 @@ from qpa.contract import (
     Trajectory,
     Verification,
 )
-from qpa.diagnose import attribution
-from qpa.diagnose.attribution import Diagnosis, Side, is_write, named_tools, skills_needed
+from qpa.diagnose import named_tools
+from qpa.diagnose import skills_needed as needed_skills
+from qpa.diagnose.attribution import Diagnosis, Side, diagnose
 from qpa.envs.sandbox import SandboxEnv
-from qpa.envs.sandbox.registry import skills_for, tool_specs
+from qpa.envs.sandbox.registry import all_tools, skills_for, tool_specs
 from qpa.harness.agent import HarnessConfig, HarnessPlanner
 from qpa.harness.backends.base import (
     BackendUnavailable,
@@ -98,6 +102,36 @@ __all__ = [
 
 GIVE_UP_TOOL = "I can't do this: the tool it needs is not available to me."
 _PREFACE_END = "]\n"
+
+
+# --------------------------------------------------------------------------- the sandbox's facts
+
+
+def is_write(tool: str) -> bool:
+    """Whether a sandbox tool changes state (tools the sandbox does not have: False)."""
+    bound = all_tools().get(tool)
+    return bound is not None and bound.spec.side_effect != "read"
+
+
+def task_skills(task: Task) -> list[str]:
+    """The Skills a sandbox task needs: the diagnosis's rule over the registry's Skills of the
+    task's apps and the tools its sandbox episode offers (what a Harness run records)."""
+    return needed_skills(task, skills_for(list(task.apps)), _offered(task))
+
+
+def _offered(task: Task) -> list[ToolSpec]:
+    """The tools the sandbox offers in an episode of `task` (its `tools()` after reset)."""
+    env = SandboxEnv()
+    try:
+        env.reset(task)
+        return list(env.tools())
+    finally:
+        env.close()
+
+
+def _skill_names(text: str, known: Iterable[str] = ()) -> set[str]:
+    """The sandbox tools (or `known` names) a Skill's text mentions."""
+    return named_tools(text, set(all_tools()) | set(known))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -160,7 +194,7 @@ def _procedure_steps(task: Task, needed: Iterable[str]) -> dict[int, str]:
     for skill in needed:
         app, _, name = skill.partition(".")
         text = skills_for([app]).get(app, {}).get(name, "")
-        named = named_tools(text, [tool for _, tool in calls])
+        named = _skill_names(text, [tool for _, tool in calls])
         steps = [i for i, tool in calls if tool in named]
         writes = [i for i, tool in calls if tool in named and is_write(tool)]
         if steps:
@@ -285,9 +319,7 @@ class SkillSensitiveBackend(_PlanFollower):
         detour_every: int | None = None,
     ) -> None:
         super().__init__(task, completion_tokens=completion_tokens, detour_every=detour_every)
-        self.needed = (
-            list(skills_needed) if skills_needed is not None else attribution.skills_needed(task)
-        )
+        self.needed = list(skills_needed) if skills_needed is not None else task_skills(task)
         self.procedure = _procedure_steps(task, self.needed)
         self.check_tools = tools
         self.check_skills = skills
@@ -352,7 +384,7 @@ class SkillSensitiveBackend(_PlanFollower):
         used = {a.tool for a in self.plan if isinstance(a, ToolCall)}
         offered = {t.name: t for t in tools}
         prefix = action.tool.split("_", 1)[0] + "_"
-        for tool in sorted(named_tools(text) - used):
+        for tool in sorted(_skill_names(text) - used):
             spec = offered.get(tool)
             if spec is None or not tool.startswith(prefix):
                 continue
@@ -717,7 +749,7 @@ def _sensitive(task: Task, detours: Detours) -> SkillSensitiveBackend:
 
 
 def _drop_skill(task: Task, detours: Detours) -> Trajectory:
-    config = HarnessConfig(drop_skills=skills_needed(task))
+    config = HarnessConfig(drop_skills=task_skills(task))
     return run_harness(task, _sensitive(task, detours), config)
 
 
@@ -779,7 +811,7 @@ HARNESS_FAULTS: dict[str, Fault] = {
             "harness",
             "skill_not_injected",
             "drop_skills withholds the Skills the task needs",
-            lambda t: bool(_procedure_steps(t, skills_needed(t))),
+            lambda t: bool(_procedure_steps(t, task_skills(t))),
             _drop_skill,
         ),
         Fault(
@@ -973,7 +1005,7 @@ def measure(
                         task.id,
                         "model",
                         expected_noisy_cause(label),
-                        attribution.diagnose(trajectory),
+                        diagnose(trajectory),
                         detour_every if via else None,
                     )
                 )
@@ -988,7 +1020,7 @@ def measure(
                     task.id,
                     fault.side,
                     fault.cause,
-                    attribution.diagnose(trajectory),
+                    diagnose(trajectory),
                     detour_every,
                 )
             )
