@@ -129,6 +129,8 @@ def failure_of(action: UIAction, stdout: str, stderr: str, code: int) -> str | N
 
 
 def _spec(name: str, description: str, properties: dict[str, Any], required: list[str]) -> ToolSpec:
+    """A device tool. Every gesture is a `write`: the environment cannot tell what it touches (a
+    tap may send, delete or pay; even `press_back` can keep a draft), so none is a harmless read."""
     return ToolSpec(
         name=name,
         description=description,
