@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from qpa.cli import app
-from qpa.cli.options import ModelOpt
+from qpa.cli.options import ModelOpt, ModelPathOpt
 from qpa.cli.run import planner_spec
 
 harness_app = typer.Typer(help="Serve the Harness.", no_args_is_help=True)
@@ -20,7 +20,7 @@ def serve(
     planner: Annotated[str, typer.Option(help="Planner behind the Harness.")] = "openai",
     model_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     model: ModelOpt = "planner",
-    model_path: Annotated[str | None, typer.Option(help="Local checkpoint folder.")] = None,
+    model_path: ModelPathOpt = None,
     api_key_env: Annotated[str | None, typer.Option(help="Env var with the API key.")] = None,
     harness_config: Annotated[
         Path | None, typer.Option(help="Harness version YAML (Skills, memory store, budgets).")

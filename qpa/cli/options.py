@@ -11,7 +11,13 @@ ModelUrlOpt = Annotated[
     str | None, typer.Option(help="OpenAI-compatible endpoint (planner openai).")
 ]
 ModelOpt = Annotated[str, typer.Option(help="Model name at the endpoint.")]
-ModelPathOpt = Annotated[str | None, typer.Option(help="Local checkpoint folder (planner local).")]
+ModelPathOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Checkpoint folder (planner local): a path or file://, s3://, pvc://<claim>/<path>, "
+        "hf://org/name[@rev]; s3:// is downloaded once into $QPA_CACHE_DIR (~/.cache/qpa)."
+    ),
+]
 ApiKeyEnvOpt = Annotated[
     str | None, typer.Option(help="Environment variable holding the endpoint's API key.")
 ]

@@ -1,5 +1,9 @@
 """Build any planner by name: model-free (`oracle`, `noop`, `greedy_wrong`, `noisy`) or a model
 behind the Harness (`openai`, `local`). The CLI, the benchmark and the server all go through here.
+
+The `local` planner's `--model-path` is a checkpoint folder or a location `qpa.store.resolve_local`
+understands (`file://`, `s3://`, `pvc://`, `hf://`): the spec resolves it once, when it is made,
+to `model_dir` (a download lands in the cache), so a bad location fails before any episode.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from qpa.harness.agent import HarnessConfig, HarnessPlanner
 from qpa.harness.memory import MemoryStore
 from qpa.harness.noisy import NoisyPlanner
 from qpa.harness.planners import PLANNERS, Planner
+from qpa.store import resolve_local
 
 MODEL_PLANNERS = ("openai", "local")
 PLANNER_NAMES = (*PLANNERS, "noisy", *MODEL_PLANNERS)
@@ -34,6 +39,8 @@ class PlannerSpec:
     noise: float = 0.5
     seed: int = 0
     harness: HarnessConfig = field(default_factory=HarnessConfig)
+    model_dir: Path | None = field(default=None, init=False)
+    """The local checkpoint folder `model_path` resolved to (planner `local` only)."""
 
     def __post_init__(self) -> None:
         if self.name not in PLANNER_NAMES:
@@ -43,9 +50,14 @@ class PlannerSpec:
         if self.name == "openai" and not self.model_url:
             raise ValueError("planner 'openai' needs --model-url (an OpenAI-compatible endpoint)")
         if self.name == "local" and not self.model_path:
-            raise ValueError("planner 'local' needs --model-path (a local checkpoint folder)")
-        if self.name == "local" and not Path(str(self.model_path)).is_dir():
-            raise ValueError(f"--model-path {self.model_path!r} is not a checkpoint folder")
+            raise ValueError(
+                "planner 'local' needs --model-path (a checkpoint folder or a file://, s3://, "
+                "pvc:// or hf:// location of one)"
+            )
+        if self.name == "local":
+            self.model_dir = resolve_local(str(self.model_path), field="--model-path")
+            if not self.model_dir.is_dir():
+                raise ValueError(f"--model-path {self.model_path}: is not a checkpoint folder")
 
     @property
     def policy_model(self) -> str:
@@ -88,8 +100,13 @@ class PlannerFactory:
             else:
                 from qpa.harness.backends.local import LocalBackend
 
-                self._backend = LocalBackend(str(spec.model_path), device=spec.device)
+                self._backend = LocalBackend(str(spec.model_dir), device=spec.device)
         return self._backend
+
+    def warm(self) -> None:
+        """Load the local planner's weights now (a server is ready only once they are in)."""
+        if self.spec.name == "local":
+            self._shared_backend().load()
 
     def __call__(self) -> Planner:
         spec = self.spec

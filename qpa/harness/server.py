@@ -87,6 +87,9 @@ class HarnessModel(kserve.Model):  # type: ignore[name-defined]
         self.ready = False
 
     def load(self) -> bool:
+        """Ready once the planner's model is in memory (a `local` checkpoint, resolved from
+        its path or URI when the spec was made); endpoint planners have nothing to load."""
+        self.factory.warm()
         self.ready = True
         return self.ready
 

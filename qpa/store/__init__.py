@@ -8,7 +8,9 @@ Roots are `/abs/dir` (or a relative path, made absolute), `file:///abs/dir` or
 `s3://bucket/prefix`. URIs never carry credentials: `s3://user:pass@bucket` is refused; the
 endpoint and the keys come from a `StoreConfig` (environment, config, mounted secret files).
 Datasets carry a manifest (`qpa.store.manifest`); `qpa.store.spool` streams JSONL parts to a
-store through a local spool that survives outages. Imports nothing of qpa but itself.
+store through a local spool that survives outages. `resolve_local` (`qpa.store.resolve`) turns
+a model or dataset location (path, `file://`, `s3://`, `pvc://`, `hf://`) into a local path,
+through a download cache. Imports nothing of qpa but itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from qpa.store.base import (
     ArtifactStore,
     IntegrityError,
     InvalidKey,
+    ListedObject,
     ObjectInfo,
     StoreAccessDenied,
     StoreError,
@@ -33,6 +36,7 @@ from qpa.store.base import (
 )
 from qpa.store.config import StoreConfig
 from qpa.store.file import FileStore
+from qpa.store.resolve import ResolveError, default_cache_dir, resolve_local
 
 __all__ = [
     "ArtifactNotFound",
@@ -40,16 +44,20 @@ __all__ = [
     "FileStore",
     "IntegrityError",
     "InvalidKey",
+    "ListedObject",
     "ObjectInfo",
+    "ResolveError",
     "StoreAccessDenied",
     "StoreConfig",
     "StoreError",
     "StoreUnavailable",
     "check_key",
+    "default_cache_dir",
     "is_remote",
     "join_key",
     "open_object",
     "open_store",
+    "resolve_local",
     "sha256_bytes",
     "sha256_file",
     "split_uri",

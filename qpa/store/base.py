@@ -24,6 +24,16 @@ class ObjectInfo:
     sha256: str
 
 
+@dataclass(frozen=True)
+class ListedObject:
+    """An object as a listing shows it: key (relative to the store root), size and the
+    backend's version tag (the S3 ETag), enough to tell whether a copy is still current."""
+
+    key: str
+    size: int
+    etag: str
+
+
 class StoreError(Exception):
     """Base of every error a store raises; the message names the object's URI."""
 

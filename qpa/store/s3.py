@@ -34,6 +34,7 @@ from qpa.store.base import (
     HASH_CHUNK,
     ArtifactNotFound,
     IntegrityError,
+    ListedObject,
     ObjectInfo,
     StoreAccessDenied,
     StoreError,
@@ -287,6 +288,30 @@ class S3Store:
         except ArtifactNotFound:
             return False
         return True
+
+    def entries(self, prefix: str = "") -> list[ListedObject]:
+        """Every object starting with `prefix`, with its size and ETag, sorted by key (what
+        `qpa.store.resolve` compares to decide whether a cached copy is still current)."""
+        check_prefix(prefix)
+        base = f"{self.prefix}/" if self.prefix else ""
+        with observed(BACKEND, "list"), self._mapped(prefix or None, "cannot list"):
+            try:
+                found = [
+                    ListedObject(
+                        str(o.object_name)[len(base) :],
+                        int(o.size or 0),
+                        str(o.etag or "").strip('"'),
+                    )
+                    for o in self.client.list_objects(
+                        bucket_name=self.bucket, prefix=base + prefix, recursive=True
+                    )
+                    if not o.is_dir
+                ]
+            except S3Error as exc:
+                if exc.code == "NoSuchBucket":
+                    return []
+                raise
+        return sorted(found, key=lambda o: o.key)
 
     def list(self, prefix: str = "") -> list[str]:
         check_prefix(prefix)

@@ -41,9 +41,10 @@ from typing import Any
 from qpa.store import (
     ArtifactNotFound,
     ArtifactStore,
+    ResolveError,
     join_key,
-    open_object,
     open_store,
+    resolve_local,
     sha256_file,
 )
 
@@ -392,49 +393,11 @@ def download_checkpoint(
 
 
 def materialize(uri: str, dest: Path) -> Path:
-    """A local folder holding what `uri` names: a local path as is, else a copy of every
-    object under the store prefix (`file://...`, `s3://...`) in `dest` (reused when complete).
-    Raises `FileNotFoundError` naming the URI when there is nothing there."""
-    if "://" not in uri:
-        path = Path(uri)
-        if not path.exists():
-            raise FileNotFoundError(f"{uri} does not exist")
-        return path
-    if uri.lower().startswith("file:"):
-        from qpa.store import FileStore
+    """A local path holding what `uri` names, through `qpa.store.resolve_local` (downloads are
+    cached under `dest`). Raises `FileNotFoundError` naming the URI when it cannot be had.
 
-        store = open_store(uri)
-        if isinstance(store, FileStore):
-            if not store.root.exists():
-                raise FileNotFoundError(f"{uri} does not exist")
-            return store.root
-    marker = dest / ".qpa-complete"
-    if marker.is_file():
-        recorded, _, single = marker.read_text().partition("\n")
-        if recorded == uri:
-            return dest / single.strip() if single.strip() else dest
-    store = open_store(uri)
-    keys = store.list("")
-    staging = dest.with_name(f"{dest.name}.download-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    if keys:
-        for key in keys:
-            target = staging.joinpath(*key.split("/"))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            store.get_file(key, target)
-    else:  # the URI may name one object (s3://bucket/data/rows.jsonl)
-        parent, key = open_object(uri)
-        try:
-            parent.get_file(key, staging / key)
-        except ArtifactNotFound:
-            raise FileNotFoundError(f"nothing stored under {uri}") from None
-    single = "" if keys else key
-    (staging / ".qpa-complete").write_text(uri + "\n" + single)
-    if marker.is_file() and marker.read_text().partition("\n")[0] == uri:
-        shutil.rmtree(staging, ignore_errors=True)  # another rank of this node got there first
-    else:
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging, dest)
-    return dest / single if single else dest  # one object: the path is the file itself
+    Kept for callers that catch `FileNotFoundError`; new code calls `resolve_local` itself."""
+    try:
+        return resolve_local(uri, cache_dir=dest)
+    except ResolveError as exc:
+        raise FileNotFoundError(str(exc)) from None

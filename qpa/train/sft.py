@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
-from qpa.store import StoreError
+from qpa.store import ResolveError, resolve_local
 from qpa.train.checkpoint import (
     CheckpointError,
     CheckpointRef,
@@ -52,7 +52,6 @@ from qpa.train.checkpoint import (
     CheckpointUploader,
     download_checkpoint,
     latest_local,
-    materialize,
     verify_local,
 )
 from qpa.train.config import SFTConfig
@@ -244,9 +243,9 @@ def load_rows(source: str, *, split: str = "train", cache_dir: Path) -> LoadedRo
     import datasets
 
     try:
-        path = materialize(source, cache_dir)
-    except (FileNotFoundError, ValueError, StoreError) as exc:
-        raise SFTInputError(f"dataset {source}: {exc}") from None
+        path = resolve_local(source, field="dataset", cache_dir=cache_dir)
+    except ResolveError as exc:
+        raise SFTInputError(str(exc)) from None
     manifest: dict[str, Any] | None = None
     try:
         if path.is_file():
@@ -523,9 +522,9 @@ def _local_main_first(fn: Callable[[], T]) -> T:
 def _fetch_inputs(config: SFTConfig, cache: Path) -> tuple[Path, Path, LoadedRows]:
     """The base checkpoint, tokenizer and dataset as local paths (downloaded when URIs)."""
     try:
-        model_dir = materialize(config.model, cache / "model")
-    except (FileNotFoundError, ValueError, StoreError) as exc:
-        raise SFTInputError(f"base checkpoint {config.model}: {exc}") from None
+        model_dir = resolve_local(config.model, field="base checkpoint", cache_dir=cache)
+    except ResolveError as exc:
+        raise SFTInputError(str(exc)) from None
     if not (model_dir / "config.json").is_file():
         raise SFTInputError(f"base checkpoint {config.model} has no config.json")
     if not _has_weights(model_dir):
@@ -533,10 +532,10 @@ def _fetch_inputs(config: SFTConfig, cache: Path) -> tuple[Path, Path, LoadedRow
     tokenizer_dir = model_dir
     if config.tokenizer:
         try:
-            tokenizer_dir = materialize(config.tokenizer, cache / "tokenizer")
-        except (FileNotFoundError, ValueError, StoreError) as exc:
-            raise SFTInputError(f"tokenizer {config.tokenizer}: {exc}") from None
-    loaded = load_rows(config.dataset, split=config.dataset_split, cache_dir=cache / "dataset")
+            tokenizer_dir = resolve_local(config.tokenizer, field="tokenizer", cache_dir=cache)
+        except ResolveError as exc:
+            raise SFTInputError(str(exc)) from None
+    loaded = load_rows(config.dataset, split=config.dataset_split, cache_dir=cache)
     return model_dir, tokenizer_dir, loaded
 
 

@@ -369,37 +369,38 @@ def test_datasets_from_a_store_prefix_a_jsonl_file_and_weights(
 
 
 def test_base_checkpoint_from_an_object_store_uri(
-    inputs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    inputs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seaweed: Any
 ) -> None:
-    """A real checkpoint is just a URI: its objects are downloaded once per node, then reused.
-    (The S3 store is stood in for by a `FileStore` behind an `s3://` URI.)"""
-    import qpa.train.checkpoint as checkpoint
-    from qpa.store import FileStore
+    """A real checkpoint is just a URI: its objects are downloaded once (into the run's
+    `.inputs` cache, through `qpa.store.resolve_local`), then reused."""
+    from qpa.store import open_store
+    from qpa.store.s3 import S3Store
     from qpa.train.sft import plan_sft
 
-    bucket = FileStore(tmp_path / "bucket")
+    uri = seaweed.root("sft-base")
+    bucket = open_store(uri, seaweed.store_config())
     for path in sorted(p for p in inputs["model"].rglob("*") if p.is_file()):
-        bucket.put_file(f"models/tiny/{path.relative_to(inputs['model']).as_posix()}", path)
-    opened: list[str] = []
+        bucket.put_file(path.relative_to(inputs["model"]).as_posix(), path)
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    fetched: list[str] = []
+    real = S3Store.get_file
 
-    def fake_open_store(root: str) -> FileStore:
-        opened.append(root)
-        return FileStore(tmp_path / "bucket" / root.removeprefix("s3://qpa/"))
+    def get_file(self: S3Store, key: str, path: str | Path) -> Path:
+        fetched.append(key)
+        return real(self, key, path)
 
-    def fake_open_object(uri: str) -> tuple[FileStore, str]:
-        head, _, key = uri.rpartition("/")
-        return fake_open_store(head), key
-
-    monkeypatch.setattr(checkpoint, "open_store", fake_open_store)
-    monkeypatch.setattr(checkpoint, "open_object", fake_open_object)
-    config = settings(inputs, tmp_path / "from-s3", model="s3://qpa/models/tiny")
+    monkeypatch.setattr(S3Store, "get_file", get_file)
+    config = settings(inputs, tmp_path / "from-s3", model=uri)
     plan = plan_sft(config)
-    assert plan.model_dir == tmp_path / "from-s3" / ".inputs" / "model"
-    assert (plan.model_dir / "model.safetensors").is_file() and opened == ["s3://qpa/models/tiny"]
+    assert plan.model_dir.is_relative_to(tmp_path / "from-s3" / ".inputs")
+    assert (plan.model_dir / "model.safetensors").is_file() and "model.safetensors" in fetched
+    count = len(fetched)
     plan_sft(config)  # the second time the download is reused
-    assert opened == ["s3://qpa/models/tiny"]
-    with pytest.raises(SFTInputError, match="base checkpoint s3://qpa/models/none: nothing"):
-        plan_sft(settings(inputs, tmp_path / "none", model="s3://qpa/models/none"))
+    assert len(fetched) == count
+    missing = seaweed.root("sft-none")
+    with pytest.raises(SFTInputError, match=f"base checkpoint {missing}: nothing"):
+        plan_sft(settings(inputs, tmp_path / "none", model=missing))
 
 
 # --------------------------------------------------------------------------- pure parts
