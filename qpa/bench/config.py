@@ -17,12 +17,12 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, model_validator
 
 from qpa.api.v1alpha1 import (
+    HARNESS_CONFIG_DIR,
     Capability,
     EnvironmentKind,
     HarnessRelease,
     Split,
     WorkOrder,
-    harness_config_path,
 )
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
 from qpa.harness.factory import PlannerSpec, load_harness_config
@@ -68,14 +68,20 @@ class BenchConfig(BaseModel):
 
     @classmethod
     def from_harnessrelease(
-        cls, order: WorkOrder[HarnessRelease], *, out: Path = POD_OUT
+        cls,
+        order: WorkOrder[HarnessRelease],
+        *,
+        out: Path = POD_OUT,
+        harness_config_dir: str = HARNESS_CONFIG_DIR,
     ) -> BenchConfig:
-        """The benchmark of a release's candidate, as its Job runs it."""
+        """The benchmark of a release's candidate, as its Job runs it (the Harness YAML of
+        `harness.configMapRef` is read where the Job mounts it)."""
         spec = order.resource.spec
         bench, resolved = spec.benchmark, order.resolved
         if not resolved.model_url:
             raise ValueError("resolved.modelUrl: the operator gives the candidate's endpoint")
-        harness = load_harness_config(harness_config_path(spec.harness.config_map_ref))
+        ref = spec.harness.config_map_ref
+        harness = load_harness_config(Path(harness_config_dir) / ref.key if ref else None)
         planner = PlannerSpec(
             name="openai",
             model_url=resolved.model_url,
