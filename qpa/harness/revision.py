@@ -10,11 +10,11 @@ the diagnosis's rule, passed in as `skills_needed`: the Harness imports no diagn
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qpa.contract import Task, ToolCall
+from qpa.contract import Task, ToolCall, ToolSpec
 from qpa.envs.sandbox import SandboxEnv
 from qpa.harness.adapter import ScenarioAdapter
 from qpa.harness.agent import HarnessConfig
@@ -30,13 +30,18 @@ class Revision:
     unaddressed: dict[str, int] = field(default_factory=dict)
 
 
-def _exposure(harness: HarnessConfig, task: Task, library: Any) -> Any:
+def _scenario_tools(task: Task) -> list[ToolSpec]:
+    """The tools the sandbox offers in the task's scenario."""
     env = SandboxEnv()
     try:
         env.reset(task)
-        tools = list(env.tools())
+        return list(env.tools())
     finally:
         env.close()
+
+
+def _exposure(harness: HarnessConfig, task: Task, library: Any) -> Any:
+    tools = _scenario_tools(task)
     adapter = ScenarioAdapter(
         library,
         token_budget=harness.token_budget,
@@ -58,7 +63,9 @@ def revise_harness(
     failures: Sequence[tuple[Task, str]],
     settings: Any,
     *,
-    skills_needed: Callable[[Task], Sequence[str]],
+    skills_needed: Callable[
+        [Task, Mapping[str, Mapping[str, str]], Sequence[ToolSpec]], Sequence[str]
+    ],
 ) -> Revision:
     """Turn Harness-side failures (task, cause) into the next Harness version.
 
@@ -68,8 +75,9 @@ def revise_harness(
 
     - tools: `max_tools` becomes the smallest value exposing every reference-plan tool;
     - Skills: `token_budget` becomes the smallest budget (steps of 50) at which the adapter
-      injects every Skill the task needs (`skills_needed(task)`, the diagnosis's
-      rule: the loop passes `qpa.diagnose.skills_needed`);
+      injects every Skill the task needs (`skills_needed(task, skills, tools)` with the
+      Harness's Skills and the scenario's tools: the diagnosis's rule, the loop passes
+      `qpa.diagnose.skills_needed`);
     - `memory_retrieval_miss`: `memory_k` grows by 2; `budget_cut`: `max_turns` covers the
       longest reference plan plus 2 recovery turns.
 
@@ -95,7 +103,7 @@ def revise_harness(
         ]
 
     def missing_skills(config: HarnessConfig, task: Task) -> list[str]:
-        needed = skills_needed(task)
+        needed = skills_needed(task, library.skills, _scenario_tools(task))
         if not needed:
             return []
         exposed = set(_exposure(config, task, library).skill_ids)
