@@ -1,13 +1,16 @@
-"""TaskBatch -> a ConfigMap with the batch's task spec and an indexed Job of `qpa collect`.
+"""TaskBatch -> a work order ConfigMap and an indexed Job of `qpa collect --spec`.
 
-Each of the Job's `shards` completions is one pod running
+The ConfigMap holds the work order (`qpa.api.v1alpha1.workorder`): the TaskBatch itself plus what
+the operator resolved for it (namespace, object store: the spec's or the chart's default, the
+RolloutPool's URL). Each of the Job's `shards` completions is one pod running
 
-    qpa collect --out <outputUri> --samples <k> --shard-from-env --shards <N> --planner ...
+    qpa collect --spec /etc/qpa/order/workorder.yaml
 
-so pod `i` (`JOB_COMPLETION_INDEX=i`) collects shard `i/N` of the tasks. `parallelism` pods run
-at once; `backoffLimit` is per shard (`backoffLimitPerIndex`): a shard that keeps failing fails
-the batch without stopping the others. Each pod leaves `qpa collect --json`'s summary of its
-shard in its termination message; `taskbatch_status` adds them up with the Job's own counts.
+which builds its `CollectConfig` from the work order (`CollectConfig.from_taskbatch`), so pod `i`
+(`JOB_COMPLETION_INDEX=i`) collects shard `i/N` of the tasks; no spec value is in the argv.
+`parallelism` pods run at once; `backoffLimit` is per shard (`backoffLimitPerIndex`): a shard that
+keeps failing fails the batch without stopping the others. Each pod leaves a `CollectSummary`
+of its shard in its termination message; `taskbatch_status` adds them up with the Job's counts.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-import yaml
 from qpa_operator.builders import netpol
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
@@ -35,7 +37,6 @@ from qpa_operator.builders.common import (
     labels,
     metadata,
     owner_namespace,
-    parse_summary,
     reason_word,
     resources,
     restricted_container_security,
@@ -49,11 +50,17 @@ from qpa_operator.builders.common import (
 
 from qpa.api import TaskBatch
 from qpa.api.v1alpha1 import TaskBatchStatus, set_condition
+from qpa.api.v1alpha1.taskbatch import API_KEY_ENV, CollectSummary
+from qpa.api.v1alpha1.workorder import (
+    WORK_ORDER_DIR,
+    WORK_ORDER_KEY,
+    WORK_ORDER_PATH,
+    Resolved,
+    dump_work_order,
+)
 
 COMPONENT: Final = "collector"
 CONTAINER: Final = "collect"
-SPEC_MOUNT: Final = "/etc/qpa/taskbatch"
-SPEC_KEY: Final = "taskbatch.yaml"
 SPOOL_DIR: Final = "/var/spool/qpa"
 COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
@@ -70,77 +77,36 @@ def job_name(tb: TaskBatch) -> str:
 
 
 def config_map_name(tb: TaskBatch) -> str:
-    return child_name(tb, "tasks")
+    return child_name(tb, "order")
 
 
 def shard_count(tb: TaskBatch) -> int:
     return tb.spec.shards or tb.spec.parallelism
 
 
-def collect_args(tb: TaskBatch, defaults: Defaults) -> list[str]:
-    """The `qpa collect` command line of every worker (flags as `qpa collect --help`)."""
+def resolved(tb: TaskBatch, defaults: Defaults) -> Resolved:
+    """What the workers need beyond the spec: namespace, object store, RolloutPool URL."""
     spec = tb.spec
-    args = ["qpa", "collect", "--out", spec.output_uri]
-    source = spec.source
-    if source.dataset_uri is not None:
-        args += ["--tasks", source.dataset_uri]
-    elif source.generator is not None:
-        gen = source.generator
-        args += ["--suite", gen.suite, "--seed", str(gen.seed)]
-    args += ["--split", source.split or "all"]
-    if source.limit is not None:
-        args += ["--limit", str(source.limit)]
-    for domain in source.domains:
-        args += ["--domain", domain]
-    for capability in source.capabilities:
-        args += ["--capability", capability]
-    for task_id in source.task_ids:
-        args += ["--task-id", task_id]
-    args += [
-        "--samples",
-        str(spec.samples_per_task),
-        "--shard-from-env",
-        "--shards",
-        str(shard_count(tb)),
-        "--max-turns",
-        str(spec.max_turns),
-        "--name",
-        tb.metadata.name or "taskbatch",
-        "--spool-dir",
-        SPOOL_DIR,
-    ]
-    policy = spec.policy
-    args += ["--planner", policy.planner]
-    if policy.model_url is not None:
-        args += ["--model-url", policy.model_url, "--model", policy.model]
-    if policy.model_uri is not None:
-        args += ["--model-path", policy.model_uri]
-    if policy.api_key_secret_ref is not None:
-        args += ["--api-key-env", "QPA_API_KEY"]
-    if policy.harness.config_map_ref is not None:
-        _, path = harness_config_parts(policy.harness.config_map_ref)
-        args += ["--harness-config", str(path)]
-    if spec.rollout_pool_ref is not None:
-        url = rollout_pool_url(spec.rollout_pool_ref.name, owner_namespace(tb), defaults)
-        args += ["--env-url", url]
-    args.append("--json")
-    return args
+    namespace = owner_namespace(tb)
+    pool = spec.rollout_pool_ref
+    return Resolved(
+        namespace=namespace,
+        store=spec.store or defaults.store,
+        rollout_pool_url=rollout_pool_url(pool.name, namespace, defaults) if pool else None,
+    )
+
+
+#: The command line of every worker: the work order says everything else.
+COLLECT_ARGS: Final = ("qpa", "collect", "--spec", WORK_ORDER_PATH)
 
 
 def config_map(tb: TaskBatch, defaults: Defaults) -> JsonDict:
-    """The batch's task spec (source, policy, sampling), as the workers' pods see it."""
-    document = {
-        "apiVersion": tb.api_version,
-        "kind": tb.kind,
-        "metadata": {"name": tb.metadata.name, "namespace": owner_namespace(tb)},
-        "spec": tb.spec.to_k8s(),
-    }
-    body = yaml.safe_dump(document, sort_keys=True)
+    """The batch's work order (the TaskBatch plus `resolved`), as the workers' pods read it."""
     manifest = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(tb, config_map_name(tb), COMPONENT, defaults),
-        "data": {SPEC_KEY: body},
+        "data": {WORK_ORDER_KEY: dump_work_order(tb, resolved(tb, defaults))},
     }
     return with_spec_hash(manifest)
 
@@ -151,27 +117,20 @@ def job(tb: TaskBatch, defaults: Defaults) -> JsonDict:
     parts = combine(
         [
             PodParts(
-                env=(
-                    env_var("QPA_SHARD_COUNT", str(shard_count(tb))),
-                    env_var("QPA_SPOOL_DIR", SPOOL_DIR),
-                    env_var("QPA_TASKBATCH", tb.metadata.name or ""),
-                    env_var("QPA_TASKBATCH_SPEC", f"{SPEC_MOUNT}/{SPEC_KEY}"),
-                    env_var("QPA_HARNESS_VERSION", spec.policy.harness.version),
-                    env_var("HOME", "/tmp"),
-                ),
+                env=(env_var("QPA_SPOOL_DIR", SPOOL_DIR), env_var("HOME", "/tmp")),
                 volumes=(
                     empty_dir("spool"),
                     empty_dir("tmp"),
-                    {"name": "taskbatch-spec", "configMap": {"name": config_map_name(tb)}},
+                    {"name": "work-order", "configMap": {"name": config_map_name(tb)}},
                 ),
                 mounts=(
                     {"name": "spool", "mountPath": SPOOL_DIR},
                     {"name": "tmp", "mountPath": "/tmp"},
-                    {"name": "taskbatch-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
+                    {"name": "work-order", "mountPath": WORK_ORDER_DIR, "readOnly": True},
                 ),
             ),
             store_parts(spec.store or defaults.store),
-            api_key_parts(spec.policy.api_key_secret_ref),
+            api_key_parts(spec.policy.api_key_secret_ref, API_KEY_ENV),
             harness_parts,
         ]
     )
@@ -179,7 +138,7 @@ def job(tb: TaskBatch, defaults: Defaults) -> JsonDict:
         "name": CONTAINER,
         "image": spec.image or defaults.image,
         "command": summary_wrapper("qpa-collect"),
-        "args": collect_args(tb, defaults),
+        "args": list(COLLECT_ARGS),
         "env": list(parts.env),
         "volumeMounts": list(parts.mounts),
         "securityContext": restricted_container_security(),
@@ -247,8 +206,8 @@ MUTABLE_JOB_FIELDS: Final = ("parallelism", "activeDeadlineSeconds")
 # --------------------------------------------------------------------------- status
 
 
-def shard_summary(pod: Mapping[str, Any]) -> tuple[int, JsonDict] | None:
-    """(shard index, `qpa collect --json` summary) of a worker pod that finished its shard."""
+def shard_summary(pod: Mapping[str, Any]) -> tuple[int, CollectSummary] | None:
+    """(shard index, `CollectSummary`) of a worker pod that finished its shard."""
     meta = pod.get("metadata") or {}
     raw = (meta.get("labels") or {}).get(COMPLETION_INDEX_LABEL)
     if raw is None:
@@ -260,23 +219,16 @@ def shard_summary(pod: Mapping[str, Any]) -> tuple[int, JsonDict] | None:
     terminated = terminated_container(pod, CONTAINER)
     if terminated is None or terminated.get("exitCode") != 0:
         return None
-    summary = parse_summary(terminated.get("message"))
+    summary = CollectSummary.from_message(terminated.get("message"))
     if summary is None:
         return None
     return index, summary
 
 
-def _int(value: Any) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
-
-
 def taskbatch_status(
     tb: TaskBatch,
     job: Mapping[str, Any] | None,
-    shards: Mapping[int, Mapping[str, Any]],
+    shards: Mapping[int, CollectSummary],
     *,
     observed_generation: int | None,
     now: datetime,
@@ -313,15 +265,10 @@ def taskbatch_status(
 
     trajectories = successes = failures = pairs = 0
     for summary in shards.values():
-        ran, skipped, won = (
-            _int(summary.get("ran")),
-            _int(summary.get("skipped")),
-            _int(summary.get("successes")),
-        )
-        trajectories += ran + skipped
-        successes += won
-        failures += max(0, ran - won)
-        pairs += _int(summary.get("total"))
+        trajectories += summary.ran + summary.skipped
+        successes += summary.successes
+        failures += max(0, summary.ran - summary.successes)
+        pairs += summary.total
     tasks = pairs // tb.spec.samples_per_task if pairs else current.tasks
 
     conditions = list(current.conditions)

@@ -3,6 +3,12 @@
     qpa collect --suite mobilepa --split train --planner oracle -k 8 --out s3://qpa/tb-1
     qpa collect --tasks s3://qpa/tasks/gen-3/tasks.jsonl ... --shard 3/8 --env-url http://env:8000
     qpa collect ... --shard-from-env --shards 8       # in an indexed Job (JOB_COMPLETION_INDEX)
+    qpa collect --spec /etc/qpa/order/workorder.yaml  # a TaskBatch's worker pod
+
+The flags build a `CollectConfig` here, and `--spec` builds it from a TaskBatch's work order
+(`CollectConfig.from_taskbatch`, shard JOB_COMPLETION_INDEX of the spec's shards); both then
+run `qpa.data.collect.run_collect`. With `--spec` (and `--json`) the result is printed as a
+`CollectSummary`, the typed termination message the operator reads.
 
 S3 endpoint and credentials come from the environment (`QPA_S3_ENDPOINT`, `AWS_ACCESS_KEY_ID`
 / `AWS_SECRET_ACCESS_KEY` or `QPA_S3_ACCESS_KEY_FILE` / `QPA_S3_SECRET_KEY_FILE`), never from
@@ -13,6 +19,7 @@ to upload them), 2 bad input, 130 interrupted.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -28,7 +35,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from qpa.api.v1alpha1 import TaskGenerator, TaskSource
+from qpa.api.v1alpha1 import TaskBatch, TaskGenerator, TaskSource, WorkOrder, WorkOrderError
+from qpa.api.v1alpha1.taskbatch import CollectSummary
 from qpa.cli import app
 from qpa.cli.common import console, die, err_console, print_json
 from qpa.cli.options import (
@@ -39,29 +47,44 @@ from qpa.cli.options import (
     ModelUrlOpt,
     NoiseOpt,
 )
-from qpa.cli.run import planner_spec
 from qpa.contract import SPLITS, CorruptLineError, Task, Trajectory
 from qpa.data.collect import (
-    DEFAULT_FLUSH_TIMEOUT_S,
-    DEFAULT_PART_SIZE,
     CollectError,
     CollectProgress,
-    collect,
+    CollectResult,
     parse_shard,
+    run_collect,
     shard_from_env,
+)
+from qpa.data.collect_config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_FLUSH_TIMEOUT_S,
+    DEFAULT_PART_SIZE,
+    CollectConfig,
+    PlannerConfig,
+    config_error,
 )
 from qpa.data.tasks import select_tasks
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
-from qpa.harness.factory import PLANNER_NAMES
+from qpa.harness.factory import PLANNER_NAMES, PlannerSpec
 from qpa.harness.runner import DEFAULT_MAX_TURNS
 from qpa.store import StoreConfig, StoreError
 
 
 @app.command("collect")
 def collect_command(
+    ctx: typer.Context,
     out: Annotated[
-        str, typer.Option("--out", "-o", help="Dataset root: folder, file:// or s3:// URI.")
-    ],
+        str | None,
+        typer.Option("--out", "-o", help="Dataset root: folder, file:// or s3:// URI."),
+    ] = None,
+    spec_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="A TaskBatch work order: the whole collection (no other flag but --json).",
+        ),
+    ] = None,
     tasks: Annotated[
         str | None,
         typer.Option(help="Tasks JSONL (path or URI) or a tasks dataset URI (else --suite)."),
@@ -108,7 +131,7 @@ def collect_command(
     env_kind: Annotated[str, typer.Option(help="In-process environment kind.")] = "sandbox",
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-j", min=1, help="Episodes in parallel.")
-    ] = 4,
+    ] = DEFAULT_CONCURRENCY,
     spool_dir: Annotated[
         Path | None,
         typer.Option(help="Local spool for parts awaiting upload (default $QPA_SPOOL_DIR or tmp)."),
@@ -129,6 +152,10 @@ def collect_command(
     model_path: ModelPathOpt = None,
     api_key_env: ApiKeyEnvOpt = None,
     harness_config: HarnessConfigOpt = None,
+    harness_version: Annotated[
+        str | None,
+        typer.Option(help="Harness version recorded in every trajectory (default: the config's)."),
+    ] = None,
     noise: NoiseOpt = 0.5,
     planner_seed: Annotated[int, typer.Option(help="Seed of the noisy planner.")] = 0,
     json_: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -137,115 +164,106 @@ def collect_command(
 
     Rerunning with the same --out (and spool) skips what is already collected.
     """
-    if split is None:
-        split = "all" if tasks is not None else "train"
-    if split not in (*SPLITS, "all"):
-        die(f"unknown split {split!r}; choose from {', '.join(SPLITS)} or all")
-    if shard is not None and shard_env:
-        die("use --shard or --shard-from-env, not both")
-    spec = planner_spec(
-        planner, model_url, model, model_path, harness_config, api_key_env, noise, planner_seed
-    )
     try:
-        config = StoreConfig.from_env()
-        if s3_endpoint:
-            config = config.model_copy(update={"endpoint": s3_endpoint})
-            config = StoreConfig.model_validate(config.model_dump())
-        chosen_shard = (
-            parse_shard(shard)
-            if shard is not None
-            else shard_from_env(shards, os.environ)
-            if shard_env
-            else None
-        )
-        source = TaskSource(
-            generator=None if tasks is not None else TaskGenerator(suite=suite, seed=seed),
-            dataset_uri=None if tasks is None else _as_uri(tasks),
-            split=None if split == "all" else split,
-            domains=domain or [],
-            capabilities=capability or [],
-            task_ids=task_id or [],
-            limit=limit,
-        )
-        selected: list[Task] = select_tasks(source, config)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        die(f"task source {'.'.join(map(str, error['loc']))}: {error['msg']}")
-    except (StoreError, CorruptLineError, ValueError, KeyError) as exc:
-        die(str(exc))
-    where = tasks or f"{suite}/{split}"
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TaskProgressColumn(),
-        TextColumn("success {task.fields[success]}"),
-        TextColumn("spooled {task.fields[spooled]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err_console if json_ else console,
-        transient=False,
-    )
-    label = f"{planner} on {where}" + (
-        f" [{chosen_shard[0]}/{chosen_shard[1]}]" if chosen_shard else ""
-    )
-    bar = progress.add_task(label, total=None, success="-", spooled=0)
-
-    def started(total: int, done: int) -> None:
-        progress.update(bar, total=total, completed=done)
-        progress.start()
-        if done:
-            progress.console.print(f"resuming: {done} of {total} episodes already in {out}")
-
-    def finished(state: CollectProgress, trajectory: Trajectory) -> None:
-        rate = state.successes / state.ran if state.ran else 0.0
-        progress.update(
-            bar, completed=state.done, success=f"{100 * rate:.1f}%", spooled=state.spooled_parts
-        )
-
-    try:
-        try:
-            result = collect(
-                selected,
-                spec,
-                samples=samples,
+        if spec_file is not None:
+            given = ("COMMANDLINE", "ENVIRONMENT")  # by name: typer may ship its own click
+            extra = [
+                param.opts[0]
+                for param in ctx.command.params
+                if param.name not in ("spec_file", "json_")
+                and param.name is not None
+                and getattr(ctx.get_parameter_source(param.name), "name", None) in given
+            ]
+            if extra:
+                die(f"--spec holds the whole collection; drop {', '.join(extra)}")
+            order = WorkOrder.load(spec_file, TaskBatch)
+            count = order.resource.spec.shards or order.resource.spec.parallelism
+            index = (
+                shard_from_env(count, os.environ)[0]
+                if count > 1 or "JOB_COMPLETION_INDEX" in os.environ
+                else 0
+            )
+            config = CollectConfig.from_taskbatch(order, index)
+        else:
+            if out is None:
+                die("--out is required (or --spec with a work order)")
+            if shard is not None and shard_env:
+                die("use --shard or --shard-from-env, not both")
+            if split is None:
+                split = "all" if tasks is not None else "train"
+            if split not in (*SPLITS, "all"):
+                die(f"unknown split {split!r}; choose from {', '.join(SPLITS)} or all")
+            store = StoreConfig.from_env()
+            if s3_endpoint:
+                store = StoreConfig.model_validate({**store.model_dump(), "endpoint": s3_endpoint})
+            config = CollectConfig(
                 out=out,
-                shard=chosen_shard,
-                env_url=env_url,
+                source=TaskSource(
+                    generator=None if tasks is not None else TaskGenerator(suite=suite, seed=seed),
+                    dataset_uri=None if tasks is None else _as_uri(tasks),
+                    split=None if split == "all" else split,
+                    domains=domain or [],
+                    capabilities=capability or [],
+                    task_ids=task_id or [],
+                    limit=limit,
+                ),
+                planner=PlannerConfig(
+                    name=planner,
+                    model_url=model_url,
+                    model=model,
+                    model_uri=model_path,
+                    api_key_env=api_key_env,
+                    harness_config=harness_config,
+                    harness_version=harness_version,
+                    noise=noise,
+                    seed=planner_seed,
+                ),
+                samples=samples,
+                shard=(
+                    parse_shard(shard)
+                    if shard is not None
+                    else shard_from_env(shards, os.environ)
+                    if shard_env
+                    else None
+                ),
+                env_url=env_url or [],
+                env_kind=env_kind,
                 concurrency=concurrency,
                 spool_dir=spool_dir,
-                env_kind=env_kind,
-                max_turns=max_turns,
                 part_size=part_size,
-                store_config=config,
                 flush_timeout_s=flush_timeout,
+                max_turns=max_turns,
                 name=name,
-                parents=[_as_uri(tasks)] if tasks else [],
-                on_start=started,
-                on_episode=finished,
+                store_config=store,
             )
-        finally:
-            progress.stop()
-    except (CollectError, StoreError, CorruptLineError, ValueError) as exc:
+        planner_spec = config.planner.spec()
+        assert config.source is not None
+        selected = select_tasks(config.source, config.store_config)
+    except ValidationError as exc:
+        die(config_error(exc))
+    except (StoreError, CorruptLineError, WorkOrderError, ValueError, KeyError, OSError) as exc:
         die(str(exc))
-    if json_:
-        print_json(
-            {
-                "out": result.out,
-                "shard": f"{result.shard[0]}/{result.shard[1]}",
-                "total": result.total,
-                "ran": result.ran,
-                "skipped": result.skipped,
-                "successes": result.successes,
-                "env_errors": result.env_errors,
-                "parts": len(result.parts),
-                "spooled_parts": result.spooled_parts,
-                "manifest": result.manifest_uri,
-                "complete": result.complete,
-                "elapsed_s": round(result.elapsed_s, 3),
-                "trajectories_per_s": round(result.throughput, 2),
-            }
-        )
+    result = _run(config, selected, planner_spec, quiet=json_ or spec_file is not None)
+    summary = CollectSummary(
+        out=result.out,
+        shard=f"{result.shard[0]}/{result.shard[1]}",
+        total=result.total,
+        ran=result.ran,
+        skipped=result.skipped,
+        successes=result.successes,
+        env_errors=result.env_errors,
+        parts=len(result.parts),
+        spooled_parts=result.spooled_parts,
+        manifest=result.manifest_uri,
+        complete=result.complete,
+        harness_version=planner_spec.harness.version,
+        elapsed_s=round(result.elapsed_s, 3),
+        trajectories_per_s=round(result.throughput, 2),
+    )
+    if spec_file is not None:
+        sys.stdout.write(summary.to_message() + "\n")
+    elif json_:
+        print_json(summary.to_k8s())
     else:
         console.print(
             f"{result.ran} episodes run, {result.skipped} already collected, "
@@ -259,7 +277,9 @@ def collect_command(
     for message in result.repaired:
         err_console.print(f"[yellow]spool: {message}[/]")
     if result.duplicates:
-        err_console.print(f"[yellow]{result.duplicates} episodes appear twice in {out}/parts[/]")
+        err_console.print(
+            f"[yellow]{result.duplicates} episodes appear twice in {config.out}/parts[/]"
+        )
     if result.interrupted:
         err_console.print("[yellow]interrupted: rerun the same command to finish[/]")
         raise typer.Exit(130)
@@ -271,6 +291,54 @@ def collect_command(
         raise typer.Exit(1)
 
 
+def _run(
+    config: CollectConfig, tasks: list[Task], spec: PlannerSpec, *, quiet: bool
+) -> CollectResult:
+    """Run the collection with a progress bar (on stderr when stdout carries the summary)."""
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TextColumn("success {task.fields[success]}"),
+        TextColumn("spooled {task.fields[spooled]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console if quiet else console,
+        transient=False,
+    )
+    source = config.source
+    where = "tasks"
+    if source is not None:
+        where = source.dataset_uri or f"{source.generator.suite if source.generator else ''}"
+        where += f"/{source.split}" if source.split else ""
+    shard = config.shard
+    label = f"{spec.name} on {where}" + (f" [{shard[0]}/{shard[1]}]" if shard else "")
+    bar = progress.add_task(label, total=None, success="-", spooled=0)
+
+    def started(total: int, done: int) -> None:
+        progress.update(bar, total=total, completed=done)
+        progress.start()
+        if done:
+            progress.console.print(f"resuming: {done} of {total} episodes already in {config.out}")
+
+    def finished(state: CollectProgress, trajectory: Trajectory) -> None:
+        rate = state.successes / state.ran if state.ran else 0.0
+        progress.update(
+            bar, completed=state.done, success=f"{100 * rate:.1f}%", spooled=state.spooled_parts
+        )
+
+    try:
+        try:
+            return run_collect(
+                config, tasks=tasks, spec=spec, on_start=started, on_episode=finished
+            )
+        finally:
+            progress.stop()
+    except (CollectError, StoreError, CorruptLineError, ValueError) as exc:
+        die(str(exc))
+
+
 def _as_uri(tasks: str) -> str:
-    """The task source as a URI for lineage (a local path becomes file://)."""
+    """The task source as a URI (a local path becomes file://)."""
     return tasks if "://" in tasks else Path(tasks).resolve().as_uri()

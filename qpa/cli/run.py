@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.panel import Panel
 
 from qpa.cli import app
@@ -20,9 +21,10 @@ from qpa.cli.options import (
     NoiseOpt,
 )
 from qpa.contract import Environment, Policy, Step, Trajectory, write_trajectories
+from qpa.data.collect_config import PlannerConfig, config_error
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, get_task
-from qpa.harness.factory import PLANNER_NAMES, PlannerFactory, PlannerSpec, load_harness_config
+from qpa.harness.factory import PLANNER_NAMES, PlannerFactory, PlannerSpec
 from qpa.harness.runner import run_episode
 
 
@@ -79,18 +81,21 @@ def planner_spec(
     noise: float = 0.5,
     seed: int = 0,
 ) -> PlannerSpec:
-    """Validate planner options into a spec, or exit with a clear error."""
+    """Validate planner options into a spec (through `PlannerConfig`, as `qpa collect` and a
+    TaskBatch's work order do), or exit with a clear error."""
     try:
-        return PlannerSpec(
+        return PlannerConfig(
             name=planner,
             model_url=model_url,
             model=model,
-            model_path=model_path,
+            model_uri=model_path,
             api_key_env=api_key_env,
+            harness_config=harness_config,
             noise=noise,
             seed=seed,
-            harness=load_harness_config(harness_config),
-        )
+        ).spec()
+    except ValidationError as exc:
+        die(config_error(exc))
     except (ValueError, OSError) as exc:
         die(str(exc))
 

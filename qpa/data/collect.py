@@ -1,7 +1,9 @@
 """Trajectory collection: k samples per task, in parallel, streamed to an artifact store.
 
-`collect(tasks, spec, samples=k, out="s3://bucket/taskbatches/tb-1", shard=(i, n))` is what
-`qpa collect` (and each pod of a TaskBatch's indexed Job) runs:
+`run_collect(config)` (a `CollectConfig`: tasks source, planner, samples, shard, output, ...)
+is what `qpa collect` (and each pod of a TaskBatch's indexed Job, from its work order) runs;
+`collect(tasks, spec, samples=k, out="s3://bucket/tb-1", shard=(i, n))` is the same for a
+caller that already holds the tasks and the planner spec:
 
 - **Work.** Every (task, sample) pair, task-major (pair index = task position * k + sample);
   shard i/n takes the pairs whose index is i modulo n, so n shards cover every pair exactly
@@ -39,11 +41,17 @@ from typing import Any
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from qpa.api.v1alpha1 import TaskSource
 from qpa.contract import CorruptLineError, Environment, Policy, Task, Trajectory
-from qpa.data.tasks import load_tasks
+from qpa.data.collect_config import (
+    DEFAULT_FLUSH_TIMEOUT_S,
+    DEFAULT_PART_SIZE,
+    CollectConfig,
+    config_error,
+)
+from qpa.data.tasks import select_tasks
 from qpa.harness.factory import PlannerSpec
 from qpa.harness.pool import check_remote, env_maker, policy_of, run_episodes
-from qpa.harness.runner import DEFAULT_MAX_TURNS
 from qpa.store import (
     ArtifactStore,
     StoreConfig,
@@ -61,8 +69,6 @@ from qpa.store.spool import SpooledUploader, shard_tag
 
 PARTS = "parts"
 SHARDS = "shards"
-DEFAULT_PART_SIZE = 64
-DEFAULT_FLUSH_TIMEOUT_S = 600.0
 GENERATOR = "qpa.data.collect"
 
 
@@ -229,46 +235,71 @@ def collect(
     tasks: Sequence[Task] | str | Path,
     spec: PlannerSpec,
     *,
-    samples: int = 1,
-    out: str,
-    shard: tuple[int, int] | None = None,
-    env_url: str | Sequence[str] | None = None,
-    concurrency: int = 4,
-    spool_dir: str | Path | None = None,
-    env_kind: str = "sandbox",
-    max_turns: int = DEFAULT_MAX_TURNS,
-    part_size: int = DEFAULT_PART_SIZE,
-    store_config: StoreConfig | None = None,
-    flush_timeout_s: float | None = DEFAULT_FLUSH_TIMEOUT_S,
-    name: str | None = None,
-    generator: str | None = None,
-    parents: Sequence[str] = (),
-    params: dict[str, Any] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_episode: Callable[[CollectProgress, Trajectory], None] | None = None,
+    stop: threading.Event | None = None,
+    **settings: Any,
+) -> CollectResult:
+    """`run_collect` for a caller holding tasks (or a tasks file or dataset) and a planner spec.
+
+    `settings` are `CollectConfig` fields (`out`, `samples`, `shard`, `concurrency`, ...); one
+    that does not validate is a `CollectError` naming the field.
+    """
+    if isinstance(tasks, (str, Path)):
+        location = str(tasks)
+        uri = location if "://" in location else Path(location).resolve().as_uri()
+        settings["source"] = TaskSource(dataset_uri=uri)
+        chosen: Sequence[Task] | None = None
+    else:
+        chosen = tasks
+    try:
+        config = CollectConfig.model_validate(settings)
+    except ValidationError as exc:
+        raise CollectError(config_error(exc)) from None
+    return run_collect(
+        config, tasks=chosen, spec=spec, on_start=on_start, on_episode=on_episode, stop=stop
+    )
+
+
+@dataclass
+class _Hooks:
+    """The caller's callbacks and stop flag, passed down together."""
+
+    on_start: Callable[[int, int], None] | None
+    on_episode: Callable[[CollectProgress, Trajectory], None] | None
+    stop: threading.Event
+
+
+def run_collect(
+    config: CollectConfig,
+    *,
+    tasks: Sequence[Task] | None = None,
+    spec: PlannerSpec | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_episode: Callable[[CollectProgress, Trajectory], None] | None = None,
     stop: threading.Event | None = None,
 ) -> CollectResult:
-    """Run this shard's (task, sample) episodes not yet collected at `out`; see the module doc.
+    """Run this shard's (task, sample) episodes not yet collected at `config.out`; see the
+    module doc.
 
-    `tasks` is a list of tasks or a tasks source for `load_tasks`. `on_start(total, done)` is
-    called once before work starts, `on_episode(progress, trajectory)` after each episode is
-    spooled (both in the calling thread). Setting `stop` (or Ctrl-C) lets the episodes in flight
-    finish and upload, then returns with `interrupted=True`. When the store is still down after
+    The tasks are `tasks` when given, else `select_tasks(config.source)`; the planner spec is
+    `spec` when given, else `config.planner.spec()`. `on_start(total, done)` is called once
+    before work starts, `on_episode(progress, trajectory)` after each episode is spooled (both
+    in the calling thread). Setting `stop` (or Ctrl-C) lets the episodes in flight finish and
+    upload, then returns with `interrupted=True`. When the store is still down after
     `flush_timeout_s`, the result says how many parts wait in the spool (`complete` is False):
     rerun with the same spool to upload them.
     """
     started = time.perf_counter()
-    if samples < 1:
-        raise CollectError(f"--samples must be at least 1, got {samples}")
-    if concurrency < 1:
-        raise CollectError(f"--concurrency must be at least 1, got {concurrency}")
-    shard = shard or (0, 1)
+    shard = config.shard or (0, 1)
     tag = shard_tag(shard)
-    parent_uris = list(parents)
-    if isinstance(tasks, (str, Path)):
-        source = str(tasks)
-        tasks = load_tasks(source, store_config)
-        parent_uris.append(source if "://" in source else Path(source).resolve().as_uri())
+    parents = list(config.parents)
+    if tasks is None:
+        if config.source is None:
+            raise CollectError("no tasks: set the config's source or pass tasks")
+        tasks = select_tasks(config.source, config.store_config)
+    if config.source is not None and config.source.dataset_uri is not None:
+        parents.append(config.source.dataset_uri)
     tasks = list(tasks)
     if not tasks:
         raise CollectError("no tasks to collect")
@@ -276,39 +307,20 @@ def collect(
     if len(set(ids)) != len(ids):
         duplicate = next(i for i in ids if ids.count(i) > 1)
         raise CollectError(f"the task list holds task id {duplicate!r} twice")
-    urls = [env_url] if isinstance(env_url, str) else list(env_url or [])
-    urls = [u.strip() for url in urls for u in url.split(",") if u.strip()]
-    if urls:
-        _check_remote(urls)
+    if config.env_url:
+        _check_remote(config.env_url)
+    if spec is None:
+        spec = config.planner.spec()
     policy = policy_of(spec)
+    config = config.model_copy(update={"shard": shard, "parents": parents})
 
-    store = open_store(out, store_config)
-    spool_root = Path(spool_dir) if spool_dir is not None else default_spool_dir()
+    store = open_store(config.out, config.store_config)
+    spool_root = config.spool_dir if config.spool_dir is not None else default_spool_dir()
     spool = spool_root / f"{hashlib.sha256(store.root_uri.encode()).hexdigest()[:12]}-{tag}"
-    uploader = SpooledUploader(store, PARTS, spool, part_size, shard=shard)
+    uploader = SpooledUploader(store, PARTS, spool, config.part_size, shard=shard)
+    hooks = _Hooks(on_start, on_episode, stop or threading.Event())
     try:
-        return _collect(
-            tasks,
-            spec,
-            policy,
-            store,
-            uploader,
-            samples=samples,
-            shard=shard,
-            urls=urls,
-            concurrency=concurrency,
-            env_kind=env_kind,
-            max_turns=max_turns,
-            flush_timeout_s=flush_timeout_s,
-            name=name,
-            generator=generator,
-            parents=parent_uris,
-            params=params or {},
-            on_start=on_start,
-            on_episode=on_episode,
-            stop=stop or threading.Event(),
-            started=started,
-        )
+        return _collect(config, tasks, spec, policy, store, uploader, hooks, started)
     finally:
         uploader.abandon()  # a no-op after a clean close; else the spool keeps what is left
 
@@ -350,28 +362,17 @@ def _scan(
 
 
 def _collect(
+    config: CollectConfig,
     tasks: list[Task],
     spec: PlannerSpec,
     policy: Policy,
     store: ArtifactStore,
     uploader: SpooledUploader,
-    *,
-    samples: int,
-    shard: tuple[int, int],
-    urls: list[str],
-    concurrency: int,
-    env_kind: str,
-    max_turns: int,
-    flush_timeout_s: float | None,
-    name: str | None,
-    generator: str | None,
-    parents: list[str],
-    params: dict[str, Any],
-    on_start: Callable[[int, int], None] | None,
-    on_episode: Callable[[CollectProgress, Trajectory], None] | None,
-    stop: threading.Event,
+    hooks: _Hooks,
     started: float,
 ) -> CollectResult:
+    shard = config.shard or (0, 1)
+    samples, urls = config.samples, config.env_url
     index, count = shard
     tag = shard_tag(shard)
     existing, done, duplicates = _scan(store, uploader, policy)
@@ -383,8 +384,8 @@ def _collect(
     ]
     pending = [(t, s) for t, s in mine if (t.id, s) not in done]
     total = len(mine)
-    if on_start is not None:
-        on_start(total, total - len(pending))
+    if hooks.on_start is not None:
+        hooks.on_start(total, total - len(pending))
 
     # Per-part summaries of what this run writes, keyed by the part's store key.
     new_parts: dict[str, PartSummary] = {}
@@ -406,8 +407,8 @@ def _collect(
         counters["ran"] += 1
         counters["successes"] += trajectory.success
         counters["env_errors"] += env_error
-        if on_episode is not None:
-            on_episode(
+        if hooks.on_episode is not None:
+            hooks.on_episode(
                 CollectProgress(
                     total=total,
                     done=total - len(pending) + counters["ran"],
@@ -427,10 +428,10 @@ def _collect(
             policy,
             shard_label,
             record,
-            concurrency=min(concurrency, len(pending)),
-            make_env=env_maker(urls, env_kind),
-            max_turns=max_turns,
-            stop=stop,
+            concurrency=min(config.concurrency, len(pending)),
+            make_env=env_maker(urls, config.env_kind),
+            max_turns=config.max_turns,
+            stop=hooks.stop,
         )
 
     result = CollectResult(
@@ -449,7 +450,7 @@ def _collect(
         interrupted=interrupted,
     )
     try:
-        uploaded = uploader.close(timeout=flush_timeout_s)
+        uploaded = uploader.close(timeout=config.flush_timeout_s)
     except StoreUnavailable as exc:
         result.spooled_parts = len(uploader.pending())
         result.error = str(exc)
@@ -472,20 +473,20 @@ def _collect(
     task_ids = [t.id for t in tasks]
     lineage_params = {
         "samples": samples,
-        "env": {"kind": "remote" if urls else env_kind, "urls": urls},
-        "max_turns": max_turns,
+        "env": {"kind": "remote" if urls else config.env_kind, "urls": urls},
+        "max_turns": config.max_turns,
         "planner": {"name": spec.name, "seed": spec.seed, "noise": spec.noise},
-        **params,
+        **config.params,
     }
     generators = sorted({str(t.lineage.get("generator", t.source)) for t in tasks})
     lineage = Lineage.for_tasks(
         task_ids,
         policy=policy.model_dump(mode="json"),
-        generator=generator or ",".join(generators),
-        parents=parents,
+        generator=config.generator or ",".join(generators),
+        parents=config.parents,
         params=lineage_params,
     )
-    dataset_name = name or store.root_uri.rstrip("/").rsplit("/", 1)[-1]
+    dataset_name = config.name or store.root_uri.rstrip("/").rsplit("/", 1)[-1]
     shard_manifest = DatasetManifest(
         name=dataset_name,
         kind="trajectories",
@@ -624,11 +625,15 @@ def read_collected(out: str, config: StoreConfig | None = None) -> list[Trajecto
 
 
 __all__ = [
+    "DEFAULT_FLUSH_TIMEOUT_S",
+    "DEFAULT_PART_SIZE",
+    "CollectConfig",
     "CollectError",
     "CollectProgress",
     "CollectResult",
     "collect",
     "parse_shard",
     "read_collected",
+    "run_collect",
     "shard_from_env",
 ]

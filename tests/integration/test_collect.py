@@ -26,7 +26,8 @@ import uvicorn
 from fakes.seaweed import SeaweedS3
 from typer.testing import CliRunner
 
-from qpa.api.v1alpha1 import TaskGenerator, TaskSource
+from qpa.api.v1alpha1 import Resolved, TaskBatch, TaskGenerator, TaskSource, dump_work_order
+from qpa.api.v1alpha1.taskbatch import CollectSummary
 from qpa.cli import app
 from qpa.contract import CorruptLineError, Task, Trajectory, write_tasks
 from qpa.data.collect import (
@@ -303,3 +304,43 @@ def test_cli_collect_to_s3_with_credentials_from_the_environment(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     denied = CliRunner().invoke(app, args)
     assert denied.exit_code == 2 and "access denied" in denied.output.replace("\n", " ")
+
+
+def test_cli_collect_spec_runs_a_taskbatch_work_order(tmp_path: Path) -> None:
+    """`qpa collect --spec`: the TaskBatch's harness version is in every trajectory's policy,
+    its capabilities select the tasks, and stdout is the typed `CollectSummary`."""
+    out = tmp_path / "out"
+    batch = TaskBatch.model_validate(
+        {
+            "metadata": {"name": "spec-batch", "namespace": "team-a"},
+            "spec": {
+                "source": {
+                    "generator": {"seed": 0},
+                    "split": "train",
+                    "capabilities": ["memory"],
+                    "limit": 3,
+                },
+                "policy": {"planner": "oracle", "harness": {"version": "harness-v7"}},
+                "samplesPerTask": 2,
+                "parallelism": 1,
+                "maxTurns": 30,
+                "outputUri": out.as_uri(),
+            },
+        }
+    )
+    order = tmp_path / "workorder.yaml"
+    order.write_text(dump_work_order(batch, Resolved(namespace="team-a")))
+    answer = CliRunner().invoke(
+        app, ["collect", "--spec", str(order)], env={"QPA_SPOOL_DIR": str(tmp_path / "spool")}
+    )
+    assert answer.exit_code == 0, answer.output
+    summary = CollectSummary.from_message(answer.stdout)
+    assert summary is not None and summary.complete and summary.harness_version == "harness-v7"
+    assert (summary.total, summary.ran, summary.shard) == (6, 6, "0/1")
+    trajectories = read_collected(out.as_uri())
+    assert len(trajectories) == 6
+    assert {t.policy.harness_version for t in trajectories} == {"harness-v7"}
+    assert all("memory" in t.task.capabilities for t in trajectories)
+    assert read_manifest(open_store(out)).name == "spec-batch"
+    mixed = CliRunner().invoke(app, ["collect", "--spec", str(order), "--planner", "noop"])
+    assert mixed.exit_code == 2 and "drop --planner" in mixed.output

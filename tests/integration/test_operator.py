@@ -31,6 +31,7 @@ from qpa.api.v1alpha1 import (
     WORK_ORDER_PATH,
     DevicePool,
     RolloutPool,
+    TaskBatch,
     WorkOrder,
 )
 from qpa.envs.serve_config import EnvServeConfig
@@ -152,7 +153,7 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
         kubectl("apply", "--validate=false", "-f", "examples/taskbatch.yaml")
         tb = await exists(kube_api, "tb", "nightly-tool-use")
         job = await exists(kube_api, "jobs", "nightly-tool-use-collect")
-        cm = await exists(kube_api, "configmaps", "nightly-tool-use-tasks")
+        cm = await exists(kube_api, "configmaps", "nightly-tool-use-order")
         pending = await phase(kube_api, "tb", "nightly-tool-use", "Pending")
 
         # The Job: indexed, one shard per completion, per-shard retries, the spec's resources.
@@ -162,12 +163,10 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
             32, 16, 3,
         )  # fmt: skip
         argv = command(job)
-        assert argv[argv.index("qpa") :][:2] == ["qpa", "collect"]
-        assert "--shard-from-env" in argv and flag(argv, "--shards") == "32"
-        assert flag(argv, "--samples") == "8" and flag(argv, "--planner") == "openai"
-        assert flag(argv, "--out") == "s3://qpa/taskbatches/nightly-tool-use/"
-        assert flag(argv, "--env-url") == "http://sandbox-env.default.svc.cluster.local"
-        assert flag(argv, "--harness-config") == "/etc/qpa/harness/harness.yaml"
+        assert argv[argv.index("qpa") :] == ["qpa", "collect", "--spec", WORK_ORDER_PATH]
+        order = WorkOrder.parse(yaml.safe_load(cm["data"]["workorder.yaml"]), TaskBatch)
+        assert order.resource.spec.samples_per_task == 8 and order.resolved.namespace == "default"
+        assert order.resolved.rollout_pool_url == "http://sandbox-env.default.svc.cluster.local"
         c = container(job)
         assert c["resources"] == {
             "requests": {"cpu": "500m", "memory": "1Gi"},
@@ -184,7 +183,7 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
         assert_restricted(pod)
         assert_owned_by(job, tb)
         assert_owned_by(cm, tb)
-        assert "generator" in yaml.safe_load(cm["data"]["taskbatch.yaml"])["spec"]["source"]
+        assert "generator" in order.resource.spec.source.model_dump()
         assert pending["jobName"] == "nightly-tool-use-collect"
         assert pending["observedGeneration"] == 1
 
@@ -200,8 +199,9 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
             "app.kubernetes.io/managed-by": "qpa-operator",
         }
         for shard, (ran, won) in enumerate([(128, 100), (128, 90)]):
-            summary = {"shard": f"{shard}/32", "total": 128, "ran": ran, "skipped": 0,
-                       "successes": won, "complete": True}  # fmt: skip
+            summary = {"out": "s3://qpa/taskbatches/nightly-tool-use/", "shard": f"{shard}/32",
+                       "total": 128, "ran": ran, "skipped": 0, "successes": won,
+                       "complete": True}  # fmt: skip
             finished_pod(
                 kube_api,
                 f"nightly-tool-use-collect-{shard}-x",

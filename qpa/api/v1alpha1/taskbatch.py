@@ -1,9 +1,13 @@
-"""TaskBatch: its spec, status and custom resource model."""
+"""TaskBatch: its spec, status and custom resource model, and the summary its workers report.
+
+A worker pod runs `qpa collect --spec <work order>`; what the operator provides beside the work
+order (the API key variable, the Harness config mount) is named here, once, for both sides.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import ClassVar, Final, Literal
 
 from pydantic import Field
 
@@ -39,6 +43,12 @@ from qpa.api.v1alpha1.resource import (
     KindInfo,
     PrinterColumn,
 )
+from qpa.api.v1alpha1.workorder import PodSummary
+
+#: The variable a worker reads the endpoint's API key from (`policy.apiKeySecretRef`).
+API_KEY_ENV: Final = "QPA_API_KEY"
+#: Where a worker finds `policy.harness.configMapRef`'s key, as a file named after the key.
+HARNESS_CONFIG_DIR: Final = "/etc/qpa/harness"
 
 
 class TaskGenerator(_Model):
@@ -263,3 +273,24 @@ class TaskBatch(CustomResource):
     kind: Literal["TaskBatch"] = "TaskBatch"
     spec: TaskBatchSpec
     status: TaskBatchStatus | None = None
+
+
+class CollectSummary(PodSummary):
+    """What one `qpa collect` worker (one shard) reports in its termination message."""
+
+    STAGE: ClassVar[str] = "collect"
+
+    out: str = Field(description="Dataset root the shard wrote to.")
+    shard: str = Field(pattern=r"^[0-9]+/[0-9]+$", description="This worker's shard, i/n.")
+    total: int = Field(ge=0, description="(task, sample) pairs of the shard.")
+    ran: int = Field(ge=0, description="Episodes run by this attempt.")
+    skipped: int = Field(ge=0, description="Pairs already collected (resumed).")
+    successes: int = Field(ge=0, description="Successful episodes among those run.")
+    env_errors: int = Field(default=0, ge=0, description="Episodes an environment error ended.")
+    parts: int = Field(default=0, ge=0, description="The shard's parts in the store.")
+    spooled_parts: int = Field(default=0, ge=0, description="Parts still in the local spool.")
+    manifest: str | None = Field(default=None, description="manifest.json once all shards end.")
+    complete: bool = Field(default=True, description="Everything uploaded, not interrupted.")
+    harness_version: str | None = Field(default=None, description="Harness version recorded.")
+    elapsed_s: float = Field(default=0.0, ge=0, description="Seconds the shard took.")
+    trajectories_per_s: float = Field(default=0.0, ge=0, description="Episodes run per second.")
