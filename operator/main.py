@@ -34,7 +34,7 @@ from typing import Any
 import kopf
 from qpa_operator import handlers, metrics
 from qpa_operator.builders.common import MANAGED_SELECTOR, PART_OF, Defaults
-from qpa_operator.handlers import common
+from qpa_operator.handlers import runtime
 
 __all__ = ["handlers", "login", "settings_from_env"]
 
@@ -136,7 +136,7 @@ def settings_from_env(settings: kopf.OperatorSettings, environ: Any = None) -> f
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     scale = settings_from_env(settings)
-    common.configure(defaults=Defaults.from_env(), retry_scale=scale)
+    runtime.configure(defaults=Defaults.from_env(), retry_scale=scale)
     metrics.OBJECTS.clear()
     port = os.environ.get("QPA_OPERATOR_METRICS_PORT")
     if port:
@@ -145,7 +145,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
-    await common.shutdown()
+    await runtime.shutdown()
     metrics.stop()
 
 
@@ -161,5 +161,5 @@ def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """kopf's own login (in-cluster or kubeconfig); the operator's client reuses it."""
     info = _login(**kwargs)
-    common.remember_login(info, lambda: _login(logger=logger))
+    runtime.remember_login(info, lambda: _login(logger=logger))
     return info

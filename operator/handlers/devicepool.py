@@ -15,19 +15,10 @@ from typing import Any
 import kopf
 from qpa_operator.builders import devicepool as builder
 from qpa_operator.builders.common import kind_label
-from qpa_operator.handlers.common import (
-    Views,
-    child_event,
-    ensure_all,
-    fresher,
-    generation_of,
-    measured,
-    now,
-    observed,
-    parse,
-    runtime,
-    write_status,
-)
+from qpa_operator.handlers.apply import ensure_all
+from qpa_operator.handlers.runtime import measured, now, runtime
+from qpa_operator.handlers.status import child_event, observed, write_status
+from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 from qpa_operator.kube import ApiError
 
 from qpa.api import GROUP, VERSION, DevicePool

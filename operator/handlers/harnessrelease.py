@@ -33,19 +33,10 @@ import kopf
 from qpa_operator import release
 from qpa_operator.builders import harnessrelease as builder
 from qpa_operator.builders.common import kind_label
-from qpa_operator.handlers.common import (
-    Views,
-    child_event,
-    delete_child,
-    ensure,
-    fresher,
-    measured,
-    now,
-    parse,
-    retry_delay,
-    runtime,
-    write_status,
-)
+from qpa_operator.handlers.apply import delete_child, ensure
+from qpa_operator.handlers.runtime import measured, now, retry_delay, runtime
+from qpa_operator.handlers.status import child_event, write_status
+from qpa_operator.handlers.views import Views, fresher, parse
 from qpa_operator.kube import ApiError
 
 from qpa.api import GROUP, VERSION, HarnessRelease

@@ -20,7 +20,8 @@ from qpa_operator.builders import devicepool as dp
 from qpa_operator.builders import taskbatch as tb
 from qpa_operator.builders import trainingrun as tr
 from qpa_operator.builders.common import kind_label
-from qpa_operator.handlers.common import CHILD_INDEXES, PARENT_INDEXES, forget, snapshot
+from qpa_operator.handlers.status import forget
+from qpa_operator.handlers.views import CHILD_INDEXES, PARENT_INDEXES, snapshot
 from qpa_operator.kube import plural_of
 
 from qpa.api import GROUP, RESOURCES, VERSION

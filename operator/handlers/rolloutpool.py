@@ -12,20 +12,10 @@ import kopf
 from qpa_operator.builders import devicepool as dp_builder
 from qpa_operator.builders import rolloutpool as builder
 from qpa_operator.builders.common import kind_label
-from qpa_operator.handlers.common import (
-    Views,
-    child_event,
-    delete_child,
-    ensure_all,
-    fresher,
-    generation_of,
-    measured,
-    now,
-    observed,
-    parse,
-    runtime,
-    write_status,
-)
+from qpa_operator.handlers.apply import delete_child, ensure_all
+from qpa_operator.handlers.runtime import measured, now, runtime
+from qpa_operator.handlers.status import child_event, observed, write_status
+from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 
 from qpa.api import GROUP, VERSION, RolloutPool
 from qpa.api.v1alpha1 import DevicePoolStatus

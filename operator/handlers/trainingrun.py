@@ -16,20 +16,10 @@ from typing import Any
 import kopf
 from qpa_operator.builders import trainingrun as builder
 from qpa_operator.builders.common import job_state, kind_label
-from qpa_operator.handlers.common import (
-    Views,
-    child_event,
-    delete_child,
-    ensure_all,
-    fresher,
-    generation_of,
-    measured,
-    now,
-    observed,
-    parse,
-    runtime,
-    write_status,
-)
+from qpa_operator.handlers.apply import delete_child, ensure_all
+from qpa_operator.handlers.runtime import measured, now, runtime
+from qpa_operator.handlers.status import child_event, observed, write_status
+from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 
 from qpa.api import GROUP, VERSION, TaskBatch, TrainingRun
 from qpa.api.v1alpha1 import TrainingRunStatus

@@ -30,7 +30,7 @@ import pytest
 from helpers.chart import ROOT, Render, find
 from qpa_operator import main as operator_main  # registers every handler
 from qpa_operator.builders import Defaults, devicepool, rolloutpool
-from qpa_operator.handlers.common import CHILD_INDEXES
+from qpa_operator.handlers.views import CHILD_INDEXES
 from qpa_operator.kube import plural_of
 
 from qpa.api import GROUP, RESOURCES, parse_resource

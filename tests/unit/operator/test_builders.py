@@ -26,7 +26,8 @@ from qpa_operator.builders import (
     taskbatch,
     trainingrun,
 )
-from qpa_operator.handlers.common import drift_patch, merge_diff
+from qpa_operator.handlers.apply import drift_patch
+from qpa_operator.handlers.status import merge_diff
 
 from qpa.api import DevicePool, HarnessRelease, RolloutPool, TaskBatch, TrainingRun, parse_resource
 from qpa.api.v1alpha1 import MAX_NAME_LENGTH
