@@ -31,6 +31,7 @@ _COMMAND_MODULES = [
     "loop",
     "release",
     "device",
+    "doctor",
 ]
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"qpa.cli.{_name}")

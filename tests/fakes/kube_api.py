@@ -976,6 +976,8 @@ class KubeAPI(kmock.KubernetesEmulator):
         # object-handling fallbacks: every resource request goes to `_dispatch`.
         kmock.KubernetesScaffold.__attrs_post_init__(self)
         self.fallback["get", re.compile(r"/(healthz|livez|readyz)(/.*)?")] << b"ok"
+        # clients ask `/version/` too (the kubernetes package's VersionApi); a real server answers
+        self.fallback["get /version/"] << self._serve_server_version
         self._resource_reaction = self.fallback[self._is_resource_request] << self._dispatch
         self.fallback << self._unknown_endpoint
         self._builtin_payloads = len(self._payloads)
