@@ -48,7 +48,7 @@ logger = logging.getLogger("qpa_operator")
 KIND: Final = "HarnessRelease"
 PLURAL: Final = HarnessRelease.info.plural
 API_VERSION: Final = f"{GROUP}/{VERSION}"
-OWNED_KINDS: Final = ("InferenceService", "Job")
+OWNED_KINDS: Final = ("InferenceService", "Job", "ConfigMap")
 
 #: (namespace, name) -> when the clock should run the reconcile again (None: no timer).
 WAKE: dict[tuple[str, str], datetime] = {}

@@ -1,5 +1,5 @@
-"""TaskBatch handlers: create/update/resume render the ConfigMap and the indexed Job; the
-Job's and its pods' events refresh the status (phase, shard and trajectory counts).
+"""TaskBatch handlers: create/update/resume render the work order ConfigMap and the indexed
+Job; the Job's and its pods' events refresh the status (phase, shard and trajectory counts).
 
 Deleting a TaskBatch deletes its Job, pods and ConfigMap through their owner references.
 """
@@ -18,13 +18,14 @@ from qpa_operator.handlers.status import child_event, observed, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 
 from qpa.api import GROUP, VERSION, TaskBatch
+from qpa.api.v1alpha1.taskbatch import CollectSummary
 
 KIND = "TaskBatch"
 PLURAL = TaskBatch.info.plural
 
 
-def _shards(views: Views, namespace: str, name: str) -> dict[int, Mapping[str, Any]]:
-    found: dict[int, Mapping[str, Any]] = {}
+def _shards(views: Views, namespace: str, name: str) -> dict[int, CollectSummary]:
+    found: dict[int, CollectSummary] = {}
     for index, summary in views.values("qpa_taskbatch_shards", (namespace, name)):
         found[int(index)] = summary
     return found
