@@ -32,6 +32,17 @@ parts"); `KubeAPI` subclasses it and serves, on 127.0.0.1 only:
   OpenAPI checks, list-type uniqueness, CEL rules incl. `oldSelf`): 422 `Invalid` with causes
   naming the field path, worded like the real server; metadata names and labels are checked too;
   unknown fields are warned about (`Warning` header) or refused with `fieldValidation=Strict`;
+- **built-in kinds validated** against the official Kubernetes 1.37 OpenAPI schemas
+  (fakes.kube_builtin, from `kubernetes-validate`) plus the server's own checks (container
+  names and images, selectors matching template labels, a Job's restartPolicy): 422 `Invalid`
+  naming the field; unknown fields are refused (400 strict decoding error) unless the client
+  sends `fieldValidation=Warn`/`Ignore` (stricter than a real server, which drops them: a
+  misspelt field the operator writes is a failed test, not a silently lost setting);
+- **KServe's CRDs** (InferenceService, ServingRuntime; vendored in `vendor/kserve/` with their
+  license) installed as real CRDs, so InferenceServices go through the custom resource
+  pipeline above;
+- **`/openapi/v3`** (fakes.kube_openapi): the group-version documents kubectl reads, so
+  `kubectl apply` runs with validation on and leaves it to the server (`fieldValidation=Strict`);
 - **garbage collection**: deleting an owner deletes its dependents (background or foreground,
   or orphans them), recursively; deleting a namespace deletes what is in it;
 - **fault injection** (`kube.faults`): fail a fraction or the next N requests with 500, 409,
@@ -41,8 +52,7 @@ parts"); `KubeAPI` subclasses it and serves, on 127.0.0.1 only:
 Simplifications (documented, not hidden): one stored version per resource (no conversion),
 garbage collection runs synchronously right after the owner is gone, namespaces need no
 `kubernetes` finalizer, no authentication or RBAC, no `pods/log` or `scale` subresources,
-`/openapi/*` answers 404 (use `kubectl apply --validate=false`), built-in kinds get no schema
-validation, watch bookmarks are sent only for `sendInitialEvents`.
+no `/openapi/v2` (kubectl reads v3), watch bookmarks are sent only for `sendInitialEvents`.
 
 Use it three ways:
 
@@ -83,12 +93,20 @@ from typing import Any, Self
 import aiohttp.web
 import attrs
 import kmock
+import orjson
 import pytest
 import yaml
 from kmock._internal import rendering
 
+from fakes import kube_builtin, kube_openapi
 from fakes.kube_cel import CelSyntaxError, compile_rule
-from fakes.kube_schema import CustomResourceSchema, FieldError, format_path, go_value
+from fakes.kube_schema import (
+    CustomResourceSchema,
+    FieldError,
+    compiled_schema,
+    format_path,
+    go_value,
+)
 from qpa.api.crdgen import structural_problems
 
 __all__ = [
@@ -106,6 +124,8 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRDS_DIR = REPO_ROOT / "crds"
+#: KServe's own CRDs (InferenceService, ServingRuntime), vendored with their license.
+VENDOR_CRDS_DIR = Path(__file__).resolve().parent / "vendor" / "kserve"
 
 SERVER_VERSION = {
     "major": "1",
@@ -250,7 +270,8 @@ EVENT_FIELDS = (
 
 
 def builtin_types() -> list[ResourceType]:
-    """The built-in kinds (and KServe's) the operator creates, watches or kubectl shows."""
+    """The built-in kinds the operator creates, watches or kubectl shows (KServe's kinds come
+    from its vendored CRDs, `VENDOR_CRDS_DIR`)."""
     return [
         _builtin("", "namespaces", "Namespace", namespaced=False, short=("ns",),
                  sub=("status", "finalize"), fields=("status.phase",)),
@@ -294,9 +315,6 @@ def builtin_types() -> list[ResourceType]:
         _builtin("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition",
                  namespaced=False, short=("crd", "crds"), sub=("status",),
                  categories=("api-extensions",)),
-        _builtin("serving.kserve.io", "inferenceservices", "InferenceService",
-                 version="v1beta1", short=("isvc",), sub=("status",)),
-        _builtin("serving.kserve.io", "servingruntimes", "ServingRuntime", version="v1alpha1"),
     ]  # fmt: skip
 
 
@@ -806,6 +824,13 @@ class Fault:
     watch: bool = False  # also fail watch requests (off: most tests want streams up)
     retry_after: int = 1
     injected: int = 0
+    # "error": answer `status`; on watches only: "gone" (a 200 stream whose first event is
+    # ERROR 410 Expired), "drop" (the connection is cut within `drop_after` seconds, mid-stream);
+    # on lists only: "stale" (the list as it was `lag` writes ago, with that resourceVersion,
+    # as from a lagging watch cache)
+    effect: str = "error"
+    lag: int = 5
+    drop_after: float = 1.0
 
     def matches(self, request: rendering.Request) -> bool:
         if self.remaining == 0:
@@ -813,7 +838,12 @@ class Fault:
         method = str(request.method.value if request.method else "").upper()
         if self.methods is not None and method not in self.methods:
             return False
-        if request.params.get("watch") in ("true", "1") and not self.watch:
+        watching = request.params.get("watch") in ("true", "1")
+        if watching and not self.watch:
+            return False
+        if self.effect in ("gone", "drop") and not watching:
+            return False
+        if self.effect == "stale" and (watching or method != "GET" or request.name):
             return False
         plural = request.resource.plural if request.resource is not None else None
         if self.resources is not None and plural not in self.resources:
@@ -877,9 +907,17 @@ class FaultInjector:
         subresource: str | None = None,
         watch: bool = False,
         retry_after: int = 1,
+        effect: str = "error",
+        lag: int = 5,
+        drop_after: float = 1.0,
     ) -> Fault:
         """Fail matching requests with `status`, each with probability `rate`, `count` times."""
+        if effect not in ("error", "gone", "drop", "stale"):
+            raise ValueError(f"effect must be error, gone, drop or stale, not {effect!r}")
         fault = Fault(
+            effect=effect,
+            lag=lag,
+            drop_after=drop_after,
             status=status,
             rate=rate,
             remaining=count,
@@ -900,6 +938,18 @@ class FaultInjector:
     def fail_fraction(self, rate: float, status: int = 500, **options: Any) -> Fault:
         """Each matching request fails with probability `rate` (seeded, reproducible)."""
         return self.add(status, rate=rate, **options)
+
+    def expire_watches(self, rate: float = 1.0, **options: Any) -> Fault:
+        """Matching watches start with ERROR 410 Expired: the client must relist."""
+        return self.add(410, rate=rate, watch=True, effect="gone", **options)
+
+    def drop_watches(self, rate: float = 1.0, *, after: float = 1.0, **options: Any) -> Fault:
+        """Matching watches lose their connection within `after` seconds, mid-stream."""
+        return self.add(0, rate=rate, watch=True, effect="drop", drop_after=after, **options)
+
+    def stale_lists(self, rate: float = 1.0, *, lag: int = 5, **options: Any) -> Fault:
+        """Matching lists answer the state of `lag` writes ago (a lagging watch cache)."""
+        return self.add(200, rate=rate, effect="stale", lag=lag, **options)
 
     def slow_down(self, seconds: float, *, methods: Iterable[str] | None = None) -> None:
         """Answer matching resource requests `seconds` later (a loaded API server)."""
@@ -953,6 +1003,7 @@ class KubeAPI(kmock.KubernetesEmulator):
     """kmock's emulator with the behaviour of a real API server (see the module docstring)."""
 
     crds: Any = None  # CRD files/folders to install at start (None: none)
+    vendor_crds: Any = VENDOR_CRDS_DIR  # third-party CRDs installed first (None: none)
     require_namespaces: bool = True  # creating in a missing namespace answers 404
     namespaces: Sequence[str] = DEFAULT_NAMESPACES
     history_limit: int = 10_000  # watch events kept for resuming from a resourceVersion
@@ -970,6 +1021,8 @@ class KubeAPI(kmock.KubernetesEmulator):
     warnings: list[str] = attrs.field(factory=list, init=False)
     _resource_reaction: Any = attrs.field(default=None, init=False)
     _builtin_payloads: int = attrs.field(default=0, init=False)
+    _request_faults: dict[int, Fault] = attrs.field(factory=dict, init=False)
+    _openapi: tuple[Any, dict[str, dict[str, Any]]] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         # Discovery routes and the final 404 of the scaffold, but not kmock's naive
@@ -979,6 +1032,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         # clients ask `/version/` too (the kubernetes package's VersionApi); a real server answers
         self.fallback["get /version/"] << self._serve_server_version
         self._resource_reaction = self.fallback[self._is_resource_request] << self._dispatch
+        self.fallback["get", re.compile(r"/openapi/v3(/.*)?")] << self._serve_openapi_v3
         self.fallback << self._unknown_endpoint
         self._builtin_payloads = len(self._payloads)
         self._random.seed(self.seed)
@@ -988,6 +1042,8 @@ class KubeAPI(kmock.KubernetesEmulator):
             self.create_object(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             )
+        if self.vendor_crds is not None:
+            self.install_vendor_crds(self.vendor_crds)
         if self.crds is not None:
             self.install_crds(self.crds)
 
@@ -1081,7 +1137,9 @@ class KubeAPI(kmock.KubernetesEmulator):
             if delay := self.faults.delay(request):
                 await asyncio.sleep(delay)
             fault = self.faults.pick(request)
-            if fault is not None:
+            if fault is not None and fault.effect != "error":
+                self._request_faults[request.id] = fault  # served, but broken (see Fault)
+            elif fault is not None:
                 return await fault.error(request).response()(request)
             # With no reactions added after start-up, a resource request can only reach
             # `_dispatch`: go there directly. kmock's matching checks `request in view`, which
@@ -1227,6 +1285,42 @@ class KubeAPI(kmock.KubernetesEmulator):
                     names.append(created["metadata"]["name"])
         return names
 
+    def install_vendor_crds(self, folder: str | Path) -> list[str]:
+        """Install third-party CRDs (KServe's): through the whole pipeline (`apply_object`) once
+        per process, then, in later servers, the admitted objects and their resource types as
+        they came out. The stored CRD is shared between servers, never mutated (the store
+        copies on every read): KServe's InferenceService CRD is 700 kB, which copied through
+        create took seconds per test."""
+        crd_type = self._types[("apiextensions.k8s.io", "v1", "customresourcedefinitions")]
+        names = []
+        for file in sorted(Path(folder).glob("*.yaml")):
+            cache_key = (str(file.resolve()), file.stat().st_mtime_ns)
+            admitted = _VENDOR_ADMITTED.get(cache_key)
+            if admitted is None:
+                admitted = []
+                for name in self.install_crds(file):
+                    crd = self._load(crd_type, None, name)
+                    assert crd is not None
+                    admitted.append((crd, [t for t in self._types.values() if t.crd == name]))
+                _VENDOR_ADMITTED[cache_key] = admitted
+                names += [crd["metadata"]["name"] for crd, _ in admitted]
+                continue
+            for crd, rtypes in admitted:
+                obj = dict(crd)  # spec and status shared, read-only; fresh metadata
+                obj["metadata"] = {
+                    **crd["metadata"],
+                    "uid": str(uuid.UUID(int=self._random.getrandbits(128), version=4)),
+                    "creationTimestamp": _now(),
+                    "resourceVersion": self._next_rv(),
+                }
+                self._objects[self._key(crd_type, None, obj["metadata"]["name"])] = obj
+                rv = int(obj["metadata"]["resourceVersion"])
+                self._history.append(_Event(rv, crd_type.key, "ADDED", obj))
+                for rtype in rtypes:
+                    self.register(rtype)
+                names.append(obj["metadata"]["name"])
+        return names
+
     def create_object(self, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Create as a client would (validation included); raises ApiError."""
         rtype = self._type_of(obj.get("apiVersion", ""), obj.get("kind", ""))
@@ -1332,10 +1426,11 @@ class KubeAPI(kmock.KubernetesEmulator):
                     "`kubectl apply -f` instead of `kubectl create namespace`)",
                 )
             if method == "GET":
+                stale = self._request_faults.pop(request.id, None)
                 body = (
                     self._get(rtype, namespace, name, params)
                     if name
-                    else self._list(rtype, namespace, params)
+                    else self._list(rtype, namespace, params, lag=stale.lag if stale else 0)
                 )
                 if "as=Table" in self._header(request, "Accept"):
                     body = self._table(rtype, body, params, self._header(request, "Accept"))
@@ -1385,16 +1480,24 @@ class KubeAPI(kmock.KubernetesEmulator):
         return obj
 
     def _list(
-        self, rtype: ResourceType, namespace: str | None, params: Mapping[str, str]
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        params: Mapping[str, str],
+        *,
+        lag: int = 0,
     ) -> dict[str, Any]:
         selector = Selector.from_params(params, rtype)
-        items = [
-            copy.deepcopy(o) for o in self._objects_of(rtype, namespace) if selector.matches(o)
-        ]
+        as_of, objects = (
+            self._objects_as_of(rtype, namespace, lag)
+            if lag
+            else (self._rv, self._objects_of(rtype, namespace))
+        )
+        items = [copy.deepcopy(o) for o in objects if selector.matches(o)]
         for item in items:
             item.setdefault("apiVersion", rtype.api_version)
             item.setdefault("kind", rtype.kind)
-        meta: dict[str, Any] = {"resourceVersion": str(self._rv)}
+        meta: dict[str, Any] = {"resourceVersion": str(as_of)}
         start = 0
         if params.get("continue"):
             try:
@@ -1416,6 +1519,33 @@ class KubeAPI(kmock.KubernetesEmulator):
             "metadata": meta,
             "items": items,
         }
+
+    def _objects_as_of(
+        self, rtype: ResourceType, namespace: str | None, lag: int
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """The objects as they were `lag` writes ago (within the kept history), and that
+        resourceVersion: the current ones with the newer events undone."""
+        as_of = max(self._trimmed_rv, self._rv - lag)
+        state = {
+            (o["metadata"].get("namespace"), o["metadata"]["name"]): o
+            for o in self._objects_of(rtype, namespace)
+        }
+        for event in reversed(self._history):
+            if event.rv <= as_of:
+                break
+            meta = event.obj["metadata"]
+            if event.key != rtype.key or namespace not in (None, meta.get("namespace")):
+                continue
+            key = (meta.get("namespace"), meta["name"])
+            if event.type == "ADDED":
+                state.pop(key, None)
+            elif event.type == "MODIFIED" and event.old is not None:
+                state[key] = event.old
+            elif event.type == "DELETED":
+                state[key] = event.obj
+        objects = sorted(state.values(), key=lambda o: (o["metadata"].get("namespace") or "",
+                                                         o["metadata"]["name"]))  # fmt: skip
+        return as_of, objects
 
     def _table(
         self, rtype: ResourceType, body: dict[str, Any], params: Mapping[str, str], accept: str
@@ -1515,6 +1645,16 @@ class KubeAPI(kmock.KubernetesEmulator):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout else None
         yield b""  # send the headers now: clients wait for them before reading events
+        fault = self._request_faults.pop(request.id, None)
+        if fault is not None and fault.effect == "gone":
+            expired = ApiError(410, "Expired", "too old resource version (injected fault)")
+            yield _line("ERROR", expired.status())
+            return
+        drop_at = (
+            loop.time() + self._random.uniform(0.05, fault.drop_after)
+            if fault is not None and fault.effect == "drop"
+            else None
+        )
         initial = params.get("sendInitialEvents") == "true"
         if since in ("", "0") or initial:
             position = self._rv
@@ -1583,7 +1723,13 @@ class KubeAPI(kmock.KubernetesEmulator):
                 return
             if raw is not None and (raw.transport is None or raw.transport.is_closing()):
                 return
+            if drop_at is not None and loop.time() >= drop_at:
+                if raw is not None and raw.transport is not None:
+                    raw.transport.abort()  # cut, not ended: no final chunk reaches the client
+                return
             wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - loop.time()))
+            if drop_at is not None:
+                wait = max(0.0, min(wait, drop_at - loop.time()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=wait)
 
@@ -1694,9 +1840,19 @@ class KubeAPI(kmock.KubernetesEmulator):
         errors: list[FieldError] = []
         meta = obj.get("metadata", {})
         name = meta.get("name") or meta.get("generateName") or ""
-        if rtype.schema is not None:
-            unknown = rtype.schema.prune(obj)
-            mode = params.get("fieldValidation", "Warn")
+        builtin = None
+        if rtype.schema is None and rtype.crd is None:
+            builtin = kube_builtin.check(obj)
+        if rtype.schema is not None or builtin is not None:
+            # Built-in kinds refuse unknown fields unless asked otherwise: stricter than a real
+            # server (which drops them with a warning), so a misspelt field is a failed test.
+            if builtin is not None:
+                unknown = builtin.unknown
+                mode = params.get("fieldValidation", "Strict")
+            else:
+                assert rtype.schema is not None
+                unknown = rtype.schema.prune(obj)
+                mode = params.get("fieldValidation", "Warn")
             if unknown and mode == "Strict":
                 fields = ", ".join(f'unknown field "{path}"' for path in unknown)
                 raise ApiError.bad_request(
@@ -1710,8 +1866,13 @@ class KubeAPI(kmock.KubernetesEmulator):
                     '299 - "' + note.replace("\\", "\\\\").replace('"', '\\"') + '"'
                     for note in notes
                 )
-            rtype.schema.default(obj)
-            errors += rtype.schema.validate(obj, old)
+            if builtin is not None:
+                kube_builtin.drop_unknown(obj, unknown)
+                errors += builtin.errors
+            else:
+                assert rtype.schema is not None
+                rtype.schema.default(obj)
+                errors += rtype.schema.validate(obj, old)
         errors += self._metadata_errors(rtype, obj)
         if errors:
             raise ApiError.invalid(rtype, name, errors)
@@ -2205,19 +2366,7 @@ class KubeAPI(kmock.KubernetesEmulator):
                     FieldError(where, "FieldValueRequired", "Required value: schemas are required")
                 )
                 continue
-            for problem in structural_problems(schema):
-                errors.append(FieldError(where, "FieldValueInvalid", f"Invalid value: {problem}"))
-            for path, rule in _rules(schema, [where]):
-                try:
-                    compile_rule(rule)
-                except CelSyntaxError as exc:
-                    errors.append(
-                        FieldError(
-                            path,
-                            "FieldValueInvalid",
-                            f"Invalid value: {go_value(rule)}: compilation failed: {exc}",
-                        )
-                    )
+            errors += _schema_errors(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), where)
         if errors:
             crd_type = self._types[("apiextensions.k8s.io", "v1", "customresourcedefinitions")]
             raise ApiError.invalid(crd_type, name, errors)
@@ -2241,7 +2390,7 @@ class KubeAPI(kmock.KubernetesEmulator):
                     categories=tuple(names.get("categories") or ()),
                     subresources=frozenset((version.get("subresources") or {}).keys()),
                     printer_columns=list(version.get("additionalPrinterColumns") or []),
-                    schema=CustomResourceSchema(schema),
+                    schema=compiled_schema(schema),
                     crd=obj["metadata"]["name"],
                 )
             )
@@ -2377,8 +2526,36 @@ class KubeAPI(kmock.KubernetesEmulator):
     async def _serve_server_version(self, request: rendering.Request) -> Any:
         return dict(SERVER_VERSION)
 
+    async def _serve_openapi_v3(self, request: rendering.Request) -> Any:
+        documents = self._openapi_documents()
+        key = request.url.path.removeprefix("/openapi/v3").strip("/")
+        if not key:
+            return kube_openapi.discovery(documents)
+        if key not in documents:
+            return ApiError.no_resource().response()
+        return documents[key]
+
+    def _openapi_documents(self) -> dict[str, dict[str, Any]]:
+        """The OpenAPI v3 document of every served group-version (rebuilt when types change)."""
+        served = tuple((t.key, id(t.schema)) for t in self._types.values())
+        if self._openapi is None or self._openapi[0] != served:
+            by_version: dict[tuple[str, str], list[ResourceType]] = {}
+            for rtype in self._types.values():
+                by_version.setdefault((rtype.group, rtype.version), []).append(rtype)
+            documents = {
+                kube_openapi.document_key(group, version): kube_openapi.document(
+                    group, version, types
+                )
+                for (group, version), types in by_version.items()
+            }
+            self._openapi = (served, documents)
+        return self._openapi[1]
+
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: (file, mtime) -> the CRDs a server stored from it and their resource types (see
+#: `KubeAPI.install_vendor_crds`).
+_VENDOR_ADMITTED: dict[tuple[str, int], list[tuple[dict[str, Any], list[ResourceType]]]] = {}
 
 
 def _yaml_documents(path: Path) -> list[Any]:
@@ -2391,6 +2568,28 @@ def _yaml_documents(path: Path) -> list[Any]:
 @functools.lru_cache(maxsize=64)
 def _parse_yaml(path: str, mtime_ns: int, size: int) -> list[Any]:
     return list(yaml.load_all(Path(path).read_text(encoding="utf-8"), Loader=_LOADER))
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_errors(text: bytes, where: str) -> list[FieldError]:
+    """A CRD version schema's structural and CEL problems (cached: every test server
+    installs the same CRDs)."""
+    schema = orjson.loads(text)
+    errors: list[FieldError] = []
+    for problem in structural_problems(schema):
+        errors.append(FieldError(where, "FieldValueInvalid", f"Invalid value: {problem}"))
+    for path, rule in _rules(schema, [where]):
+        try:
+            compile_rule(rule)
+        except CelSyntaxError as exc:
+            errors.append(
+                FieldError(
+                    path,
+                    "FieldValueInvalid",
+                    f"Invalid value: {go_value(rule)}: compilation failed: {exc}",
+                )
+            )
+    return errors
 
 
 def _line(event_type: str, obj: Mapping[str, Any]) -> bytes:

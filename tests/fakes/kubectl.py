@@ -13,7 +13,7 @@ Fixtures (register with pytest_plugins = ["fakes.kubectl"], next to "fakes.kube_
   `KubectlError` (with stdout/stderr) on a non-zero exit unless `check=False`.
 
     def test_get(kubectl):
-        kubectl("apply", "--validate=false", "-f", "examples/trainingrun.yaml")
+        kubectl("apply", "-f", "examples/trainingrun.yaml")
         assert "planner-sft" in kubectl("get", "tr").stdout
 """
 

@@ -73,7 +73,7 @@ def release_body(report_uri: str, **spec: Any) -> dict[str, Any]:
 def apply(kubectl: Kubectl, tmp_path: Path, body: dict[str, Any]) -> None:
     path = tmp_path / "hr.yaml"
     path.write_text(yaml.safe_dump(body))
-    kubectl("apply", "--validate=false", "-f", str(path))
+    kubectl("apply", "-f", str(path))
 
 
 def models(kube: KubeAPIServer) -> dict[str, str]:

@@ -322,7 +322,15 @@ def test_owner_references_are_garbage_collected(kube_api: KubeAPIServer) -> None
             "apiVersion": "batch/v1",
             "kind": "Job",
             "metadata": {"name": "ranks", "ownerReferences": [ref(owner)]},
-            "spec": {"completionMode": "Indexed"},
+            "spec": {
+                "completionMode": "Indexed",
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "rank", "image": "trainer"}],
+                    }
+                },
+            },
         }
     )
     job_ref = {
@@ -1065,7 +1073,7 @@ def test_immutable_fields_are_kept_as_created(shared_api: Any) -> None:
 
 
 def test_kubectl_drives_the_emulator(kubectl: Kubectl, kube_api: KubeAPIServer) -> None:
-    applied = kubectl("apply", "--validate=false", "-f", "examples/trainingrun.yaml")
+    applied = kubectl("apply", "-f", "examples/trainingrun.yaml")
     assert "trainingrun.qpa.ai/planner-sft created" in applied.stdout
     kube_api.patch_status("tr", NS, "planner-sft", {"phase": "Running", "step": 42})
     table = kubectl("get", "tr").stdout.splitlines()
@@ -1087,7 +1095,7 @@ def test_kubectl_drives_the_emulator(kubectl: Kubectl, kube_api: KubeAPIServer) 
     assert "43" in kubectl("get", "tr", "planner-sft", "-o", "jsonpath={.status.step}").stdout
     strategic = kubectl("patch", "tr", "planner-sft", "-p", '{"spec":{"nodes":4}}', check=False)
     assert strategic.returncode != 0 and "merge-patch" in strategic.stderr
-    again = kubectl("apply", "--validate=false", "-f", "examples/trainingrun.yaml").stdout
+    again = kubectl("apply", "-f", "examples/trainingrun.yaml").stdout
     assert "planner-care-rl unchanged" in again
     deleted = kubectl("delete", "tr", "planner-sft", "--wait=false")
     assert 'trainingrun.qpa.ai "planner-sft" deleted' in deleted.stdout
@@ -1099,18 +1107,18 @@ def test_kubectl_reports_validation_errors_with_the_field(kubectl: Kubectl, tmp_
     body["spec"]["nodes"] = 0
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(body))
-    result = kubectl("apply", "--validate=false", "-f", str(path), check=False)
+    result = kubectl("apply", "-f", str(path), check=False)
     assert result.returncode != 0
     assert "spec.nodes: Invalid value: 0" in result.stderr
 
 
 def test_kubectl_applies_crds_selects_labels_and_lists_resources(kubectl: Kubectl) -> None:
-    crds = kubectl("apply", "--validate=false", "-f", "crds/").stdout
+    crds = kubectl("apply", "-f", "crds/").stdout
     assert "customresourcedefinition.apiextensions.k8s.io/trainingruns.qpa.ai" in crds
     resources = kubectl("api-resources", "--api-group=qpa.ai").stdout
     for cls in RESOURCES:
         assert f"{cls.info.plural}" in resources and f" {cls.info.short_names[0]} " in resources
-    kubectl("apply", "--validate=false", "-f", "examples/rolloutpool.yaml")
+    kubectl("apply", "-f", "examples/rolloutpool.yaml")
     kubectl("label", "rp", "sandbox", "tier=cpu")
     selected = kubectl("get", "rp", "-l", "tier=cpu", "-o", "name").stdout.split()
     assert selected == ["rolloutpool.qpa.ai/sandbox"]

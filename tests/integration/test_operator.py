@@ -122,7 +122,16 @@ def finished_pod(
         name,
         {
             "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "containerStatuses": [{"name": container_name, "state": {"terminated": terminated}}],
+            "containerStatuses": [
+                {
+                    "name": container_name,
+                    "image": "qpa",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                }
+            ],
         },
     )
 
@@ -150,7 +159,7 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
     monkeypatch.setenv("QPA_OPERATOR_METRICS_PORT", str(port))
     monkeypatch.setenv("QPA_OPERATOR_METRICS_ADDRESS", "127.0.0.1")
     with operator():
-        kubectl("apply", "--validate=false", "-f", "examples/taskbatch.yaml")
+        kubectl("apply", "-f", "examples/taskbatch.yaml")
         tb = await exists(kube_api, "tb", "nightly-tool-use")
         job = await exists(kube_api, "jobs", "nightly-tool-use-collect")
         cm = await exists(kube_api, "configmaps", "nightly-tool-use-order")
@@ -280,7 +289,7 @@ async def test_rolloutpool_serves_environments_behind_a_service(
     kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
 ) -> None:
     with operator():
-        kubectl("apply", "--validate=false", "-f", "examples/rolloutpool.yaml")
+        kubectl("apply", "-f", "examples/rolloutpool.yaml")
         pool = await exists(kube_api, "rp", "sandbox")
         deployment = await exists(kube_api, "deployments", "sandbox-env")
         service = await exists(kube_api, "services", "sandbox-env")
@@ -411,7 +420,7 @@ async def test_devicepool_bridges_phones_from_device_nodes(
     kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
 ) -> None:
     with operator():
-        kubectl("apply", "--validate=false", "-f", "examples/devicepool.yaml")
+        kubectl("apply", "-f", "examples/devicepool.yaml")
         pool = await exists(kube_api, "dp", "lab-phones")
         ds = await exists(kube_api, "daemonsets", "lab-phones-bridge")
         assert command(ds) == ["qpa", "device", "bridge", "--spec", WORK_ORDER_PATH]
@@ -434,7 +443,8 @@ async def test_devicepool_bridges_phones_from_device_nodes(
 
         kube_api.patch_status(
             "daemonsets", NS, "lab-phones-bridge",
-            {"desiredNumberScheduled": 2, "numberReady": 2, "currentNumberScheduled": 2},
+            {"desiredNumberScheduled": 2, "numberReady": 2, "currentNumberScheduled": 2,
+             "numberMisscheduled": 0},
         )  # fmt: skip
         kube_api.create(phone_lease("R5CT1", "lab-node-1"))
         leased = phone_lease("R5CT2", "lab-node-2")
@@ -476,8 +486,8 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
     kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
 ) -> None:
     with operator():
-        kubectl("apply", "--validate=false", "-f", "examples/taskbatch.yaml")
-        kubectl("apply", "--validate=false", "-f", "examples/trainingrun.yaml")
+        kubectl("apply", "-f", "examples/taskbatch.yaml")
+        kubectl("apply", "-f", "examples/trainingrun.yaml")
 
         # RL: no datasets to prepare, the ranks' Job at once.
         rl = await exists(kube_api, "tr", "planner-care-rl")
