@@ -109,6 +109,7 @@ STRING_CANDIDATES = (
     "s3://qpa/walk/other/",
     "file:///walk/other/",
     "https://walk.example/v1",
+    "http://walk-store.example:9000",
     "registry.example/walk:2",
     "walk-other",
     "walk.example/other",
@@ -251,16 +252,18 @@ def _example(name: str, index: int) -> Json:
 
 def kinds() -> list[KindWalk]:
     """The five kinds: each one's pod-side conversion and its builders."""
-    from qpa_operator.builders import devicepool, harnessrelease, rolloutpool
+    from qpa_operator.builders import devicepool, harnessrelease, rolloutpool, taskbatch
 
     from qpa.api.v1alpha1 import (
         WORK_ORDER_KEY,
         DevicePool,
         HarnessRelease,
         RolloutPool,
+        TaskBatch,
         WorkOrder,
     )
     from qpa.bench.config import BenchConfig
+    from qpa.data.collect_config import CollectConfig
     from qpa.device.bridge import BridgeSettings
     from qpa.envs.serve_config import EnvServeConfig
 
@@ -294,10 +297,40 @@ def kinds() -> list[KindWalk]:
         }
         return dumped
 
+    def collect_pod(tb: Any, defaults: Any) -> Mapping[str, Any]:
+        order = read(taskbatch.config_map(tb, defaults), TaskBatch)
+        config = CollectConfig.from_taskbatch(order, 0, environ={})
+        dumped = config.model_dump(exclude={"planner", "source"})
+        planner = config.planner.model_dump()
+        source = (config.source.model_dump() if config.source else {}) or {}
+        return (
+            dumped
+            | {f"planner.{k}": v for k, v in planner.items()}
+            | {f"source.{k}": v for k, v in source.items()}
+        )
+
     def release_children(hr: Any, defaults: Any) -> list[Json]:
         return [*harnessrelease.services(hr, defaults), harnessrelease.bench_job(hr, defaults)]
 
     return [
+        KindWalk(
+            "TaskBatch",
+            "qpa.ai_taskbatches.yaml",
+            (("taskbatch.yaml", 0),),
+            collect_pod,
+            taskbatch.children,
+            fills={
+                "spec.source.datasetUri": {
+                    "spec.source": {"datasetUri": "s3://qpa/tasks/walk/", "split": "train"}
+                },
+                "spec.policy.modelUri": {
+                    "spec.policy.planner": "local",
+                    "spec.policy.modelUri": "s3://qpa/models/walk/",
+                },
+                "spec.image": {"spec.image": "registry.example/qpa:2"},
+                "spec.activeDeadlineSeconds": {"spec.activeDeadlineSeconds": 3600},
+            },
+        ),
         KindWalk(
             "RolloutPool",
             "qpa.ai_rolloutpools.yaml",

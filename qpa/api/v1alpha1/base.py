@@ -34,6 +34,11 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 ARTIFACT_URI = r"^(s3|file)://\S+$"
 MODEL_URI = r"^(s3|gs|pvc|hf|file)://\S+$"
 HTTP_URL = r"^https?://\S+$"
+# An S3 API endpoint: scheme and host[:port] only (no credentials, path, query), as the pods'
+# StoreConfig requires.
+S3_ENDPOINT = (
+    r"^https?://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?/?$"
+)
 IMAGE = r"^\S+$"
 CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
 CONDITION_TYPE = (
@@ -198,9 +203,9 @@ class ObjectStore(_Model):
     """S3-compatible object storage (MinIO, S3, SeaweedFS) that a resource reads or writes."""
 
     endpoint: str = Field(
-        pattern=HTTP_URL,
+        pattern=S3_ENDPOINT,
         max_length=2048,
-        description="S3 API endpoint, e.g. http://minio.qpa-system:9000.",
+        description="S3 API endpoint (scheme and host:port), e.g. http://minio.qpa-system:9000.",
     )
     region: str = Field(default="us-east-1", min_length=1, description="S3 region.")
     secret_ref: StoreSecretRef = Field(
