@@ -17,5 +17,6 @@ pytest_plugins = [
     "fakes.kube_api",
     "fakes.kubectl",
     "fakes.adbd",
+    "fakes.kubelet",  # kubelet: runs the Pods of Jobs, Deployments, DaemonSets
     "helpers.operator_runner",  # operator_env: the real operator's test settings
 ]
