@@ -35,7 +35,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from qpa.api.v1alpha1 import TaskBatch, TaskGenerator, TaskSource, WorkOrder, WorkOrderError
+from qpa.api.v1alpha1 import (
+    TaskBatch,
+    TaskGenerator,
+    TaskSource,
+    WorkOrder,
+    WorkOrderError,
+    first_error,
+)
 from qpa.api.v1alpha1.taskbatch import CollectSummary
 from qpa.cli import app
 from qpa.cli.common import console, die, err_console, print_json
@@ -62,7 +69,6 @@ from qpa.data.collect_config import (
     DEFAULT_PART_SIZE,
     CollectConfig,
     PlannerConfig,
-    config_error,
 )
 from qpa.data.tasks import select_tasks
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
@@ -240,7 +246,7 @@ def collect_command(
         assert config.source is not None
         selected = select_tasks(config.source, config.store_config)
     except ValidationError as exc:
-        die(config_error(exc))
+        die(first_error(exc))
     except (StoreError, CorruptLineError, WorkOrderError, ValueError, KeyError, OSError) as exc:
         die(str(exc))
     result = _run(config, selected, planner_spec, quiet=json_ or spec_file is not None)

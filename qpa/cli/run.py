@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.panel import Panel
 
+from qpa.api.v1alpha1 import first_error
 from qpa.cli import app
 from qpa.cli.common import console, die
 from qpa.cli.options import (
@@ -21,7 +22,7 @@ from qpa.cli.options import (
     NoiseOpt,
 )
 from qpa.contract import Environment, Policy, Step, Trajectory, write_trajectories
-from qpa.data.collect_config import PlannerConfig, config_error
+from qpa.data.collect_config import PlannerConfig
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, get_task
 from qpa.harness.factory import PLANNER_NAMES, PlannerFactory, PlannerSpec
@@ -95,7 +96,7 @@ def planner_spec(
             seed=seed,
         ).spec()
     except ValidationError as exc:
-        die(config_error(exc))
+        die(first_error(exc))
     except (ValueError, OSError) as exc:
         die(str(exc))
 

@@ -41,13 +41,12 @@ from typing import Any
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from qpa.api.v1alpha1 import TaskSource
+from qpa.api.v1alpha1 import TaskSource, first_error
 from qpa.contract import CorruptLineError, Environment, Policy, Task, Trajectory
 from qpa.data.collect_config import (
     DEFAULT_FLUSH_TIMEOUT_S,
     DEFAULT_PART_SIZE,
     CollectConfig,
-    config_error,
 )
 from qpa.data.tasks import select_tasks
 from qpa.harness.factory import PlannerSpec
@@ -255,7 +254,7 @@ def collect(
     try:
         config = CollectConfig.model_validate(settings)
     except ValidationError as exc:
-        raise CollectError(config_error(exc)) from None
+        raise CollectError(first_error(exc)) from None
     return run_collect(
         config, tasks=chosen, spec=spec, on_start=on_start, on_episode=on_episode, stop=stop
     )

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from qpa.api.v1alpha1 import (
     API_KEY_ENV,
@@ -178,17 +178,9 @@ class CollectConfig(BaseModel):
         )
 
 
-def config_error(exc: ValidationError) -> str:
-    """The first error of a config that does not validate, as `field: message`."""
-    error = exc.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in error["loc"]) or "config"
-    return f"{where}: {str(error['msg']).removeprefix('Value error, ')}"
-
-
 __all__ = [
     "DEFAULT_FLUSH_TIMEOUT_S",
     "DEFAULT_PART_SIZE",
     "CollectConfig",
     "PlannerConfig",
-    "config_error",
 ]
