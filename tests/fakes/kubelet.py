@@ -56,7 +56,9 @@ change) maps every Service name (`svc` in its own namespace, `svc.ns`, `svc.ns.s
 a ready endpoint's podIP directly; any other Service gets its own address (127.0.x.y) and a
 userspace proxy there (kube-proxy's old userspace mode) from `port` to the named or numbered
 `targetPort` of ready endpoints, round robin. `url(service, namespace, port)` reaches a
-Service from the test. Not modelled: Endpoints/EndpointSlice objects, Service env vars,
+Service from the test. Runs as root (as in CI); an unprivileged user needs user namespaces, the
+mount points already on the host and `net.ipv4.ip_unprivileged_port_start` at or below the
+Service ports. Not modelled: Endpoints/EndpointSlice objects, Service env vars,
 NetworkPolicies, resource limits, startup probes, volume updates after start, image pulls.
 
     async def test_it(kube_api, kubelet):

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 from fakes.kube_api import KubeAPIServer
-from fakes.kubelet import TestKubelet, expand, format_indexes
+from fakes.kubelet import REPO_ROOT, TestKubelet, expand, format_indexes, image_command
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
 
@@ -513,3 +513,39 @@ async def test_headless_service_names_each_indexed_pod(
     )
     await kubelet.eventually(lambda: condition(kube_api.get("jobs", NS, "ranks"), "Complete"))
     assert [terminated(p)["message"].strip() for p in pods_of(kube_api, "ranks")] == ["2", "2"]
+
+
+async def test_image_cmd_and_a_volume_over_the_repository(
+    kube_api: KubeAPIServer, kubelet: TestKubelet
+) -> None:
+    assert image_command("ghcr.io/qpa-ai/qpa-sandbox:0.1.0")[:3] == ["qpa", "env", "serve"]
+    # the operator mounts emptyDirs at /work and /tmp: the image (this venv) stays whole
+    script = (
+        "echo hi > /work/out && ls /tmp | wc -l > /dev/termination-log &&"
+        ' python -c "import qpa, sys; print(sys.prefix)" >> /dev/termination-log'
+    )
+    spec = job(
+        "image",
+        script,
+        pod={"volumes": [{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]},
+    )
+    spec["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "work", "mountPath": "/work"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    kube_api.create(spec)
+    await kubelet.eventually(lambda: condition(kube_api.get("jobs", NS, "image"), "Complete"))
+    lines = terminated(pods_of(kube_api, "image")[0])["message"].splitlines()
+    assert lines == ["0", str(REPO_ROOT / ".venv")]
+
+
+async def test_active_deadline_and_suspend(kube_api: KubeAPIServer, kubelet: TestKubelet) -> None:
+    kube_api.create(job("slow", "sleep 300", activeDeadlineSeconds=1))
+    kube_api.create(job("later", "true", suspend=True))
+    late = await kubelet.eventually(lambda: condition(kube_api.get("jobs", NS, "slow"), "Failed"))
+    assert late["reason"] == "DeadlineExceeded"
+    await kubelet.eventually(lambda: not pods_of(kube_api, "slow"))  # its pod is deleted
+    assert condition(kube_api.get("jobs", NS, "later"), "Suspended")
+    assert pods_of(kube_api, "later") == []
+    kube_api.patch("jobs", NS, "later", {"spec": {"suspend": False}})
+    await kubelet.eventually(lambda: condition(kube_api.get("jobs", NS, "later"), "Complete"))
