@@ -1,21 +1,25 @@
-"""TrainingRun -> a training config, a headless Service and an indexed Job of DeepSpeed ranks.
+"""TrainingRun -> a work order, a headless Service and an indexed Job of DeepSpeed ranks.
 
-- ConfigMap `<run>-config`: `train.yaml`, the `qpa train sft|rl --config` file rendered from
-  the spec (model, data, hyperparameters, DeepSpeed, CARE, checkpoints in the object store
-  with `resume: auto`, so every start continues from the newest complete checkpoint);
+- ConfigMap `<run>-order`: the work order (`qpa.api.v1alpha1.workorder`): the TrainingRun itself
+  plus what the operator resolved (the object store: the spec's or the chart's, the RolloutPool's
+  URL, the attempt, the dataset the data plan resolved). The ranks turn it into their config
+  with `SFTConfig.from_trainingrun` / `RLConfig.from_trainingrun`: no spec value is translated
+  here, none is put in argv;
 - Service `<run>-ranks`: headless, `publishNotReadyAddresses`, the rendezvous of the ranks;
 - Job `<run>-r<attempt>`: `nodes` completions run at once (`completionMode: Indexed`), each pod
   `qpa train launch --nodes N --gpus-per-node G --service <run>-ranks --job-name <job> ... --
-  qpa train <stage> --config /etc/qpa/train/train.yaml`; node `i` is `JOB_COMPLETION_INDEX=i`,
-  rank 0 is `<job>-0.<run>-ranks`. Pods request `nvidia.com/gpu: G` and mount a memory-backed
-  `/dev/shm` (NCCL and the dataloaders need more than the container default).
+  qpa train <stage> --spec /etc/qpa/order/workorder.yaml` in `/work`; node `i` is
+  `JOB_COMPLETION_INDEX=i`, rank 0 is `<job>-0.<run>-ranks`. Pods request `nvidia.com/gpu: G`
+  and mount a memory-backed `/dev/shm` (NCCL and the dataloaders need more than the default).
+  The spec fields that shape the Job rather than the training (nodes, gpusPerNode, image,
+  resources, backoffLimit) are used here.
 - Job `<run>-data` (only when the data must be prepared): `qpa data curate` for every TaskBatch
   output, then `qpa data mix` of all inputs into `<outputUri>/data/mix/`, before any rank runs.
 
 A multi-node job cannot lose one rank and go on, so a failed attempt is not retried pod by pod
 (`backoffLimit: 0`): the operator starts attempt `r+1` as a new Job (up to `backoffLimit`
-attempts when `resume` is on), and it resumes from the latest checkpoint. Rank 0 leaves a JSON
-summary in its termination message (`QPA_STATUS_FILE`): step, checkpoints, final model.
+attempts when `resume` is on), and it resumes from the latest checkpoint. Rank 0 leaves a
+`TrainSummary` in its termination message (`QPA_STATUS_FILE`): step, checkpoints, final model.
 """
 
 from __future__ import annotations
@@ -25,9 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
-from urllib.parse import urlsplit
 
-import yaml
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
@@ -36,7 +38,6 @@ from qpa_operator.builders.common import (
     PodParts,
     child_name,
     combine,
-    content_hash,
     empty_dir,
     env_var,
     gpu_placement,
@@ -44,7 +45,6 @@ from qpa_operator.builders.common import (
     labels,
     metadata,
     owner_namespace,
-    parse_summary,
     reason_word,
     resources,
     restricted_container_security,
@@ -54,16 +54,18 @@ from qpa_operator.builders.common import (
     store_parts,
     terminated_container,
     with_spec_hash,
+    work_order_config_map,
+    work_order_name,
+    work_order_parts,
 )
 
 from qpa.api import TrainingRun
-from qpa.api.v1alpha1 import Checkpoint, TrainingRunStatus, set_condition
+from qpa.api.v1alpha1 import Resolved, TrainingRunStatus, TrainSummary, set_condition
+from qpa.api.v1alpha1.workorder import WORK_ORDER_PATH
 
 COMPONENT: Final = "trainer"
 DATA_COMPONENT: Final = "data"
 CONTAINER: Final = "trainer"
-CONFIG_MOUNT: Final = "/etc/qpa/train"
-CONFIG_KEY: Final = "train.yaml"
 WORK_DIR: Final = "/work"
 ATTEMPT_LABEL: Final = "qpa.ai/attempt"
 COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
@@ -71,7 +73,7 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 
 def config_map_name(tr: TrainingRun) -> str:
-    return child_name(tr, "config")
+    return work_order_name(tr)
 
 
 def service_name(tr: TrainingRun) -> str:
@@ -88,16 +90,6 @@ def data_job_name(tr: TrainingRun) -> str:
 
 def _join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)]) + "/"
-
-
-def store_root_and_prefix(uri: str) -> tuple[str, str]:
-    """`s3://bucket/a/b/` -> (`s3://bucket`, `a/b`): a checkpoint store root and run prefix."""
-    parts = urlsplit(uri)
-    path = parts.path.strip("/")
-    if parts.scheme == "s3":
-        return f"s3://{parts.netloc}", path
-    head, _, tail = path.rpartition("/")
-    return f"{parts.scheme}:///{head}" if head else f"{parts.scheme}:///", tail
 
 
 # --------------------------------------------------------------------------- data
@@ -158,111 +150,27 @@ def data_plan(tr: TrainingRun, taskbatch_outputs: Mapping[str, str]) -> DataPlan
     return DataPlan(dataset=target, steps=tuple(steps), inputs=inputs)
 
 
-# --------------------------------------------------------------------------- config
+# --------------------------------------------------------------------------- work order
 
 
-def _deepspeed(tr: TrainingRun) -> JsonDict:
-    ds = tr.spec.deepspeed
-    settings: JsonDict = {
-        "enabled": True,
-        "zero_stage": ds.zero_stage,
-        "offload_optimizer": ds.offload_optimizer != "none",
-        "offload_param": ds.offload_parameters != "none",
-        "bf16": "auto" if ds.bf16 else False,
-    }
-    nvme = {}
-    if ds.offload_optimizer == "nvme":
-        nvme["offload_optimizer"] = {"device": "nvme", "nvme_path": f"{WORK_DIR}/nvme"}
-    if ds.offload_parameters == "nvme":
-        nvme["offload_param"] = {"device": "nvme", "nvme_path": f"{WORK_DIR}/nvme"}
-    if nvme:
-        settings["extra"] = {"zero_optimization": nvme}
-    return settings
-
-
-def _checkpoint(tr: TrainingRun, attempt: int) -> JsonDict:
-    spec = tr.spec
-    root, prefix = store_root_and_prefix(spec.output_uri)
-    settings: JsonDict = {
-        "every_steps": spec.checkpoint_every,
-        "keep_last": spec.keep_checkpoints,
-        "store": root,
-        "prefix": prefix,
-        "resume": "auto" if spec.resume else "never",
-    }
-    if spec.resume_from is not None and attempt == 0:
-        settings["resume_from"] = spec.resume_from
-    return settings
-
-
-def training_config(tr: TrainingRun, plan: DataPlan, attempt: int = 0) -> JsonDict:
-    """The `qpa train sft|rl --config` file of the run (keys as `qpa.train` reads them)."""
-    spec = tr.spec
-    hp = spec.hyperparameters
-    name = tr.metadata.name or "train"
-    common: JsonDict = {
-        "name": name,
-        "model": spec.base_model_uri,
-        "output_dir": f"{WORK_DIR}/run",
-        "seed": hp.seed,
-        "bf16": "auto" if spec.deepspeed.bf16 else False,
-        "deepspeed": _deepspeed(tr),
-        "checkpoint": _checkpoint(tr, attempt),
-    }
-    if spec.stage == "sft":
-        config: JsonDict = {
-            **common,
-            "dataset": plan.dataset,
-            "max_length": hp.max_seq_length,
-            "per_device_train_batch_size": hp.per_device_batch_size,
-            "gradient_accumulation_steps": hp.gradient_accumulation_steps,
-            "learning_rate": hp.learning_rate,
-            "num_train_epochs": hp.epochs,
-            "max_steps": hp.max_steps if hp.max_steps is not None else -1,
-            "max_grad_norm": spec.deepspeed.gradient_clipping or 1.0,
-            "metrics": {"logging_steps": 10},
-        }
-        return config
-    rl = spec.rl
-    if rl is None:  # guarded by the spec's rules
-        raise ValueError("stage rl needs rl settings")
-    tasks: JsonDict = {"dataset": plan.dataset} if plan.dataset else {"split": "train"}
-    config = {
-        **common,
-        "samples_per_task": rl.group_size,
-        "tasks": tasks,
-        "harness": {"max_turns": rl.max_turns},
-        "loss": {"micro_batch_size": hp.per_device_batch_size},
-        "optim": {
-            "learning_rate": hp.learning_rate,
-            "max_grad_norm": spec.deepspeed.gradient_clipping or 1.0,
-        },
-        "care": {
-            "enabled": True,
-            "low": rl.care.low_success_threshold,
-            "high": rl.care.high_success_threshold,
-            "progress_weight": rl.care.progress_weight,
-            "token_weight": rl.care.efficiency_weight,
-        },
-        "metrics": {"logging_steps": 1},
-    }
-    if hp.max_steps is not None:
-        config["steps"] = hp.max_steps
-    return config
+def resolved(tr: TrainingRun, plan: DataPlan, defaults: Defaults, attempt: int = 0) -> Resolved:
+    """What the ranks get beyond the spec: store, RolloutPool URL, attempt, prepared dataset."""
+    namespace = owner_namespace(tr)
+    rl = tr.spec.rl
+    return Resolved(
+        namespace=namespace,
+        store=tr.spec.store or defaults.store,
+        rollout_pool_url=rollout_pool_url(rl.rollout_pool_ref.name, namespace, defaults)
+        if rl is not None
+        else None,
+        attempt=attempt,
+        dataset_uri=plan.dataset,
+    )
 
 
 def config_map(tr: TrainingRun, plan: DataPlan, defaults: Defaults, attempt: int = 0) -> JsonDict:
-    data = {
-        CONFIG_KEY: yaml.safe_dump(training_config(tr, plan, attempt), sort_keys=False),
-        "datasets.yaml": yaml.safe_dump({"inputs": list(plan.inputs)}, sort_keys=False),
-    }
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata(tr, config_map_name(tr), COMPONENT, defaults),
-        "data": data,
-    }
-    return with_spec_hash(manifest)
+    """The work order of the ranks (`qpa train <stage> --spec`)."""
+    return work_order_config_map(tr, resolved(tr, plan, defaults, attempt), COMPONENT, defaults)
 
 
 # --------------------------------------------------------------------------- pods
@@ -273,7 +181,7 @@ def ranks_per_node(tr: TrainingRun) -> int:
 
 
 def train_args(tr: TrainingRun, attempt: int, defaults: Defaults) -> list[str]:
-    """`qpa train launch ... -- qpa train <stage> --config ...` of every node."""
+    """`qpa train launch ... -- qpa train <stage> --spec WORK_ORDER_PATH` of every node."""
     spec = tr.spec
     launch = [
         "qpa", "train", "launch",
@@ -286,12 +194,7 @@ def train_args(tr: TrainingRun, attempt: int, defaults: Defaults) -> list[str]:
         "--launcher", "torchrun",
         "--",
     ]  # fmt: skip
-    stage = ["qpa", "train", spec.stage, "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"]
-    if spec.stage == "rl" and spec.rl is not None:
-        stage += ["--care", "on"]
-        url = rollout_pool_url(spec.rl.rollout_pool_ref.name, owner_namespace(tr), defaults)
-        stage += ["--env-url", url]
-    return launch + stage
+    return [*launch, "qpa", "train", spec.stage, "--spec", WORK_ORDER_PATH]
 
 
 def _pod_parts(tr: TrainingRun, defaults: Defaults) -> PodParts:
@@ -305,17 +208,13 @@ def _pod_parts(tr: TrainingRun, defaults: Defaults) -> PodParts:
                     env_var("HF_HOME", f"{WORK_DIR}/hf"),
                     env_var("TRITON_CACHE_DIR", f"{WORK_DIR}/triton"),
                 ),
-                volumes=(
-                    {"name": "config", "configMap": {"name": config_map_name(tr)}},
-                    empty_dir("work"),
-                    empty_dir("tmp"),
-                ),
+                volumes=(empty_dir("work"), empty_dir("tmp")),
                 mounts=(
-                    {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
                     {"name": "work", "mountPath": WORK_DIR},
                     {"name": "tmp", "mountPath": "/tmp"},
                 ),
             ),
+            work_order_parts(tr),
             store_parts(tr.spec.store or defaults.store),
         ]
     )
@@ -331,6 +230,7 @@ def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
         "name": CONTAINER,
         "image": spec.image or defaults.trainer_image,
         "command": train_args(tr, attempt, defaults),
+        "workingDir": WORK_DIR,
         "ports": [
             {"name": "rendezvous", "containerPort": defaults.rendezvous_port, "protocol": "TCP"}
         ],
@@ -456,10 +356,6 @@ def children(
     return result
 
 
-def config_fingerprint(tr: TrainingRun, plan: DataPlan) -> str:
-    return content_hash(training_config(tr, plan))
-
-
 # --------------------------------------------------------------------------- status
 
 
@@ -470,12 +366,7 @@ def next_attempt(tr: TrainingRun, attempt: int, state: JobState) -> int | None:
     return attempt + 1 if attempt < tr.spec.backoff_limit else None
 
 
-def _step_of(uri: str) -> int | None:
-    match = re.search(r"checkpoint-(\d+)/?$", uri)
-    return int(match.group(1)) if match else None
-
-
-def rank0_summary(pod: Mapping[str, Any]) -> tuple[int, JsonDict] | None:
+def rank0_summary(pod: Mapping[str, Any]) -> tuple[int, TrainSummary] | None:
     """(attempt, summary) from the termination message of node 0 of an attempt."""
     meta = pod.get("metadata") or {}
     pod_labels = meta.get("labels") or {}
@@ -488,26 +379,8 @@ def rank0_summary(pod: Mapping[str, Any]) -> tuple[int, JsonDict] | None:
     terminated = terminated_container(pod, CONTAINER)
     if terminated is None:
         return None
-    summary = parse_summary(terminated.get("message"))
+    summary = TrainSummary.from_message(terminated.get("message"))
     return (attempt, summary) if summary is not None else None
-
-
-def _checkpoints(summary: Mapping[str, Any]) -> list[Checkpoint]:
-    found: list[Checkpoint] = []
-    for item in summary.get("checkpoints") or []:
-        if isinstance(item, Mapping) and isinstance(item.get("uri"), str):
-            step = item.get("step")
-            step = step if isinstance(step, int) else _step_of(item["uri"])
-            if step is not None:
-                found.append(Checkpoint(step=step, uri=item["uri"], time=item.get("time")))
-    for uri in summary.get("checkpoint_uris") or summary.get("checkpointUris") or []:
-        if isinstance(uri, str) and (step := _step_of(uri)) is not None:
-            found.append(Checkpoint(step=step, uri=uri))
-    return found
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def trainingrun_status(
@@ -517,7 +390,7 @@ def trainingrun_status(
     job: Mapping[str, Any] | None,
     data_job: Mapping[str, Any] | None,
     plan: DataPlan,
-    summaries: Iterable[tuple[int, Mapping[str, Any]]],
+    summaries: Iterable[tuple[int, TrainSummary]],
     observed_generation: int | None,
     now: datetime,
 ) -> TrainingRunStatus:
@@ -570,22 +443,14 @@ def trainingrun_status(
     checkpoints = {c.step: c for c in current.checkpoints}
     model_uri = current.model_uri
     for _, summary in sorted(summaries, key=lambda item: item[0]):
-        for key in ("step", "global_step", "globalStep", "final_step"):
-            if isinstance(summary.get(key), int):
-                step = max(step, summary[key])
-        for key in ("total_steps", "totalSteps"):
-            if isinstance(summary.get(key), int):
-                total = summary[key]
-        for checkpoint in _checkpoints(summary):
+        step = max(step, summary.step)
+        total = summary.total_steps if summary.total_steps is not None else total
+        for checkpoint in summary.checkpoints:
             checkpoints[checkpoint.step] = checkpoint
-        for key in ("model_uri", "modelUri", "final_uri"):
-            if isinstance(summary.get(key), str):
-                model_uri = summary[key]
-        reported = summary.get("metrics")
-        if isinstance(reported, Mapping):
-            metrics.update({k: v for k, v in reported.items() if _number(v) is not None})
-        if (loss := _number(summary.get("train_loss"))) is not None:
-            metrics["loss"] = loss
+        model_uri = summary.model_uri or model_uri
+        metrics.update(summary.metrics)
+        if summary.loss is not None:
+            metrics["loss"] = summary.loss
     kept = [checkpoints[s] for s in sorted(checkpoints)][-tr.spec.keep_checkpoints :]
     if phase == "Succeeded" and model_uri is None:
         model_uri = _join(tr.spec.output_uri, "final")

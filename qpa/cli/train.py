@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from qpa.cli import app
-from qpa.cli.common import console, die, print_json, write_status_file
+from qpa.cli.common import console, die, print_json, write_summary
 from qpa.train.config import ConfigError, SFTConfig, parse_overrides
 
 train_app = typer.Typer(
@@ -107,9 +107,38 @@ def load_sft_config(
     return SFTConfig.from_yaml(config, values)
 
 
+def load_order(spec: Path, stage: str) -> Any:
+    """A TrainingRun work order (`--spec`) of `stage`; a bad one ends the command, naming it."""
+    from qpa.api.v1alpha1 import TrainingRun, WorkOrder, WorkOrderError
+
+    try:
+        order = WorkOrder.load(spec, TrainingRun)
+    except WorkOrderError as exc:
+        die(str(exc))
+    if order.resource.spec.stage != stage:
+        die(f"{spec}: spec.stage is {order.resource.spec.stage}, not {stage}")
+    return order
+
+
+def config_or_spec(config: Path | None, spec: Path | None) -> None:
+    """Exactly one of `--config` (a person's settings) and `--spec` (a work order)."""
+    if (config is None) == (spec is None):
+        die("give exactly one of --config (settings YAML) or --spec (a TrainingRun work order)")
+
+
 @train_app.command("sft")
 def sft(
-    config: Annotated[Path, typer.Option("--config", "-c", help="SFT settings (YAML).")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="SFT settings (YAML).")
+    ] = None,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="A TrainingRun work order (what its ranks run): every setting comes from the "
+            "resource; the other options apply to --config only.",
+        ),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option("--resume", help="Continue from the latest complete checkpoint (or fail)."),
@@ -133,15 +162,20 @@ def sft(
     ] = False,
 ) -> None:
     """Supervised fine-tuning with turn-level error masking (TRL SFTTrainer, DeepSpeed)."""
+    config_or_spec(config, spec)
     try:
-        settings = load_sft_config(
-            config,
-            overrides=overrides or [],
-            resume=resume,
-            resume_from=resume_from,
-            max_steps=max_steps,
-            output_dir=output_dir,
-        )
+        if spec is not None:
+            settings = SFTConfig.from_trainingrun(load_order(spec, "sft"))
+        else:
+            assert config is not None
+            settings = load_sft_config(
+                config,
+                overrides=overrides or [],
+                resume=resume,
+                resume_from=resume_from,
+                max_steps=max_steps,
+                output_dir=output_dir,
+            )
     except ConfigError as exc:
         die(str(exc))
     from qpa.train.checkpoint import CheckpointError
@@ -173,9 +207,10 @@ def sft(
     except (SFTInputError, ConfigError, CheckpointError) as exc:
         die(str(exc))
     if int(os.environ.get("RANK", "0")) == 0:
-        summary = result.model_dump()
-        print_json(summary)
-        write_status_file(summary)
+        from qpa.train.summary import sft_summary
+
+        print_json(result.model_dump())
+        write_summary(sft_summary(result, settings))
 
 
 @train_app.command(

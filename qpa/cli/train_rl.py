@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from qpa.cli.common import die, print_json, write_status_file
-from qpa.cli.train import train_app
+from qpa.cli.common import die, print_json, write_summary
+from qpa.cli.train import config_or_spec, load_order, train_app
 from qpa.train.config import ConfigError, parse_overrides
 
 
@@ -51,7 +51,17 @@ def load_rl_config(
 
 @train_app.command("rl")
 def rl(
-    config: Annotated[Path, typer.Option("--config", "-c", help="RL settings (YAML).")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="RL settings (YAML).")
+    ] = None,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="A TrainingRun work order (what its ranks run): every setting comes from the "
+            "resource; the other options apply to --config only.",
+        ),
+    ] = None,
     care: Annotated[
         str | None,
         typer.Option(
@@ -89,17 +99,24 @@ def rl(
     ] = False,
 ) -> None:
     """Online agentic RL: k rollouts per task through the Harness, CARE rewards, GRPO update."""
+    from qpa.train.rl import RLConfig
+
+    config_or_spec(config, spec)
     try:
-        settings = load_rl_config(
-            config,
-            overrides=overrides or [],
-            care=care,
-            env_urls=env_url or [],
-            resume=resume,
-            resume_from=resume_from,
-            steps=steps,
-            output_dir=output_dir,
-        )
+        if spec is not None:
+            settings = RLConfig.from_trainingrun(load_order(spec, "rl"))
+        else:
+            assert config is not None
+            settings = load_rl_config(
+                config,
+                overrides=overrides or [],
+                care=care,
+                env_urls=env_url or [],
+                resume=resume,
+                resume_from=resume_from,
+                steps=steps,
+                output_dir=output_dir,
+            )
     except ConfigError as exc:
         die(str(exc))
     from qpa.train.checkpoint import CheckpointError
@@ -129,17 +146,20 @@ def rl(
     except (ConfigError, CheckpointError) as exc:
         die(str(exc))
     if int(os.environ.get("RANK", "0")) == 0:
+        from qpa.train.summary import rl_summary
+
         last = result.history[-1] if result.history else {}
-        summary = {
-            "run": settings.name,
-            "care": settings.care.enabled,
-            "final_step": result.final_step,
-            "resumed_from": result.resumed_from,
-            "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-            "final_dir": str(result.final_dir) if result.final_dir else None,
-            "final_uri": result.final_uri,
-            "metrics_path": str(settings.metrics_path),
-            "last_step": last,
-        }
-        print_json(summary)
-        write_status_file(summary)
+        print_json(
+            {
+                "run": settings.name,
+                "care": settings.care.enabled,
+                "final_step": result.final_step,
+                "resumed_from": result.resumed_from,
+                "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+                "final_dir": str(result.final_dir) if result.final_dir else None,
+                "final_uri": result.final_uri,
+                "metrics_path": str(settings.metrics_path),
+                "last_step": last,
+            }
+        )
+        write_summary(rl_summary(result, settings))

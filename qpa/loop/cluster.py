@@ -219,15 +219,10 @@ def cluster_resources(preset: LoopPreset) -> list[dict[str, Any]]:
                 "datasets": [{"taskBatchRef": {"name": f"{name}-round2"}, "weight": 1.0}],
                 "rl": {
                     "rolloutPoolRef": {"name": cluster.rollout_pool},
-                    "groupSize": rl.samples_per_task,
+                    "samplesPerTask": rl.samples_per_task,
+                    "tasksPerStep": rl.tasks_per_step,
                     "maxTurns": preset.harness.max_turns,
-                    "care": {
-                        "lowSuccessThreshold": rl.care.low,
-                        "highSuccessThreshold": rl.care.high,
-                        "progressWeight": rl.care.progress_weight,
-                        "efficiencyWeight": rl.care.token_weight,
-                        "successAnchor": True,
-                    },
+                    "care": rl.care.to_k8s(),
                 },
                 "hyperparameters": {
                     "learningRate": rl.learning_rate,

@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from qpa.api.v1alpha1 import CareSettings
 from qpa.harness.agent import HarnessConfig
 from qpa.train.tiny import TinyConfig
 
@@ -194,17 +195,6 @@ class Round2Settings(_Settings):
     target_size: int = Field(default=240, ge=1, description="RL task pool: mixture draws")
 
 
-class CareSettings(_Settings):
-    """CARE (`qpa.train.care.CareConfig`) as the loop sets it."""
-
-    low: float = Field(default=0.2, ge=0.0, le=1.0)
-    high: float = Field(default=0.8, ge=0.0, le=1.0)
-    progress_weight: float = Field(default=0.8, ge=0.0, lt=1.0)
-    token_weight: float = Field(default=0.1, ge=0.0)
-    call_weight: float = Field(default=0.05, ge=0.0)
-    anchor: float = Field(default=1.0, gt=0.0)
-
-
 class RLSettings(_Settings):
     """Online RL with CARE (`qpa.train.rl`) from the SFT checkpoint, through the revised Harness."""
 
@@ -218,7 +208,9 @@ class RLSettings(_Settings):
     clip_high: float = Field(default=0.28, ge=0.0)
     warmup_steps: int = Field(default=1, ge=0)
     checkpoint_every: int = Field(default=4, ge=1)
-    care: CareSettings = Field(default_factory=CareSettings)
+    care: CareSettings = Field(
+        default_factory=CareSettings, description="CARE as the CRD's spec.rl.care sets it"
+    )
 
 
 class ClusterSettings(_Settings):
@@ -408,7 +400,6 @@ __all__ = [
     "PRESET_NAMES",
     "SMALL_TEMPLATES",
     "TINY_MODEL",
-    "CareSettings",
     "ClusterSettings",
     "CollectSettings",
     "EvalSettings",

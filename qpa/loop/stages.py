@@ -948,12 +948,12 @@ def rl_config(
         ),
         care=CareSettings(
             enabled=care,
-            low=settings.care.low,
-            high=settings.care.high,
+            low_success_threshold=settings.care.low_success_threshold,
+            high_success_threshold=settings.care.high_success_threshold,
             progress_weight=settings.care.progress_weight,
             token_weight=settings.care.token_weight,
             call_weight=settings.care.call_weight,
-            anchor=settings.care.anchor,
+            success_value=settings.care.success_value,
         ),
         checkpoint=CheckpointSettings(
             every_steps=settings.checkpoint_every, keep_last=1, resume="auto"

@@ -37,12 +37,12 @@ others. CARE makes two choices per group, both from the group's own evidence.
    success against a failure. That is what makes vanilla RL over-compress reasoning or skip tool
    calls once a task is mastered. CARE anchors the scale on what a success is worth:
 
-       kappa_k = anchor * sqrt(k - 1) / k
+       kappa_k = success_value * sqrt(k - 1) / k
        A_i     = (r_i - mean(r)) / (std(r) + eps)            if 0 < #successes < k
        A_i     = (r_i - mean(r)) / max(std(r), kappa_k)      if #successes in {0, k}
 
    ``kappa_k`` is the (population) standard deviation of a group of k in which exactly one
-   trajectory is worth ``anchor`` (one success, default 1.0) more than the rest: the smallest
+   trajectory is worth ``success_value`` (one success, default 1.0) more than the rest: the smallest
    spread a real success-vs-failure difference can produce. A group that holds both outcomes has
    a genuine outcome signal and is standardised exactly as GRPO does (CARE equals vanilla GRPO
    there). A group that is all-success or all-failure has no outcome signal: any spread it has
@@ -52,6 +52,13 @@ others. CARE makes two choices per group, both from the group's own evidence.
    advantages of about +-0.001 instead of +-1, partial progress counts as a fraction of a
    success, and in every group the success-vs-failure split dominates any efficiency difference
    among successes.
+
+With ``success_anchor`` off, every group is standardised as GRPO does (``std + eps``) while the
+tiers still pick the rewards: the anchor's effect measured on its own.
+
+The settings are `qpa.api.v1alpha1.CareSettings`, the same model the TrainingRun CRD's
+`spec.rl.care`, `RLConfig.care` and the loop preset use (``low_success_threshold`` is ``low``
+above, ``high_success_threshold`` ``high``, ``token_weight``/``call_weight`` ``w_tok``/``w_call``).
 
 Within a group, advantages are an increasing affine function of the reward, so CARE never
 reorders trajectories, it only changes how hard each group pushes. Everything here is pure
@@ -63,60 +70,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from qpa.api.v1alpha1.trainingrun import CARE_TIERS, VANILLA_EPS, CareSettings, CareTier
 from qpa.contract import Trajectory
-
-CareTier = Literal["progress_shaping", "outcome_consolidation", "efficiency_refinement"]
-CARE_TIERS: tuple[CareTier, ...] = (
-    "progress_shaping",
-    "outcome_consolidation",
-    "efficiency_refinement",
-)
-VANILLA_EPS = 1e-4
-"""GRPO's epsilon in ``std + eps`` (TRL's default)."""
-
-
-class CareConfig(BaseModel):
-    """CARE's thresholds, reward weights, normalisation and success anchor (see the module doc).
-
-    ``low=0`` switches progress shaping off; ``high=1`` switches efficiency refinement off.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    low: float = Field(default=0.2, ge=0.0, le=1.0, description="rho below this: progress")
-    high: float = Field(default=0.8, ge=0.0, le=1.0, description="rho above this: efficiency")
-    progress_weight: float = Field(
-        default=0.8, ge=0.0, lt=1.0, description="w_p: a failure's credit per unit of progress"
-    )
-    token_weight: float = Field(default=0.1, ge=0.0, description="w_tok")
-    call_weight: float = Field(default=0.05, ge=0.0, description="w_call")
-    normalization: Literal["group", "budget"] = "group"
-    token_norm: float = Field(default=1024.0, gt=0.0, description="N_tok for 'budget'")
-    call_norm: float = Field(default=16.0, gt=0.0, description="N_call for 'budget'")
-    cost_cap: float = Field(default=2.0, gt=0.0, description="cap on each normalised cost term")
-    anchor: float = Field(default=1.0, gt=0.0, description="what one success is worth")
-    epsilon: float = Field(default=VANILLA_EPS, ge=0.0, description="eps in std + eps")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
-        worst = (self.token_weight + self.call_weight) * self.cost_cap
-        if worst >= 1.0:
-            raise ValueError(
-                "(token_weight + call_weight) * cost_cap must be < 1 so that every success "
-                f"outranks every failure; got {worst:g}"
-            )
-        return self
-
-    @property
-    def max_cost(self) -> float:
-        """The largest efficiency cost a success can pay."""
-        return (self.token_weight + self.call_weight) * self.cost_cap
 
 
 @dataclass(frozen=True)
@@ -168,21 +124,23 @@ def success_rate(group: Sequence[GroupMember]) -> float:
     return sum(o.success for o in outcomes) / len(outcomes)
 
 
-def group_tier(rate: float, config: CareConfig | None = None) -> CareTier:
+def group_tier(rate: float, config: CareSettings | None = None) -> CareTier:
     """The tier a group with success rate ``rate`` is trained in (strict thresholds)."""
     if not 0.0 <= rate <= 1.0 or math.isnan(rate):
         raise ValueError(f"success rate must be in [0, 1], got {rate}")
-    cfg = config or CareConfig()
-    if rate < cfg.low:
+    cfg = config or CareSettings()
+    if rate < cfg.low_success_threshold:
         return "progress_shaping"
-    if rate > cfg.high:
+    if rate > cfg.high_success_threshold:
         return "efficiency_refinement"
     return "outcome_consolidation"
 
 
-def efficiency_costs(group: Sequence[GroupMember], config: CareConfig | None = None) -> list[float]:
+def efficiency_costs(
+    group: Sequence[GroupMember], config: CareSettings | None = None
+) -> list[float]:
     """``cost_i`` for every member (failures get one too, but it is only charged to successes)."""
-    cfg = config or CareConfig()
+    cfg = config or CareSettings()
     outcomes = _outcomes(group)
     if cfg.normalization == "budget":
         n_ref, c_ref = cfg.token_norm, cfg.call_norm
@@ -199,12 +157,12 @@ def efficiency_costs(group: Sequence[GroupMember], config: CareConfig | None = N
 
 def care_rewards(
     group: Sequence[GroupMember],
-    config: CareConfig | None = None,
+    config: CareSettings | None = None,
     *,
     tier: CareTier | None = None,
 ) -> list[float]:
     """Each member's reward under the group's tier (or under ``tier`` when given)."""
-    cfg = config or CareConfig()
+    cfg = config or CareSettings()
     outcomes = _outcomes(group)
     chosen = tier or group_tier(success_rate(outcomes), cfg)
     if chosen == "progress_shaping":
@@ -240,42 +198,44 @@ def vanilla_advantages(
     return [(r - mean) / (std + eps) for r in rewards]
 
 
-def anchor_scale(k: int, config: CareConfig | None = None) -> float:
-    """``kappa_k = anchor * sqrt(k - 1) / k``: the spread of a one-success-in-k split."""
+def anchor_scale(k: int, config: CareSettings | None = None) -> float:
+    """``kappa_k = success_value * sqrt(k - 1) / k``: the spread of a one-success-in-k split."""
     if k < 1:
         raise ValueError("k must be >= 1")
-    cfg = config or CareConfig()
-    return cfg.anchor * (math.sqrt(k - 1) / k if k > 1 else 1.0)
+    cfg = config or CareSettings()
+    return cfg.success_value * (math.sqrt(k - 1) / k if k > 1 else 1.0)
 
 
 def care_group(
     group: Sequence[GroupMember],
-    config: CareConfig | None = None,
+    config: CareSettings | None = None,
     *,
     tier: CareTier | None = None,
 ) -> GroupResult:
     """Tier, rewards and success-anchored advantages of one group (see the module doc)."""
-    cfg = config or CareConfig()
+    cfg = config or CareSettings()
     outcomes = _outcomes(group)
     rate = success_rate(outcomes)
     chosen = tier or group_tier(rate, cfg)
     rewards = care_rewards(outcomes, cfg, tier=chosen)
     wins = sum(o.success for o in outcomes)
     mean, std = _mean_std(rewards, unbiased=True)
-    anchored = wins in (0, len(outcomes))
+    anchored = cfg.success_anchor and wins in (0, len(outcomes))
     scale = max(std, anchor_scale(len(outcomes), cfg)) if anchored else std + cfg.epsilon
     advantages = [(r - mean) / scale for r in rewards]
     return GroupResult(chosen, rate, rewards, advantages, scale, anchored)
 
 
-def care_advantages(group: Sequence[GroupMember], config: CareConfig | None = None) -> list[float]:
+def care_advantages(
+    group: Sequence[GroupMember], config: CareSettings | None = None
+) -> list[float]:
     """CARE's success-anchored advantages of one group, in the group's order."""
     return care_group(group, config).advantages
 
 
 def vanilla_group(
     group: Sequence[GroupMember],
-    config: CareConfig | None = None,
+    config: CareSettings | None = None,
     *,
     tier: CareTier = "outcome_consolidation",
     eps: float = VANILLA_EPS,
@@ -291,7 +251,7 @@ def vanilla_group(
 __all__ = [
     "CARE_TIERS",
     "VANILLA_EPS",
-    "CareConfig",
+    "CareSettings",
     "CareTier",
     "GroupMember",
     "GroupResult",

@@ -1,13 +1,16 @@
 """Settings of a supervised run: `SFTConfig`, `DeepSpeedSettings`, `CheckpointSettings`, ...
 
-A run is one YAML file (`qpa train sft --config sft.yaml`, or the `spec` of a TrainingRun), read
+A run is one YAML file (`qpa train sft --config sft.yaml`) or a TrainingRun work order (`qpa train
+sft --spec FILE`: `SFTConfig.from_trainingrun`, the one translation of the custom resource), read
 into pydantic models that reject unknown fields and name the file and field of every error. The
 qpa settings map onto TRL/transformers ones in `SFTConfig.to_trl` (TRL's `SFTConfig` is a
 `TrainingArguments`), and the DeepSpeed JSON is generated from `DeepSpeedSettings` by
 `qpa.train.deepspeed.deepspeed_config`. Anything TRL offers that qpa does not name goes through
 the `trl:` mapping unchanged (its keys are checked against `trl.SFTConfig`'s fields).
 
-This module imports only pydantic and PyYAML; torch and TRL are imported when a run starts.
+`from_order` maps the spec fields SFT and RL share (model, seed, precision, DeepSpeed, checkpoints
+in the object store below `outputUri`, resume) for both stages. This module imports only
+pydantic, PyYAML and `qpa.api`; torch and TRL are imported when a run starts.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from qpa.api.v1alpha1 import SFTSettings, TrainingRun, WorkOrder
 
 Auto = Literal["auto"]
 
@@ -201,6 +207,10 @@ class SFTConfig(BaseModel):
             Checkpoint cadence, store and resume policy.
         metrics (`MetricsSettings`):
             Metrics log and Prometheus export.
+        sft (`SFTSettings`):
+            The CRD's `spec.sft` (`qpa.api.v1alpha1.SFTSettings`): `turn_masking` (default on)
+            leaves the assistant turns flagged `"train": false` out of the loss; off, every
+            assistant turn is trained.
         trl (`dict`, defaults to `{}`):
             Any other `trl.SFTConfig` / `TrainingArguments` field, passed through as is (and
             applied last).
@@ -233,6 +243,7 @@ class SFTConfig(BaseModel):
     deepspeed: DeepSpeedSettings = Field(default_factory=DeepSpeedSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    sft: SFTSettings = Field(default_factory=SFTSettings)
     trl: dict[str, Any] = Field(default_factory=dict)
 
     # ------------------------------------------------------------------ loading
@@ -266,6 +277,35 @@ class SFTConfig(BaseModel):
                 for e in exc.errors(include_url=False)
             )
             raise ConfigError(f"{origin}: {problems}") from None
+
+    @classmethod
+    def from_trainingrun(
+        cls, order: WorkOrder[TrainingRun], *, work_dir: Path | None = None
+    ) -> SFTConfig:
+        """The run a TrainingRun work order (stage sft) asks for: every spec field mapped here.
+
+        The data is the dataset the operator's data plan resolved (`resolved.datasetUri`);
+        `work_dir` (default: the working directory) holds the local run folder.
+        """
+        spec = order.resource.spec
+        if spec.stage != "sft":
+            raise ConfigError(f"spec.stage: {spec.stage!r} is not sft (use qpa train {spec.stage})")
+        dataset = order.resolved.dataset_uri
+        if not dataset:
+            raise ConfigError("resolved.datasetUri: the work order names no prepared dataset")
+        hp = spec.hyperparameters
+        return cls(
+            **from_order(order, work_dir=work_dir),
+            dataset=dataset,
+            max_length=hp.max_seq_length,
+            per_device_train_batch_size=hp.per_device_batch_size,
+            gradient_accumulation_steps=hp.gradient_accumulation_steps,
+            learning_rate=hp.learning_rate,
+            num_train_epochs=hp.epochs,
+            max_steps=hp.max_steps if hp.max_steps is not None else -1,
+            max_grad_norm=spec.deepspeed.gradient_clipping,
+            sft=spec.sft or SFTSettings(),
+        )
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -355,6 +395,58 @@ class SFTConfig(BaseModel):
             bf16=bf16, gradient_checkpointing=gradient_checkpointing, deepspeed=deepspeed
         )
         return trl.SFTConfig(**kwargs)
+
+
+def store_root_and_prefix(uri: str) -> tuple[str, str]:
+    """`s3://bucket/a/b/` -> (`s3://bucket`, `a/b`): a checkpoint store root and run prefix."""
+    parts = urlsplit(uri)
+    path = parts.path.strip("/")
+    if parts.scheme == "s3":
+        return f"s3://{parts.netloc}", path
+    head, _, tail = path.rpartition("/")
+    return f"{parts.scheme}:///{head}" if head else f"{parts.scheme}:///", tail
+
+
+def from_order(order: WorkOrder[TrainingRun], *, work_dir: Path | None = None) -> dict[str, Any]:
+    """The settings SFT and RL share, from a TrainingRun work order: run name, base model,
+    seed, precision, DeepSpeed (always on: the ranks are DeepSpeed ranks) and checkpoints in the
+    object store below `outputUri` (`resume: auto` so a restarted attempt continues from the
+    newest complete checkpoint; `resumeFrom` applies to the first attempt only)."""
+    spec = order.resource.spec
+    ds = spec.deepspeed
+    folder = (work_dir or Path.cwd()).resolve()
+    nvme: dict[str, Any] = {}
+    for key, where in (
+        ("offload_optimizer", ds.offload_optimizer),
+        ("offload_param", ds.offload_parameters),
+    ):
+        if where == "nvme":
+            nvme[key] = {"device": "nvme", "nvme_path": str(folder / "nvme")}
+    root, prefix = store_root_and_prefix(spec.output_uri)
+    first_attempt = order.resolved.attempt == 0
+    return {
+        "name": order.name[:63],
+        "model": spec.base_model_uri,
+        "output_dir": str(folder / "run"),
+        "seed": spec.hyperparameters.seed,
+        "bf16": "auto" if ds.bf16 else False,
+        "deepspeed": DeepSpeedSettings(
+            enabled=True,
+            zero_stage=ds.zero_stage,
+            offload_optimizer=ds.offload_optimizer != "none",
+            offload_param=ds.offload_parameters != "none",
+            bf16="auto" if ds.bf16 else False,
+            extra={"zero_optimization": nvme} if nvme else {},
+        ),
+        "checkpoint": CheckpointSettings(
+            every_steps=spec.checkpoint_every,
+            keep_last=spec.keep_checkpoints,
+            store=root,
+            prefix=prefix or None,
+            resume="auto" if spec.resume else "never",
+            resume_from=spec.resume_from if first_attempt else None,
+        ),
+    }
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -86,9 +86,10 @@ class Encoded:
         return sum(1 for label in self.labels if label != IGNORE_INDEX)
 
 
-def _trained(message: Mapping[str, Any]) -> bool:
+def _trained(message: Mapping[str, Any], turn_masking: bool = True) -> bool:
     flag = message.get("train")
-    return message.get("role") == "assistant" and (flag is None or bool(flag))
+    masked = turn_masking and flag is not None and not bool(flag)
+    return message.get("role") == "assistant" and not masked
 
 
 def chat_template_of(tokenizer: Any) -> str:
@@ -107,9 +108,14 @@ def end_tokens_of(tokenizer: Any) -> tuple[str, ...]:
 
 
 def render_with_spans(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, chat_template: str | None = None
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    chat_template: str | None = None,
+    turn_masking: bool = True,
 ) -> tuple[str, list[tuple[int, int]], int, int]:
-    """(text, trained character spans, trained turns, masked assistant turns)."""
+    """(text, trained character spans, trained turns, masked assistant turns); without
+    `turn_masking` every assistant turn is trained, flagged or not."""
     conversation = [
         {"role": str(m.get("role", "")), "content": str(m.get("content") or "")} for m in messages
     ]
@@ -135,7 +141,7 @@ def render_with_spans(
         else:
             at = end = cursor
         if plain["role"] == "assistant":
-            if _trained(message):
+            if _trained(message, turn_masking):
                 stop = next((e for e in ends if text.startswith(e, end)), "")
                 if content or stop:
                     spans.append((at, end + len(stop)))
@@ -152,10 +158,11 @@ def encode_conversation(
     *,
     max_length: int | None = None,
     chat_template: str | None = None,
+    turn_masking: bool = True,
 ) -> Encoded:
     """Tokenize a conversation; labels are the ids of trained assistant turns, else -100."""
     text, spans, trained, masked = render_with_spans(
-        tokenizer, messages, chat_template=chat_template
+        tokenizer, messages, chat_template=chat_template, turn_masking=turn_masking
     )
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = list(encoding["input_ids"])
@@ -326,6 +333,7 @@ def prepare_dataset(
     max_length: int,
     weighting: str = "repeat",
     seed: int = 0,
+    turn_masking: bool = True,
 ) -> tuple[Any, DataStats]:
     """Tokenize with turn-level labels, drop rows without trainable tokens, apply weights
     (`weighting`: `repeat` or `none`).
@@ -353,7 +361,11 @@ def prepare_dataset(
             raise SFTInputError(f"dataset {name}, row {index}: 'messages' is not a list")
         try:
             encoded = encode_conversation(
-                tokenizer, messages, max_length=max_length, chat_template=template
+                tokenizer,
+                messages,
+                max_length=max_length,
+                chat_template=template,
+                turn_masking=turn_masking,
             )
         except SFTInputError as exc:
             raise SFTInputError(f"dataset {name}, row {index}: {exc}") from None
@@ -604,6 +616,7 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
         max_length=config.max_length,
         weighting=weighting,
         seed=config.seed,
+        turn_masking=config.sft.turn_masking,
     )
     stats.weighting = weighting
 

@@ -28,6 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from qpa.api.v1alpha1 import TaskGenerator  # noqa: E402
 from qpa.contract import Task, Verification  # noqa: E402
 from qpa.envs.sandbox import SandboxEnv  # noqa: E402
 from qpa.envs.sandbox.suite import generate_suite  # noqa: E402
@@ -142,15 +143,19 @@ def test_example_config_and_task_sources(tasks: list[Task], tmp_path: Path) -> N
     off = RLConfig.from_yaml(
         Path(__file__).parents[2] / "examples" / "local" / "rl.yaml", {"care.enabled": False}
     )
-    assert not off.care.enabled and off.care.care_config().low == example.care.low
+    assert not off.care.enabled and off.care.low_success_threshold == 0.2
+    assert example.tasks.generator is not None and example.tasks.split == "train"
     with pytest.raises(ConfigError, match="care"):
-        RLConfig.from_dict({"model": "m", "care": {"low": 0.9, "high": 0.1}})
+        RLConfig.from_dict(
+            {"model": "m", "care": {"low_success_threshold": 0.9, "high_success_threshold": 0.1}}
+        )
     with pytest.raises(ConfigError, match="vllm_url"):
         RLConfig.from_dict({"model": "m", "generation": {"backend": "vllm"}})
 
-    # a tasks JSONL, filtered by ids
+    # a tasks JSONL, filtered by ids (the qpa.api TaskSource, selected by qpa.data)
     write_tasks(tmp_path / "tasks.jsonl", tasks)
-    chosen = load_tasks(TaskSource(file=str(tmp_path / "tasks.jsonl"), ids=[tasks[1].id]))
+    jsonl = (tmp_path / "tasks.jsonl").as_uri()
+    chosen = load_tasks(TaskSource(dataset_uri=jsonl, task_ids=[tasks[1].id]))
     assert [t.id for t in chosen] == [tasks[1].id]
     # a dataset of tasks (rows) and a dataset naming its tasks (lineage) over the suite
     store = FileStore(tmp_path / "data")
@@ -158,14 +163,14 @@ def test_example_config_and_task_sources(tasks: list[Task], tmp_path: Path) -> N
     part = ManifestFile.of(info, len(tasks), key="part-0.jsonl")  # keys: relative to the prefix
     manifest = DatasetManifest(name="t", kind="tasks", files=[part])
     write_manifest(store, "tasks", manifest)
-    assert len(load_tasks(TaskSource(dataset=str(tmp_path / "data" / "tasks")))) == len(tasks)
+    rows = TaskSource(dataset_uri=(tmp_path / "data" / "tasks").as_uri())
+    assert len(load_tasks(rows)) == len(tasks)
     named = DatasetManifest(name="s", kind="sft", lineage=Lineage.for_tasks([tasks[0].id]))
     write_manifest(store, "sft", named)
-    assert [t.id for t in load_tasks(TaskSource(dataset=str(tmp_path / "data" / "sft")))] == [
-        tasks[0].id
-    ]
-    with pytest.raises(ConfigError, match="no task"):
-        load_tasks(TaskSource(ids=["nope"]))
+    lineage = TaskSource(dataset_uri=(tmp_path / "data" / "sft").as_uri())
+    assert [t.id for t in load_tasks(lineage)] == [tasks[0].id]
+    with pytest.raises(ConfigError, match="nope"):
+        load_tasks(TaskSource(generator=TaskGenerator(), task_ids=["nope"]))
 
     # every task once per epoch, the same sequence for the same seed
     first = [t.id for step in range(3) for t in sample_tasks(tasks, 1, 7, step)]

@@ -261,6 +261,71 @@ def test_zero2_and_zero3_on_cpu_with_gloo_killed_and_resumed(
         assert steps == [2, 4], stage
 
 
+def test_sft_from_a_trainingrun_work_order(inputs: dict[str, Path], tmp_path: Path) -> None:
+    """What a TrainingRun's rank runs: the builder's work order, `qpa train sft --spec`, the
+    typed summary in the termination message. `turnMasking: false` reaches the trainer."""
+    from qpa_operator.builders import trainingrun as builder
+    from qpa_operator.builders.common import Defaults
+
+    from qpa.api.v1alpha1 import WORK_ORDER_KEY, TrainingRun, TrainSummary
+
+    run = TrainingRun.model_validate(
+        {
+            "apiVersion": "qpa.ai/v1alpha1",
+            "kind": "TrainingRun",
+            "metadata": {"name": "spec-sft", "namespace": "team-a", "uid": "u1"},
+            "spec": {
+                "stage": "sft",
+                "baseModelUri": inputs["model"].as_uri(),
+                "datasets": [{"uri": inputs["data"].as_uri()}],
+                "sft": {"turnMasking": False},
+                "hyperparameters": {
+                    "learningRate": 1e-3,
+                    "maxSteps": 2,
+                    "perDeviceBatchSize": 2,
+                    "gradientAccumulationSteps": 1,
+                    "maxSeqLength": 512,
+                },
+                "gpusPerNode": 0,
+                "outputUri": (tmp_path / "out").as_uri() + "/",
+                "checkpointEvery": 1,
+            },
+        }
+    )
+    defaults = Defaults()
+    plan = builder.data_plan(run, {})
+    order = tmp_path / "workorder.yaml"
+    order.write_text(builder.config_map(run, plan, defaults)["data"][WORK_ORDER_KEY])
+    status = tmp_path / "termination-log"
+    command = builder.train_args(run, 0, defaults)
+    stage = command[command.index("--") + 1 :]
+    assert stage[:3] == ["qpa", "train", "sft"] and "--spec" in stage
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "QPA_STATUS_FILE": str(status),
+    }
+    qpa = str(Path(sys.executable).parent / "qpa")
+    done = subprocess.run(
+        [qpa, *stage[1:-1], str(order)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout[done.stdout.index("{\n") :])
+    assert result["stats"]["masked_turns"] == 0  # every assistant turn trained
+    summary = TrainSummary.from_message(status.read_text())
+    assert summary is not None and summary.stage == "sft" and summary.step == 2
+    assert [c.step for c in summary.checkpoints] == [1, 2] and summary.loss is not None
+    assert summary.model_uri == (tmp_path / "out").as_uri() + "/final"
+    assert (tmp_path / "run" / "final").is_dir()  # the pod's working folder
+
+
 # --------------------------------------------------------------------------- bad inputs
 
 

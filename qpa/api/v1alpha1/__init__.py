@@ -124,7 +124,8 @@ from qpa.api.v1alpha1.taskbatch import (
     TaskSource,
 )
 from qpa.api.v1alpha1.trainingrun import (
-    CARESettings,
+    CareSettings,
+    CareTier,
     Checkpoint,
     DatasetRef,
     DeepSpeedSettings,
@@ -135,6 +136,7 @@ from qpa.api.v1alpha1.trainingrun import (
     TrainingRunPhase,
     TrainingRunSpec,
     TrainingRunStatus,
+    TrainSummary,
 )
 from qpa.api.v1alpha1.workorder import (
     API_KEY_ENV,
@@ -212,8 +214,9 @@ __all__ = [
     "WORK_ORDER_PATH",
     "BenchSummary",
     "BenchmarkSettings",
-    "CARESettings",
     "CanarySettings",
+    "CareSettings",
+    "CareTier",
     "Capability",
     "Checkpoint",
     "Condition",
@@ -281,6 +284,7 @@ __all__ = [
     "TrainingRun",
     "TrainingRunPhase",
     "TrainingRunSpec",
+    "TrainSummary",
     "TrainingRunStatus",
     "WorkOrder",
     "WorkOrderError",

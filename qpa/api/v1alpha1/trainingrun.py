@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -33,6 +33,7 @@ from qpa.api.v1alpha1.resource import (
     KindInfo,
     PrinterColumn,
 )
+from qpa.api.v1alpha1.workorder import PodSummary
 
 
 class DatasetRef(_Model):
@@ -55,38 +56,95 @@ class DatasetRef(_Model):
     )
 
 
-class CARESettings(_Model):
-    """Competence-Aware Reward-and-Advantage Engineering: tiers by group success rate."""
+CareTier = Literal["progress_shaping", "outcome_consolidation", "efficiency_refinement"]
+CARE_TIERS: tuple[CareTier, ...] = (
+    "progress_shaping",
+    "outcome_consolidation",
+    "efficiency_refinement",
+)
+VANILLA_EPS = 1e-4
+"""GRPO's epsilon in ``std + eps`` (TRL's default)."""
 
+
+class CareSettings(_Model):
+    """CARE: Competence-Aware Reward-and-Advantage Engineering (see `qpa.train.care`).
+
+    One model for the CRD (`spec.rl.care`), the trainer (`qpa.train.care`'s functions), the RL
+    config (`RLConfig.care`) and the loop preset. A group's success rate picks its reward tier:
+    below `lowSuccessThreshold` progress shaping, above `highSuccessThreshold` efficiency
+    refinement, in between outcome only. `lowSuccessThreshold: 0` switches progress shaping off,
+    `highSuccessThreshold: 1` efficiency refinement. `enabled: false` trains vanilla GRPO
+    instead: every group gets `vanillaReward`'s tier and plain group standardisation.
+    """
+
+    enabled: bool = Field(
+        default=True,
+        description="CARE rewards and advantages; false: vanilla GRPO (the baseline).",
+    )
+    vanilla_reward: CareTier = Field(
+        default="outcome_consolidation",
+        description="The one reward tier of every group when enabled is false.",
+    )
     low_success_threshold: float = Field(
-        default=0.2,
-        ge=0,
-        le=1,
-        description="Below this group success rate rewards use progress shaping.",
+        default=0.2, ge=0, le=1, description="Below this group success rate: progress shaping."
     )
     high_success_threshold: float = Field(
-        default=0.8,
-        ge=0,
-        le=1,
-        description="Above this group success rate rewards refine efficiency.",
+        default=0.8, ge=0, le=1, description="Above this group success rate: efficiency."
     )
     progress_weight: float = Field(
-        default=0.5, ge=0, le=10, description="Weight of process reward (progress shaping)."
+        default=0.8,
+        ge=0,
+        lt=1,
+        description="A failure's reward per unit of verifier progress (progress shaping).",
     )
-    efficiency_weight: float = Field(
-        default=0.1, ge=0, le=10, description="Weight of token/call savings (efficiency tier)."
+    token_weight: float = Field(
+        default=0.1, ge=0, le=1, description="Weight of a success's output tokens (efficiency)."
+    )
+    call_weight: float = Field(
+        default=0.05, ge=0, le=1, description="Weight of a success's tool calls (efficiency)."
+    )
+    normalization: Literal["group", "budget"] = Field(
+        default="group",
+        description="Cost normalisers: the group's successes (group) or tokenNorm/callNorm.",
+    )
+    token_norm: float = Field(
+        default=1024.0, gt=0, le=1e9, description="Output tokens of unit cost (budget)."
+    )
+    call_norm: float = Field(default=16.0, gt=0, le=1e9, description="Tool calls of unit cost.")
+    cost_cap: float = Field(
+        default=2.0, gt=0, le=1000, description="Cap on each normalised efficiency cost term."
     )
     success_anchor: bool = Field(
-        default=True, description="Calibrate advantages with the success anchor."
+        default=True,
+        description="Scale all-success and all-failure groups' advantages by what one success "
+        "is worth (false: plain group standardisation for every group).",
     )
+    success_value: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="What one success is worth: the success anchor's unit.",
+    )
+    epsilon: float = Field(default=VANILLA_EPS, ge=0, le=1, description="eps in std + eps.")
 
     RULES = (
         CrossFieldRule(
-            cel="self.lowSuccessThreshold < self.highSuccessThreshold",
-            message="lowSuccessThreshold must be below highSuccessThreshold",
-            check=lambda m: m.low_success_threshold < m.high_success_threshold,
+            cel="self.lowSuccessThreshold <= self.highSuccessThreshold",
+            message="lowSuccessThreshold must not exceed highSuccessThreshold",
+            check=lambda m: m.low_success_threshold <= m.high_success_threshold,
+        ),
+        CrossFieldRule(
+            cel="(self.tokenWeight + self.callWeight) * self.costCap < 1.0",
+            message="(tokenWeight + callWeight) * costCap must be below 1 so that every success "
+            "outranks every failure",
+            check=lambda m: (m.token_weight + m.call_weight) * m.cost_cap < 1.0,
         ),
     )
+
+    @property
+    def max_cost(self) -> float:
+        """The largest efficiency cost a success can pay."""
+        return (self.token_weight + self.call_weight) * self.cost_cap
 
 
 class RLSettings(_Model):
@@ -95,16 +153,21 @@ class RLSettings(_Model):
     rollout_pool_ref: LocalObjectReference = Field(
         description="RolloutPool whose environment servers run the rollouts."
     )
-    group_size: int = Field(default=8, ge=2, le=256, description="Rollouts per task (group).")
+    samples_per_task: int = Field(
+        default=8, ge=2, le=256, description="Rollouts per task (the group size k)."
+    )
+    tasks_per_step: int = Field(default=8, ge=1, le=4096, description="Tasks per RL step.")
     max_turns: int = Field(default=40, ge=1, le=1000, description="Turn budget per rollout.")
-    care: CARESettings = _defaulted(CARESettings, "CARE reward and advantage settings.")
+    care: CareSettings = _defaulted(CareSettings, "CARE reward and advantage settings.")
 
 
 class SFTSettings(_Model):
-    """Planning-oriented SFT cold start."""
+    """Planning-oriented SFT cold start (the CRD's `spec.sft` and `SFTConfig.sft`)."""
 
     turn_masking: bool = Field(
-        default=True, description="Mask erroneous turns (learn recovery, not the error)."
+        default=True,
+        description="Mask erroneous turns (learn recovery, not the error); false: train on "
+        "every assistant turn.",
     )
 
 
@@ -115,7 +178,9 @@ class DeepSpeedSettings(_Model):
     offload_optimizer: Offload = Field(default="none", description="Where optimizer state lives.")
     offload_parameters: Offload = Field(default="none", description="Where parameters live.")
     bf16: bool = Field(default=True, description="Train in bfloat16 where supported.")
-    gradient_clipping: float = Field(default=1.0, ge=0, description="Global norm clip.")
+    gradient_clipping: float = Field(
+        default=1.0, gt=0, le=1e6, description="Global gradient norm clip."
+    )
 
     RULES = (
         CrossFieldRule(
@@ -224,6 +289,30 @@ class Checkpoint(_Model):
     step: int = Field(ge=0, description="Optimizer step.")
     uri: str = Field(min_length=1, description="Where it is.")
     time: datetime | None = _timestamp("When it was written.")
+
+
+class TrainSummary(PodSummary):
+    """What rank 0 of `qpa train sft|rl` reports in its termination message (one spelling per
+    field); the operator folds it into `TrainingRunStatus`."""
+
+    STAGE: ClassVar[str] = "train"
+
+    run: str = Field(min_length=1, description="Run name.")
+    stage: Stage = Field(description="sft or rl.")
+    step: int = Field(ge=0, description="Last optimizer step.")
+    total_steps: int | None = Field(default=None, ge=0, description="Steps planned.")
+    checkpoints: list[Checkpoint] = Field(
+        default_factory=list, description="Checkpoints in the store, oldest first."
+    )
+    model_uri: str | None = Field(default=None, description="The final model in the store.")
+    loss: float | None = Field(default=None, description="Training loss (SFT: the run's mean).")
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="Latest metrics (reward, success_rate, ...)."
+    )
+    resumed_from: str | None = Field(
+        default=None, description="The checkpoint this attempt resumed from."
+    )
+    resumed_step: int | None = Field(default=None, ge=0, description="Its step.")
 
 
 TrainingRunPhase = Literal["Pending", "Running", "Resuming", "Succeeded", "Failed"]

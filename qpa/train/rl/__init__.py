@@ -2,12 +2,14 @@
 
 The package by job: `config` (RLConfig and its settings), `tasks` (the task pool), `generation`
 (rollouts and batched generation), `loss` (samples from episodes, the GRPO loss) and `trainer`
-(RLTrainer, run_rl). This module re-exports what callers import.
+(RLTrainer, run_rl). This module re-exports what callers import (`CareSettings` and
+`TaskSource` are the `qpa.api` models, the same ones the TrainingRun CRD uses).
 
 One step of the loop:
 
-1. **Sample tasks.** `tasks_per_step` tasks from the pool (a suite split, a tasks JSONL, a
-   dataset's task ids), seeded by `(seed, step)`, so a resumed run sees the same sequence.
+1. **Sample tasks.** `tasks_per_step` tasks from the pool (`tasks`: the `qpa.api` TaskSource,
+   a suite split, a tasks JSONL or a dataset's tasks, selected by `qpa.data.tasks.select_tasks`),
+   seeded by `(seed, step)`, so a resumed run sees the same sequence.
    With several DeepSpeed ranks, each rank takes its share of the step's tasks (whole groups).
 2. **Roll out.** `samples_per_task` (k) episodes per task, each `run_episode(env, task,
    HarnessPlanner(backend))` on a `SandboxEnv` or a `RemoteEnv` (`--env-url`, round-robin over
@@ -64,14 +66,13 @@ computes it. The loop has no hidden state machine; `benchmarks/rl_step.py` times
 step of it against plain `GRPOTrainer` on the same model and prompts.
 """
 
+from qpa.api.v1alpha1 import CareSettings, TaskSource
 from qpa.train.rl.config import (
-    CareSettings,
     EnvSettings,
     GenerationSettings,
     LossSettings,
     OptimSettings,
     RLConfig,
-    TaskSource,
 )
 from qpa.train.rl.generation import (
     Episode,

@@ -1,4 +1,9 @@
-"""RL run settings: `RLConfig` and the settings classes it is made of."""
+"""RL run settings: `RLConfig` and the settings classes it is made of.
+
+`RLConfig.from_trainingrun(order)` is the one translation of a TrainingRun work order (stage rl)
+into these settings; `qpa train rl --config FILE` builds the same object from YAML and flags.
+The CARE settings (`care`) and the task source (`tasks`) are the `qpa.api` models themselves.
+"""
 
 from __future__ import annotations
 
@@ -9,47 +14,24 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from qpa.contract import Split
+from qpa.api.v1alpha1 import CareSettings, TaskGenerator, TaskSource, TrainingRun, WorkOrder
 from qpa.harness.agent import HarnessConfig
-from qpa.train.care import CareConfig, CareTier
 from qpa.train.config import (
     CheckpointSettings,
     ConfigError,
     DeepSpeedSettings,
     MetricsSettings,
+    from_order,
     set_dotted,
 )
 
 Auto = Literal["auto"]
+#: The default task pool: the canonical suite's train split (never train on test).
+TRAIN_SPLIT = TaskSource(generator=TaskGenerator(), split="train")
 
 
 class _Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class TaskSource(_Settings):
-    """Where the training tasks come from (the pool a step samples from).
-
-    Parameters:
-        suite / suite_seed: the sandbox suite to draw from (when no `file`/`dataset` is given,
-            and to resolve a dataset's task ids).
-        split: keep tasks of this split (`train` by default; never train on `test`).
-        file: a tasks JSONL (`Task` per line): a local path or a store URI (`s3://`, `file://`).
-        dataset: a dataset prefix (local folder or store URI) with `manifest.json`: a `tasks`
-            dataset's rows are the tasks; any other kind names its tasks in `lineage.tasks`.
-        ids: keep only these task ids.
-        domains: keep only these domains.
-        limit: keep at most this many tasks (first ones, after filtering).
-    """
-
-    suite: str = "mobilepa"
-    suite_seed: int = 0
-    split: Split | None = "train"
-    file: str | None = None
-    dataset: str | None = None
-    ids: list[str] = Field(default_factory=list)
-    domains: list[str] = Field(default_factory=list)
-    limit: int | None = Field(default=None, ge=1)
 
 
 class EnvSettings(_Settings):
@@ -115,20 +97,6 @@ class OptimSettings(_Settings):
     warmup_steps: int = Field(default=0, ge=0)
 
 
-class CareSettings(CareConfig):
-    """CARE's configuration (`qpa.train.care.CareConfig`) plus the switch and the baseline.
-
-    `enabled: false` (or `--care off`) trains vanilla GRPO: every group gets the fixed reward
-    of `vanilla_reward`'s tier (outcome: success only) and plain group standardisation.
-    """
-
-    enabled: bool = True
-    vanilla_reward: CareTier = "outcome_consolidation"
-
-    def care_config(self) -> CareConfig:
-        return CareConfig.model_validate(self.model_dump(exclude={"enabled", "vanilla_reward"}))
-
-
 class RLConfig(_Settings):
     """An online RL run (`qpa train rl --config rl.yaml`); see `examples/local/rl.yaml`.
 
@@ -142,7 +110,10 @@ class RLConfig(_Settings):
         seed: seeds task sampling, generation and initialisation.
         model_dtype / bf16 / gradient_checkpointing: as for SFT (`auto`: bf16 where CUDA has
             it; checkpointing for hidden sizes >= 1024).
-        tasks, env, harness, generation, loss, optim, care: see their classes.
+        tasks: the task pool (`qpa.api` TaskSource, read by `qpa.data.tasks.select_tasks`);
+            default: the canonical suite's train split.
+        env, harness, generation, loss, optim, care: see their classes (`care` is the CRD's
+            `spec.rl.care` model, `qpa.api.v1alpha1.CareSettings`).
         deepspeed, checkpoint, metrics: shared with SFT (`qpa.train.config`).
     """
 
@@ -157,7 +128,7 @@ class RLConfig(_Settings):
     model_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     bf16: Auto | bool = "auto"
     gradient_checkpointing: Auto | bool = "auto"
-    tasks: TaskSource = Field(default_factory=TaskSource)
+    tasks: TaskSource = Field(default_factory=lambda: TRAIN_SPLIT)
     env: EnvSettings = Field(default_factory=EnvSettings)
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(max_turns=8))
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
@@ -214,9 +185,6 @@ class RLConfig(_Settings):
                 "model": fix(self.model),
                 "tokenizer": fix(self.tokenizer),
                 "output_dir": fix(self.output_dir),
-                "tasks": self.tasks.model_copy(
-                    update={"file": fix(self.tasks.file), "dataset": fix(self.tasks.dataset)}
-                ),
                 "harness": self.harness.model_copy(
                     update={"skills_path": fix(self.harness.skills_path)}
                 ),
@@ -233,6 +201,42 @@ class RLConfig(_Settings):
                     }
                 ),
             }
+        )
+
+    @classmethod
+    def from_trainingrun(
+        cls, order: WorkOrder[TrainingRun], *, work_dir: Path | None = None
+    ) -> RLConfig:
+        """The run a TrainingRun work order (stage rl) asks for: every spec field mapped here.
+
+        The tasks are the resolved dataset's (a TaskBatch's output) or the suite's train split;
+        rollouts go to the resolved RolloutPool. `work_dir` (default: the working directory)
+        holds the local run folder.
+        """
+        spec = order.resource.spec
+        if spec.stage != "rl" or spec.rl is None:
+            raise ConfigError(f"spec.stage: {spec.stage!r} is not rl (use qpa train {spec.stage})")
+        url = order.resolved.rollout_pool_url
+        if not url:
+            raise ConfigError("resolved.rolloutPoolUrl: the work order names no RolloutPool URL")
+        rl, hp = spec.rl, spec.hyperparameters
+        dataset = order.resolved.dataset_uri
+        common = from_order(order, work_dir=work_dir)
+        return cls(
+            **common,
+            steps=hp.max_steps or cls.model_fields["steps"].default,
+            tasks_per_step=rl.tasks_per_step,
+            samples_per_task=rl.samples_per_task,
+            tasks=TaskSource(dataset_uri=dataset, split="train") if dataset else TRAIN_SPLIT,
+            env=EnvSettings(urls=[url]),
+            harness=HarnessConfig(max_turns=rl.max_turns),
+            generation=GenerationSettings(max_prompt_tokens=hp.max_seq_length),
+            loss=LossSettings(micro_batch_size=hp.per_device_batch_size),
+            optim=OptimSettings(
+                learning_rate=hp.learning_rate, max_grad_norm=spec.deepspeed.gradient_clipping
+            ),
+            care=rl.care,
+            metrics=MetricsSettings(logging_steps=1),
         )
 
     # ------------------------------------------------------------------ derived values

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,7 +55,7 @@ class StepResult:
 @dataclass
 class RunResult:
     """What `run_rl` did: the last step, where it resumed from, the last checkpoint, the final
-    model (folder and store URI), and each step's metrics."""
+    model (folder and store URI), each step's metrics and the checkpoints uploaded."""
 
     final_step: int
     resumed_from: int
@@ -63,6 +63,7 @@ class RunResult:
     final_dir: Path | None
     final_uri: str | None
     history: list[dict[str, float]]
+    checkpoint_uris: list[str] = field(default_factory=list)
 
 
 def _fill_auto(config: Any, values: Mapping[str, Any]) -> Any:
@@ -96,6 +97,7 @@ class RLTrainer:
         self.resumed_from = 0
         self.last_checkpoint: Path | None = None
         self.final_uri: str | None = None
+        self.checkpoint_uris: list[str] = []  # store URIs of the checkpoints this run wrote
         self.checkpoints: Any = None
         self.history: list[dict[str, float]] = []
         self._token_lock = threading.Lock()
@@ -467,9 +469,9 @@ class RLTrainer:
             members.sort(key=lambda e: e.sample)
             trajectories = [e.trajectory for e in members]
             if care.enabled:
-                result = care_group(trajectories, care.care_config())
+                result = care_group(trajectories, care)
             else:
-                result = vanilla_group(trajectories, care.care_config(), tier=care.vanilla_reward)
+                result = vanilla_group(trajectories, care, tier=care.vanilla_reward)
             results[g] = (members, result)
         return results
 
@@ -664,7 +666,13 @@ class RLTrainer:
             self.train_step()
         final = self.save_final()
         return RunResult(
-            self.step, self.resumed_from, self.last_checkpoint, final, self.final_uri, self.history
+            self.step,
+            self.resumed_from,
+            self.last_checkpoint,
+            final,
+            self.final_uri,
+            self.history,
+            list(self.checkpoint_uris),
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -705,6 +713,7 @@ class RLTrainer:
             record_local(folder, self.step, node_rank=node)
             if self.checkpoints is not None:
                 self.checkpoints.upload(folder, self.step, node_rank=node, nodes=nodes)
+                self.checkpoint_uris.append(self.checkpoints.uri(self.step))
         if nodes > 1:
             self._barrier()
             if self.rank == 0 and self.checkpoints is not None:

@@ -8,7 +8,6 @@ the containers run are checked against the real `qpa` CLI's options.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +29,16 @@ from qpa_operator.handlers.apply import drift_patch
 from qpa_operator.handlers.status import merge_diff
 
 from qpa.api import DevicePool, HarnessRelease, RolloutPool, TaskBatch, TrainingRun, parse_resource
-from qpa.api.v1alpha1 import MAX_NAME_LENGTH
+from qpa.api.v1alpha1 import (
+    MAX_NAME_LENGTH,
+    WORK_ORDER_DIR,
+    WORK_ORDER_KEY,
+    WORK_ORDER_PATH,
+    Checkpoint,
+    TrainSummary,
+    WorkOrder,
+)
+from qpa.api.v1alpha1.taskbatch import CollectSummary
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
@@ -249,35 +257,23 @@ def test_collect_runs_the_real_command_with_index_sharding() -> None:
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:2] == ["sh", "-c"]
     argv = container["args"]
-    assert argv[:2] == ["qpa", "collect"]
+    assert argv == ["qpa", "collect", "--spec", "/etc/qpa/order/workorder.yaml"]
     assert used_flags(argv) <= options("collect")
-    assert "--shard-from-env" in argv and argv[argv.index("--shards") + 1] == "32"
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 32
     assert job["spec"]["backoffLimitPerIndex"] == 3 and "backoffLimit" not in job["spec"]
-    assert argv[-1] == "--json"  # the summary the termination log carries
-
-
-def test_dataset_sources_collect_from_a_uri() -> None:
-    body = yaml.safe_load((EXAMPLES / "taskbatch.yaml").read_text())
-    body["spec"]["source"] = {"datasetUri": "s3://qpa/tasks/weak-skills/"}
-    body["metadata"].update(namespace="team-a", uid="u")
-    argv = taskbatch.collect_args(parse_resource(body), D)  # type: ignore[arg-type]
-    assert argv[argv.index("--tasks") + 1] == "s3://qpa/tasks/weak-skills/"
-    assert "--suite" not in argv
 
 
 def test_env_serve_harness_serve_and_bench_run_use_real_options() -> None:
-    pool = load("rolloutpool.yaml")
-    argv = rolloutpool.serve_args(pool)
+    argv = list(rolloutpool.SERVE_ARGS)
     assert argv[:3] == ["qpa", "env", "serve"]
-    assert used_flags(argv) <= options("env", "serve")
+    assert used_flags(argv) == {"--spec"} <= options("env", "serve")
     hr = load("harnessrelease.yaml")
     harness = harnessrelease.harness_service(hr, D)["spec"]["predictor"]["containers"][0]
     assert harness["command"][:3] == ["qpa", "harness", "serve"]
     assert used_flags(harness["command"]) <= options("harness", "serve")
     bench = harnessrelease.bench_job(hr, D)["spec"]["template"]["spec"]["containers"][0]
     assert bench["command"][:3] == ["qpa", "bench", "run"]
-    assert used_flags(bench["command"]) <= options("bench", "run")
+    assert used_flags(bench["command"]) == {"--spec"} <= options("bench", "run")
 
 
 def test_training_launches_the_real_train_commands() -> None:
@@ -286,7 +282,7 @@ def test_training_launches_the_real_train_commands() -> None:
         argv = trainingrun.train_args(tr, 0, D)
         launch, run = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
         assert used_flags(launch) <= options("train", "launch")
-        assert run[:3] == ["qpa", "train", stage]
+        assert run == ["qpa", "train", stage, "--spec", WORK_ORDER_PATH]
         assert used_flags(run) <= options("train", stage)
 
 
@@ -304,12 +300,13 @@ def test_data_preparation_uses_the_real_data_commands() -> None:
 # --------------------------------------------------------------------------- per kind
 
 
-def test_taskbatch_config_map_carries_the_task_spec() -> None:
+def test_taskbatch_config_map_carries_the_work_order() -> None:
     tb = load("taskbatch.yaml")
     cm = taskbatch.config_map(tb, D)
-    spec = yaml.safe_load(cm["data"]["taskbatch.yaml"])["spec"]
-    assert spec["source"]["capabilities"] == ["tool_use", "memory"]
-    assert spec["samplesPerTask"] == 8
+    order = yaml.safe_load(cm["data"]["workorder.yaml"])
+    assert order["spec"]["source"]["capabilities"] == ["tool_use", "memory"]
+    assert order["spec"]["samplesPerTask"] == 8
+    assert order["resolved"]["rolloutPoolUrl"] == "http://sandbox-env.team-a.svc.cluster.local"
 
 
 def test_rolloutpool_autoscales_between_min_and_max_and_wires_devices() -> None:
@@ -363,25 +360,27 @@ def test_training_pods_get_gpus_shared_memory_and_a_rendezvous() -> None:
     assert argv[argv.index("--gpus-per-node") + 1] == "1"
 
 
-def test_training_config_resumes_from_the_store() -> None:
+def test_training_work_order_carries_the_run_and_what_was_resolved() -> None:
     sft = load("trainingrun.yaml", 0)
     plan = trainingrun.data_plan(sft, TB_OUTPUTS)
-    config = trainingrun.training_config(sft, plan)
-    assert config["dataset"] == "s3://qpa/trainingruns/planner-sft/data/mix/"
-    assert config["checkpoint"] == {
-        "every_steps": 200,
-        "keep_last": 3,
-        "store": "s3://qpa",
-        "prefix": "trainingruns/planner-sft",
-        "resume": "auto",
-    }
-    assert config["deepspeed"]["zero_stage"] == 3 and config["deepspeed"]["offload_optimizer"]
-    assert config["max_length"] == 16384 and config["gradient_accumulation_steps"] == 16
-    pinned = sft.model_copy(deep=True)
-    pinned.spec.resume_from = "s3://qpa/trainingruns/x/checkpoints/checkpoint-10/"
-    assert trainingrun.training_config(pinned, plan, 0)["checkpoint"]["resume_from"]
-    assert "resume_from" not in trainingrun.training_config(pinned, plan, 1)["checkpoint"]
-    assert trainingrun.store_root_and_prefix("file:///data/runs/a/") == ("file:///data/runs", "a")
+    cm = trainingrun.config_map(sft, plan, D, attempt=2)
+    assert cm["metadata"]["name"] == "planner-sft-order"
+    order = WorkOrder.parse(yaml.safe_load(cm["data"][WORK_ORDER_KEY]), TrainingRun)
+    assert order.resource.spec == sft.spec
+    assert order.resolved.dataset_uri == "s3://qpa/trainingruns/planner-sft/data/mix/"
+    assert order.resolved.attempt == 2 and order.resolved.store == sft.spec.store
+    assert order.resolved.rollout_pool_url is None
+    rl = load("trainingrun.yaml", 1)
+    rl.spec.store = None
+    rl_order = trainingrun.resolved(rl, trainingrun.data_plan(rl, {}), D)
+    assert rl_order.store == D.store  # the chart's store when the spec names none
+    url = common.rollout_pool_url("sandbox", common.owner_namespace(rl), D)
+    assert rl_order.rollout_pool_url == url
+    job = trainingrun.job(sft, 0, D)["spec"]["template"]["spec"]
+    mounts = job["containers"][0]["volumeMounts"]
+    assert {"name": "work-order", "mountPath": WORK_ORDER_DIR, "readOnly": True} in mounts
+    assert {"name": "work-order", "configMap": {"name": "planner-sft-order"}} in job["volumes"]
+    assert job["containers"][0]["workingDir"] == trainingrun.WORK_DIR
 
 
 def test_data_plans() -> None:
@@ -440,13 +439,18 @@ def test_taskbatch_status_follows_the_job_and_never_regresses() -> None:
     assert tb.status.phase == "Running"
     stale = taskbatch.taskbatch_status(tb, job({}), {}, observed_generation=1, now=NOW)
     assert stale.phase == "Running"
-    shards = {0: {"total": 128, "ran": 100, "skipped": 28, "successes": 60}}
+    shards = {
+        0: CollectSummary(out="s3://o/", shard="0/32", total=128, ran=100, skipped=28, successes=60)
+    }
     counted = taskbatch.taskbatch_status(tb, running_job, shards, observed_generation=1, now=NOW)
     assert (counted.trajectories, counted.successes, counted.failures, counted.tasks) == (
         128, 60, 40, 16,
     )  # fmt: skip
     again = taskbatch.taskbatch_status(tb, running_job, {}, observed_generation=1, now=NOW)
     assert again.conditions == tb.status.conditions  # no new transition time when unchanged
+
+
+SUMMARY = CollectSummary(out="s3://o/", shard="3/32", total=8, ran=4, skipped=4, successes=2)
 
 
 def test_shard_summaries_come_from_finished_pods_only() -> None:
@@ -456,12 +460,12 @@ def test_shard_summaries_come_from_finished_pods_only() -> None:
             "containerStatuses": [
                 {
                     "name": "collect",
-                    "state": {"terminated": {"exitCode": 0, "message": json.dumps({"ran": 4})}},
+                    "state": {"terminated": {"exitCode": 0, "message": SUMMARY.to_message()}},
                 }
             ]
         },
     }
-    assert taskbatch.shard_summary(pod) == (3, {"ran": 4})
+    assert taskbatch.shard_summary(pod) == (3, SUMMARY)
     failed = copy.deepcopy(pod)
     failed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 1
     assert taskbatch.shard_summary(failed) is None
@@ -486,7 +490,15 @@ def test_trainingrun_attempts_and_summaries() -> None:
         data_job=None,
         plan=plan,
         summaries=[
-            (0, {"step": 40, "checkpoints": [{"step": 40, "uri": "s3://x/checkpoint-40/"}]})
+            (
+                0,
+                TrainSummary(
+                    run="planner-care-rl",
+                    stage="rl",
+                    step=40,
+                    checkpoints=[Checkpoint(step=40, uri="s3://x/checkpoint-40/")],
+                ),
+            )
         ],
         observed_generation=1,
         now=NOW,
@@ -494,6 +506,56 @@ def test_trainingrun_attempts_and_summaries() -> None:
     assert status.phase == "Succeeded" and status.restarts == 1 and status.step == 40
     assert status.latest_checkpoint == "s3://x/checkpoint-40/"
     assert status.model_uri == "s3://qpa/trainingruns/planner-care-rl/final/"
+
+
+def test_train_summary_round_trips_through_the_termination_message() -> None:
+    """What `qpa train sft|rl` writes (`TrainSummary.to_message`) is what the status shows."""
+    tr = load("trainingrun.yaml", 0)
+    sent = TrainSummary(
+        run="planner-sft",
+        stage="sft",
+        step=400,
+        total_steps=400,
+        checkpoints=[
+            Checkpoint(step=s, uri=f"s3://qpa/trainingruns/planner-sft/checkpoints/checkpoint-{s}/")
+            for s in (100, 200, 300, 400)
+        ],
+        model_uri="s3://qpa/trainingruns/planner-sft/final/",
+        loss=0.25,
+        metrics={"tokens_per_second": 1234.5},
+        resumed_from="s3://qpa/trainingruns/planner-sft/checkpoints/checkpoint-100/",
+        resumed_step=100,
+    )
+    pod: dict[str, Any] = {
+        "metadata": {
+            "labels": {trainingrun.ATTEMPT_LABEL: "1", trainingrun.COMPLETION_INDEX_LABEL: "0"}
+        },
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": trainingrun.CONTAINER,
+                    "state": {"terminated": {"exitCode": 0, "message": sent.to_message()}},
+                }
+            ]
+        },
+    }
+    found = trainingrun.rank0_summary(pod)
+    assert found == (1, sent)
+    plan = trainingrun.data_plan(tr, TB_OUTPUTS)
+    done = job({"conditions": [{"type": "Complete", "status": "True"}]}, "planner-sft-r1")
+    status = trainingrun.trainingrun_status(
+        tr, attempt=1, job=done, data_job=job({"succeeded": 1, "conditions": [
+            {"type": "Complete", "status": "True"}]}, "planner-sft-data"),
+        plan=plan, summaries=[found], observed_generation=1, now=NOW,
+    )  # fmt: skip
+    assert (status.step, status.total_steps, status.model_uri) == (400, 400, sent.model_uri)
+    assert [c.step for c in status.checkpoints] == [200, 300, 400]  # keepCheckpoints: 3
+    assert status.metrics == {"tokens_per_second": 1234.5, "loss": 0.25}
+    garbled = copy.deepcopy(pod)
+    garbled["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+        '{"globalStep": 3, "final_uri": "s3://x/"}'  # old spellings are not a TrainSummary
+    )
+    assert trainingrun.rank0_summary(garbled) is None
 
 
 def test_devicepool_status_lists_phones_from_leases() -> None:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from qpa.contract import Policy, Task, Totals, Trajectory, Verification
 from qpa.train.care import (
-    CareConfig,
+    CareSettings,
     Outcome,
     anchor_scale,
     care_advantages,
@@ -59,7 +59,7 @@ def test_one_token_difference_vanilla_blows_up_care_keeps_small() -> None:
     assert abs(care[0]) / abs(vanilla[0]) < 3e-3
 
     # Add a failure: success-vs-failure dominates the token difference by orders of magnitude.
-    mixed = care_advantages([win(100), win(101), loss()], CareConfig(high=0.6))
+    mixed = care_advantages([win(100), win(101), loss()], CareSettings(high_success_threshold=0.6))
     gap_success_failure = min(mixed[0], mixed[1]) - mixed[2]
     gap_among_successes = abs(mixed[0] - mixed[1])
     assert gap_success_failure > 1.0
@@ -94,15 +94,19 @@ def test_group_tier_thresholds(rate: float, tier: str) -> None:
 
 
 def test_tier_switches_and_bad_rates() -> None:
-    assert group_tier(0.0, CareConfig(low=0.0)) == "outcome_consolidation"  # shaping off
-    assert group_tier(1.0, CareConfig(high=1.0)) == "outcome_consolidation"  # refinement off
+    assert (
+        group_tier(0.0, CareSettings(low_success_threshold=0.0)) == "outcome_consolidation"
+    )  # shaping off
+    assert (
+        group_tier(1.0, CareSettings(high_success_threshold=1.0)) == "outcome_consolidation"
+    )  # refinement off
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError):
             group_tier(bad)
 
 
 def test_progress_shaping_gives_partial_credit_below_any_success() -> None:
-    cfg = CareConfig()
+    cfg = CareSettings()
     rewards = care_rewards([loss(0.0), loss(0.5), loss(1.0)], cfg)
     assert rewards == pytest.approx([0.0, 0.4, 0.8])
     with_success = care_rewards([win(), loss(1.0), loss(0.5), loss(0.0), *[loss()] * 4], cfg)
@@ -119,7 +123,7 @@ def test_outcome_consolidation_is_success_only() -> None:
 
 
 def test_efficiency_refinement_charges_successes_only() -> None:
-    cfg = CareConfig(high=0.5)
+    cfg = CareSettings(high_success_threshold=0.5)
     group = [win(100, 2), win(200, 4), loss(0.9, tokens=5, calls=0)]
     rewards = care_rewards(group, cfg)
     assert rewards[2] == 0.0  # a short failure is not a better failure
@@ -131,7 +135,7 @@ def test_efficiency_refinement_charges_successes_only() -> None:
 
 
 def test_budget_normalisation_and_cap() -> None:
-    cfg = CareConfig(normalization="budget", token_norm=1000, call_norm=10)
+    cfg = CareSettings(normalization="budget", token_norm=1000, call_norm=10)
     costs = efficiency_costs([win(500, 5), win(10_000, 100)], cfg)
     assert costs[0] == pytest.approx(0.1 * 0.5 + 0.05 * 0.5)
     assert costs[1] == pytest.approx(cfg.max_cost)  # each term capped
@@ -157,7 +161,7 @@ def test_anchor_scale_is_one_success_in_k() -> None:
         population_std = math.sqrt(sum((r - mean) ** 2 for r in split) / k)
         assert anchor_scale(k) == pytest.approx(population_std)
     assert anchor_scale(1) == 1.0
-    assert anchor_scale(4, CareConfig(anchor=2.0)) == pytest.approx(2 * anchor_scale(4))
+    assert anchor_scale(4, CareSettings(success_value=2.0)) == pytest.approx(2 * anchor_scale(4))
     with pytest.raises(ValueError):
         anchor_scale(0)
 
@@ -178,9 +182,23 @@ def test_uniform_groups_get_zero_advantage() -> None:
 
 def test_larger_anchor_pushes_less() -> None:
     group = [win(100), win(150), win(200)]
-    small = care_advantages(group, CareConfig(anchor=0.5))
-    large = care_advantages(group, CareConfig(anchor=2.0))
+    small = care_advantages(group, CareSettings(success_value=0.5))
+    large = care_advantages(group, CareSettings(success_value=2.0))
     assert abs(large[0]) < abs(small[0])
+
+
+def test_success_anchor_off_standardises_every_group_as_grpo() -> None:
+    group = [win(100), win(150), win(200)]
+    anchored = care_group(group)
+    plain = care_group(group, CareSettings(success_anchor=False))
+    assert anchored.anchored and not plain.anchored
+    assert plain.rewards == anchored.rewards  # the tiers still pick the rewards
+    assert plain.advantages == pytest.approx(vanilla_advantages(plain.rewards))
+    assert abs(plain.advantages[0]) > 10 * abs(anchored.advantages[0])
+    mixed = [win(100), loss(0.5), loss(0.0)]
+    assert care_group(mixed, CareSettings(success_anchor=False)).advantages == pytest.approx(
+        care_group(mixed).advantages
+    )
 
 
 # --------------------------------------------------------------------------- monotonicity
@@ -188,7 +206,7 @@ def test_larger_anchor_pushes_less() -> None:
 
 @pytest.mark.parametrize("high", [0.5, 0.8])
 def test_monotone_in_tokens_calls_progress_and_success(high: float) -> None:
-    cfg = CareConfig(high=high)
+    cfg = CareSettings(high_success_threshold=high)
     tokens = [win(t, 3) for t in (50, 80, 120, 200)]
     adv = care_advantages(tokens, cfg)
     assert adv == sorted(adv, reverse=True)
@@ -214,22 +232,23 @@ def test_monotone_in_tokens_calls_progress_and_success(high: float) -> None:
 
 
 def test_config_validation() -> None:
-    CareConfig(low=0.0, high=1.0)
+    CareSettings(low_success_threshold=0.0, high_success_threshold=1.0)
     with pytest.raises(ValidationError, match="must not exceed"):
-        CareConfig(low=0.9, high=0.1)
+        CareSettings(low_success_threshold=0.9, high_success_threshold=0.1)
     with pytest.raises(ValidationError, match="outranks every failure"):
-        CareConfig(token_weight=0.4, call_weight=0.2, cost_cap=2.0)
+        CareSettings(token_weight=0.4, call_weight=0.2, cost_cap=2.0)
     for bad in (
-        {"low": -0.1},
-        {"high": 1.1},
+        {"low_success_threshold": -0.1},
+        {"high_success_threshold": 1.1},
         {"progress_weight": 1.0},
-        {"anchor": 0.0},
+        {"success_value": 0.0},
+        {"low": 0.1},
         {"token_norm": 0},
         {"normalization": "median"},
         {"unknown": 1},
     ):
         with pytest.raises(ValidationError):
-            CareConfig.model_validate(bad)
+            CareSettings.model_validate(bad)
     with pytest.raises(ValueError):
         care_rewards([])
 

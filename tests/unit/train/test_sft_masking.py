@@ -122,6 +122,14 @@ def test_labels_are_exactly_the_trained_assistant_turns(tokenizer: Any) -> None:
     assert flagged == f"{GOOD_1}<|im_end|>{WRONG}<|im_end|>{GOOD_2}<|im_end|>"
 
 
+def test_turn_masking_off_trains_every_assistant_turn(tokenizer: Any) -> None:
+    """`sft.turn_masking: false` (the CRD's `spec.sft.turnMasking`) ignores the `train` flags."""
+    encoded = encode_conversation(tokenizer, conversation(), turn_masking=False)
+    assert encoded.trained_turns == 3 and encoded.masked_turns == 0
+    text = tokenizer.decode([t for t in encoded.labels if t != IGNORE_INDEX])
+    assert text == f"{GOOD_1}<|im_end|>{WRONG}<|im_end|>{GOOD_2}<|im_end|>"
+
+
 def test_labels_agree_with_trl_generation_masks(tokenizer: Any) -> None:
     """The tiny chat template's `{% generation %}` markers (what TRL's `assistant_only_loss`
     reads) mask exactly what qpa's offset-based labels mask."""
