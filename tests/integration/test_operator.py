@@ -29,9 +29,12 @@ from fakes.kubectl import Kubectl
 from qpa.api.v1alpha1 import (
     WORK_ORDER_KEY,
     WORK_ORDER_PATH,
+    Checkpoint,
     DevicePool,
     RolloutPool,
     TaskBatch,
+    TrainingRun,
+    TrainSummary,
     WorkOrder,
 )
 from qpa.envs.serve_config import EnvServeConfig
@@ -503,8 +506,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         assert flag(launch, "--nodes") == "4" and flag(launch, "--gpus-per-node") == "8"
         assert flag(launch, "--service") == "planner-care-rl-ranks"
         assert flag(launch, "--job-name") == "planner-care-rl-r0"
-        assert stage[:3] == ["qpa", "train", "rl"] and flag(stage, "--care") == "on"
-        assert flag(stage, "--env-url") == "http://sandbox-env.default.svc.cluster.local"
+        assert stage == ["qpa", "train", "rl", "--spec", WORK_ORDER_PATH]  # no spec value in argv
         c = container(job)
         assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
@@ -515,15 +517,13 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         assert_restricted(pod)
         ranks = await exists(kube_api, "services", "planner-care-rl-ranks")
         assert ranks["spec"]["clusterIP"] == "None" and ranks["spec"]["publishNotReadyAddresses"]
-        config = await exists(kube_api, "configmaps", "planner-care-rl-config")
-        train = yaml.safe_load(config["data"]["train.yaml"])
-        assert train["model"] == "s3://qpa/trainingruns/planner-sft/final/"
-        assert train["checkpoint"]["resume"] == "auto"
-        assert (train["checkpoint"]["store"], train["checkpoint"]["prefix"]) == (
-            "s3://qpa", "trainingruns/planner-care-rl",
-        )  # fmt: skip
-        assert train["care"]["low"] == 0.2 and train["samples_per_task"] == 8
-        assert train["deepspeed"]["zero_stage"] == 2
+        config = await exists(kube_api, "configmaps", "planner-care-rl-order")
+        order = WorkOrder.parse(yaml.safe_load(config["data"][WORK_ORDER_KEY]), TrainingRun)
+        assert order.resource.spec.base_model_uri == "s3://qpa/trainingruns/planner-sft/final/"
+        assert order.resolved.rollout_pool_url == "http://sandbox-env.default.svc.cluster.local"
+        assert order.resource.spec.rl is not None
+        assert order.resource.spec.rl.care.low_success_threshold == 0.2
+        assert order.resource.spec.rl.samples_per_task == 8
         for child in (job, ranks, config):
             assert_owned_by(child, rl)
 
@@ -545,11 +545,13 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         job_complete(kube_api, "planner-sft-data", succeeded=1)
         sft_job = await exists(kube_api, "jobs", "planner-sft-r0")
         assert command(sft_job)[command(sft_job).index("--") + 1 :][:3] == ["qpa", "train", "sft"]
-        sft_config = yaml.safe_load(
-            stored(kube_api, "configmaps", "planner-sft-config")["data"]["train.yaml"]
+        sft_order = WorkOrder.parse(
+            yaml.safe_load(
+                stored(kube_api, "configmaps", "planner-sft-order")["data"][WORK_ORDER_KEY]
+            ),
+            TrainingRun,
         )
-        assert sft_config["dataset"] == "s3://qpa/trainingruns/planner-sft/data/mix/"
-        assert sft_config["deepspeed"]["offload_optimizer"] is True
+        assert sft_order.resolved.dataset_uri == "s3://qpa/trainingruns/planner-sft/data/mix/"
 
         job_started(kube_api, "planner-sft-r0", active=2)
         await phase(kube_api, "tr", "planner-sft", "Running")
@@ -564,8 +566,8 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         ckpt = "s3://qpa/trainingruns/planner-sft/checkpoints/checkpoint-{}/"
         finished_pod(
             kube_api, "planner-sft-r0-0-abc", labels, "trainer",
-            {"global_step": 400, "checkpoint_uris": [ckpt.format(200), ckpt.format(400)],
-             "train_loss": 0.75},
+            TrainSummary(run="planner-sft", stage="sft", step=400, loss=0.75, checkpoints=[
+                Checkpoint(step=s, uri=ckpt.format(s)) for s in (200, 400)]).to_k8s(),
             exit_code=1,
         )  # fmt: skip
         job_failed(kube_api, "planner-sft-r0")
