@@ -252,7 +252,13 @@ def _example(name: str, index: int) -> Json:
 
 def kinds() -> list[KindWalk]:
     """The five kinds: each one's pod-side conversion and its builders."""
-    from qpa_operator.builders import devicepool, harnessrelease, rolloutpool, taskbatch
+    from qpa_operator.builders import (
+        devicepool,
+        harnessrelease,
+        rolloutpool,
+        taskbatch,
+        trainingrun,
+    )
 
     from qpa.api.v1alpha1 import (
         WORK_ORDER_KEY,
@@ -260,12 +266,15 @@ def kinds() -> list[KindWalk]:
         HarnessRelease,
         RolloutPool,
         TaskBatch,
+        TrainingRun,
         WorkOrder,
     )
     from qpa.bench.config import BenchConfig
     from qpa.data.collect_config import CollectConfig
     from qpa.device.bridge import BridgeSettings
     from qpa.envs.serve_config import EnvServeConfig
+    from qpa.train.config import SFTConfig
+    from qpa.train.rl import RLConfig
 
     def read(config_map: Json, kind: Any) -> Any:
         return WorkOrder.parse(yaml.safe_load(config_map["data"][WORK_ORDER_KEY]), kind)
@@ -308,6 +317,23 @@ def kinds() -> list[KindWalk]:
             | {f"planner.{k}": v for k, v in planner.items()}
             | {f"source.{k}": v for k, v in source.items()}
         )
+
+    def train_plan(tr: Any) -> Any:  # every referenced TaskBatch has succeeded
+        done = {
+            ref.task_batch_ref.name: f"s3://qpa/taskbatches/{ref.task_batch_ref.name}/"
+            for ref in tr.spec.datasets
+            if ref.task_batch_ref is not None
+        }
+        return trainingrun.data_plan(tr, done)
+
+    def train_pod(tr: Any, defaults: Any) -> Mapping[str, Any]:
+        order = read(trainingrun.config_map(tr, train_plan(tr), defaults), TrainingRun)
+        stage = SFTConfig if tr.spec.stage == "sft" else RLConfig
+        return stage.from_trainingrun(order, work_dir=Path("/work")).model_dump()
+
+    def train_children(tr: Any, defaults: Any) -> list[Json]:
+        plan = train_plan(tr)
+        return trainingrun.children(tr, defaults, attempt=0, plan=plan, data_ready=True)
 
     def release_children(hr: Any, defaults: Any) -> list[Json]:
         return [*harnessrelease.services(hr, defaults), harnessrelease.bench_job(hr, defaults)]
@@ -353,6 +379,30 @@ def kinds() -> list[KindWalk]:
                 "spec.bridgeImage": {"spec.bridgeImage": "registry.example/bridge:2"},
                 "spec.selector.serials": {"spec.selector.serials": ["R5CT1"]},
                 "spec.selector.maxAndroidVersion": {"spec.selector.maxAndroidVersion": 15},
+            },
+        ),
+        KindWalk(
+            "TrainingRun",
+            "qpa.ai_trainingruns.yaml",
+            (("trainingrun.yaml", 0), ("trainingrun.yaml", 1)),
+            train_pod,
+            train_children,
+            values={  # the stage picks the trainer; rl needs rl settings and no sft ones
+                "spec.stage": [
+                    {
+                        "spec.stage": "rl",
+                        "spec.sft": None,
+                        "spec.rl": {"rolloutPoolRef": {"name": "sandbox"}},
+                    }
+                ]
+            },
+            fills={
+                path: {path: value}
+                for path, value in (
+                    ("spec.resumeFrom", "s3://qpa/trainingruns/x/checkpoints/checkpoint-7/"),
+                    ("spec.image", "registry.example/trainer:2"),
+                    ("spec.resources", {"requests": {"cpu": "4"}}),
+                )
             },
         ),
         KindWalk(
