@@ -1,4 +1,4 @@
-"""TrainingRun handlers: the training config, the rendezvous Service, the data Job when the
+"""TrainingRun handlers: the work order, the rendezvous Service, the data Job when the
 datasets need preparing, and the ranks' Job of the current attempt.
 
 The attempt lives in `status.restarts`. When the attempt's Job fails and `resume` is on, the
