@@ -338,3 +338,27 @@ def test_what_the_api_accepts_the_trainer_accepts(
         return
     config = outputs_of(tr)["config"]
     assert isinstance(config, dict), config  # never a ConfigError
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_qpa_train_rl_reads_the_work_order(tmp_path: Path) -> None:
+    """`qpa train rl --spec` (a dry run: settings and task pool, no training)."""
+    from typer.testing import CliRunner
+
+    import qpa.cli.train_rl  # noqa: F401  (registers `qpa train rl`)
+    from qpa.cli import app
+
+    tr = TrainingRun.model_validate(example(1))
+    cm = builder.config_map(tr, builder.data_plan(tr, {}), D, attempt=0)
+    order = tmp_path / "workorder.yaml"
+    order.write_text(cm["data"][WORK_ORDER_KEY])
+    result = CliRunner().invoke(app, ["train", "rl", "--spec", str(order), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert '"episodes_per_step": 64' in result.output  # tasksPerStep 8 x samplesPerTask 8
+    assert builder.rollout_pool_url("sandbox", owner_namespace(tr), D) in result.output
+    both = ["train", "rl", "--spec", str(order), "--config", str(order)]
+    assert CliRunner().invoke(app, both).exit_code != 0
+    wrong = CliRunner().invoke(app, ["train", "sft", "--spec", str(order), "--dry-run"])
+    assert wrong.exit_code != 0 and "spec.stage is rl" in wrong.output
