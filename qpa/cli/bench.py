@@ -129,7 +129,9 @@ def run_command(
     suite: Annotated[str, typer.Option("--suite", "-s", help="Task suite.")] = DEFAULT_SUITE,
     split: Annotated[str, typer.Option(help="train, validation or test.")] = "test",
     seed: Annotated[int, typer.Option(help="Suite seed (0 = canonical).")] = CANONICAL_SEED,
-    samples: Annotated[int, typer.Option("--samples", "-k", min=1, help="Samples per task.")] = 1,
+    samples: Annotated[
+        int, typer.Option("--samples-per-task", "--samples", "-k", min=1, help="Samples per task.")
+    ] = 1,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-j", min=1, help="Episodes in parallel.")
     ] = 1,

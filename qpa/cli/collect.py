@@ -117,7 +117,10 @@ def collect_command(
     ] = None,
     planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNER_NAMES)}.")] = "oracle",
     samples: Annotated[
-        int, typer.Option("--samples", "-k", min=1, help="Samples per task (group size).")
+        int,
+        typer.Option(
+            "--samples-per-task", "--samples", "-k", min=1, help="Samples per task (group size)."
+        ),
     ] = 1,
     shard: Annotated[str | None, typer.Option(help="This worker's shard i/n.")] = None,
     shard_env: Annotated[

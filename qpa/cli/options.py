@@ -14,8 +14,11 @@ ModelOpt = Annotated[str, typer.Option(help="Model name at the endpoint.")]
 ModelPathOpt = Annotated[
     str | None,
     typer.Option(
-        help="Checkpoint folder (planner local): a path or file://, s3://, pvc://<claim>/<path>, "
-        "hf://org/name[@rev]; s3:// is downloaded once into $QPA_CACHE_DIR (~/.cache/qpa)."
+        "--model-uri",
+        "--model-path",
+        help="Checkpoint (planner local; `policy.modelUri` of a TaskBatch): a folder or "
+        "file://, s3://, pvc://<claim>/<path>, "
+        "hf://org/name[@rev]; s3:// is downloaded once into $QPA_CACHE_DIR (~/.cache/qpa).",
     ),
 ]
 ApiKeyEnvOpt = Annotated[

@@ -49,7 +49,7 @@ def tiny(
 ) -> None:
     """Build a tiny Qwen3 checkpoint (tokenizer trained on the suite's text, random weights).
 
-    The folder is an ordinary Hugging Face checkpoint: `model:` of an SFT run, `--model-path`
+    The folder is an ordinary Hugging Face checkpoint: `model:` of an SFT run, `--model-uri`
     of the local planner.
     """
     from pydantic import ValidationError

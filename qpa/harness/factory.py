@@ -1,7 +1,7 @@
 """Build any planner by name: model-free (`oracle`, `noop`, `greedy_wrong`, `noisy`) or a model
 behind the Harness (`openai`, `local`). The CLI, the benchmark and the server all go through here.
 
-The `local` planner's `--model-path` is a checkpoint folder or a location `qpa.store.resolve_local`
+The `local` planner's `--model-uri` is a checkpoint folder or a location `qpa.store.resolve_local`
 understands (`file://`, `s3://`, `pvc://`, `hf://`): the spec resolves it once, when it is made,
 to `model_dir` (a download lands in the cache), so a bad location fails before any episode.
 """
@@ -51,13 +51,13 @@ class PlannerSpec:
             raise ValueError("planner 'openai' needs --model-url (an OpenAI-compatible endpoint)")
         if self.name == "local" and not self.model_path:
             raise ValueError(
-                "planner 'local' needs --model-path (a checkpoint folder or a file://, s3://, "
+                "planner 'local' needs --model-uri (a checkpoint folder or a file://, s3://, "
                 "pvc:// or hf:// location of one)"
             )
         if self.name == "local":
-            self.model_dir = resolve_local(str(self.model_path), field="--model-path")
+            self.model_dir = resolve_local(str(self.model_path), field="--model-uri")
             if not self.model_dir.is_dir():
-                raise ValueError(f"--model-path {self.model_path}: is not a checkpoint folder")
+                raise ValueError(f"--model-uri {self.model_path}: is not a checkpoint folder")
 
     @property
     def policy_model(self) -> str:

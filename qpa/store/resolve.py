@@ -1,6 +1,6 @@
 """One resolver from a model or dataset location to a local path: `resolve_local`.
 
-Every planner, trainer and server path that takes a model or dataset location (`--model-path`,
+Every planner, trainer and server path that takes a model or dataset location (`--model-uri`,
 `model:`/`tokenizer:`/`dataset:` of a training config, `policy.modelUri` of a TaskBatch) calls
 `resolve_local` once and works on the local path it returns:
 
@@ -34,7 +34,7 @@ cache, or `<cache_dir>/hf` when a `cache_dir` is given); without one, or without
 error says so and suggests copying the model to `s3://` or a claim.
 
 Every failure is a `ResolveError` (a `StoreError` and a `ValueError`) whose message names the
-location and, when given, the field it came from (`--model-path`, `model`, `dataset`).
+location and, when given, the field it came from (`--model-uri`, `model`, `dataset`).
 """
 
 from __future__ import annotations

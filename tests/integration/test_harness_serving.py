@@ -87,7 +87,7 @@ def test_model_flags_are_validated() -> None:
     no_url = runner.invoke(app, ["run", "--task", TASK.id, "--planner", "openai"])
     assert no_url.exit_code == 2 and "--model-url" in no_url.output
     no_path = runner.invoke(
-        app, ["run", "--task", TASK.id, "--planner", "local", "--model-path", "/nope"]
+        app, ["run", "--task", TASK.id, "--planner", "local", "--model-uri", "/nope"]
     )
     assert no_path.exit_code == 2 and "/nope" in no_path.output
 

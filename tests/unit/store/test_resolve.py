@@ -33,9 +33,9 @@ def test_local_paths_and_file_uris_resolve_to_themselves(
     assert resolve_local(f"file://{rows}") == rows  # one file is fine too
     monkeypatch.chdir(tmp_path)
     assert resolve_local("models/tiny") == model  # relative to the working directory, absolute
-    missing = r"^--model-path file:///nope/x: does not exist \(/nope/x\)$"
+    missing = r"^--model-uri file:///nope/x: does not exist \(/nope/x\)$"
     with pytest.raises(ResolveError, match=missing):
-        resolve_local("file:///nope/x", field="--model-path")
+        resolve_local("file:///nope/x", field="--model-uri")
     with pytest.raises(ResolveError, match=r"missing: does not exist \(.*/missing\)"):
         resolve_local("missing")
     with pytest.raises(ResolveError, match=r"file://relative/x: file URIs name a local path"):
@@ -72,9 +72,9 @@ def test_hub_ids_offline_fail_clearly_without_network(
     pytest.importorskip("huggingface_hub")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ResolveError) as caught:
-        resolve_local("hf://Qwen/Qwen2.5-0.5B@main", field="--model-path", cache_dir=tmp_path)
+        resolve_local("hf://Qwen/Qwen2.5-0.5B@main", field="--model-uri", cache_dir=tmp_path)
     message = str(caught.value)
-    assert message.startswith("--model-path hf://Qwen/Qwen2.5-0.5B@main: the Hub is offline")
+    assert message.startswith("--model-uri hf://Qwen/Qwen2.5-0.5B@main: the Hub is offline")
     assert "HF_HUB_OFFLINE" in message and "s3://" in message
     with pytest.raises(ResolveError, match="not a Hub repo id"):
         resolve_local("hf://a/b/c")
@@ -143,7 +143,7 @@ def test_local_planner_takes_a_location(tmp_path: Path, monkeypatch: pytest.Monk
     spec = PlannerSpec("local", model_path="pvc://models/tiny")
     assert spec.model_dir == model and spec.policy_model == "pvc://models/tiny"
     assert PlannerSpec("local", model_path=model.as_uri()).model_dir == model
-    with pytest.raises(ValueError, match=r"^--model-path gs://b/m: gs:// is not supported"):
+    with pytest.raises(ValueError, match=r"^--model-uri gs://b/m: gs:// is not supported"):
         PlannerSpec("local", model_path="gs://b/m")
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="is not a checkpoint folder"):
