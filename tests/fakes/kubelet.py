@@ -61,6 +61,17 @@ mount points already on the host and `net.ipv4.ip_unprivileged_port_start` at or
 Service ports. Not modelled: Endpoints/EndpointSlice objects, Service env vars,
 NetworkPolicies, resource limits, startup probes, volume updates after start, image pulls.
 
+API access, as a real cluster gives it: every container gets `KUBERNETES_SERVICE_HOST` /
+`KUBERNETES_SERVICE_PORT` (+ `_HTTPS`, `KUBERNETES_PORT*`), pointing at a TLS front of the test
+API server (127.0.0.1, a self-signed certificate made with `openssl` for IP 127.0.0.1, relaying
+to the plain-HTTP server), and a Pod whose token is automounted (`automountServiceAccountToken`
+of the Pod, else of its ServiceAccount, else true) gets `/var/run/secrets/kubernetes.io/
+serviceaccount/{token,ca.crt,namespace}` read-only. So the `kubernetes` client's
+`load_incluster_config()` (qpa's `Kube.connect`, kopf's `login_via_client`) and kopf's
+`login_with_service_account` work unchanged in a pod; a kubeconfig could not stand in for them
+(`Kube.connect` goes in-cluster whenever `KUBERNETES_SERVICE_HOST` is set, and in-cluster
+config insists on https with the CA). The token is an opaque string (the server checks none).
+
     async def test_it(kube_api, kubelet):
         kube_api.create(job)
         await kubelet.eventually(lambda: job_done(kube_api.get("jobs", "default", "j")))
@@ -85,6 +96,7 @@ import re
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -113,6 +125,7 @@ LOG_FALLBACK_BYTES, LOG_FALLBACK_LINES = 2048, 80  # FallbackToLogsOnError's log
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 JOB_NAME = "batch.kubernetes.io/job-name"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 MOUNT_REGISTRY = Path(
     "/run/qpa-test-kubelet" if os.access("/run", os.W_OK) else "/tmp/.qpa-test-kubelet"
 )
@@ -430,6 +443,8 @@ class TestKubelet:
         self._probes = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="probe")
         self._proxy = _Proxy()
         self._mounts: _MountPoints | None = None
+        self.api_port = 0  # the API server's TLS front (KUBERNETES_SERVICE_PORT), once started
+        self._api_ca = self.root / "api-tls" / "ca.crt"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -438,6 +453,7 @@ class TestKubelet:
         self._mounts = _MountPoints()
         self.add_node(self.node, {})
         self._proxy.start()
+        self.api_port = self._proxy.tls_front(self._api_tls(), ("127.0.0.1", self.api.port))
         self._thread = threading.Thread(target=self._run, name="test-kubelet", daemon=True)
         self._thread.start()
         return self
@@ -465,6 +481,21 @@ class TestKubelet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def _api_tls(self) -> ssl.SSLContext:
+        """A self-signed certificate for 127.0.0.1 (the pods' ca.crt) and its server context."""
+        key = self._api_ca.with_name("tls.key")
+        self._api_ca.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+             "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=kube-apiserver",
+             "-addext", "subjectAltName=IP:127.0.0.1,DNS:kubernetes.default.svc",
+             "-keyout", str(key), "-out", str(self._api_ca)],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self._api_ca, key)
+        return context
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -804,12 +835,31 @@ class TestKubelet:
                 for i in source["downwardAPI"].get("items") or []
             }
         if "serviceAccountToken" in source:
-            return {source["serviceAccountToken"].get("path", "token"): b"test-kubelet-token"}
+            return {source["serviceAccountToken"].get("path", "token"): self._token(pod)}
         raise ConfigError(f"volume source {sorted(source)} is not supported by the test kubelet")
+
+    def _token(self, pod: _Pod) -> bytes:
+        account = pod.spec.get("serviceAccountName") or "default"
+        return f"qpa-test-kubelet:{pod.key[0]}:{account}".encode()
+
+    def _automount(self, pod: _Pod) -> bool:
+        """The Pod's automountServiceAccountToken, else its ServiceAccount's, else true."""
+        if (own := pod.spec.get("automountServiceAccountToken")) is not None:
+            return bool(own)
+        name = pod.spec.get("serviceAccountName") or "default"
+        account = self._get("serviceaccounts", pod.key[0], name) or {}
+        return account.get("automountServiceAccountToken") is not False
 
     def _materialize(self, pod: _Pod) -> dict[str, Path]:
         """Each volume as a folder (or host path) under the pod's folder."""
         volumes: dict[str, Path] = {}
+        if self._automount(pod):  # what the ServiceAccount admission's projected volume holds
+            account = pod.dir / "serviceaccount"
+            account.mkdir(parents=True, exist_ok=True)
+            (account / "token").write_bytes(self._token(pod))
+            (account / "ca.crt").write_bytes(self._api_ca.read_bytes())
+            (account / "namespace").write_text(pod.key[0])
+            volumes[SERVICE_ACCOUNT_DIR] = account
         for vol in pod.spec.get("volumes") or []:
             name, target = vol["name"], pod.dir / "volumes" / vol["name"]
             files: dict[str, bytes] = {}
@@ -841,6 +891,14 @@ class TestKubelet:
     def _env(self, pod: _Pod, c: _Container) -> dict[str, str]:
         ns = pod.key[0]
         env = {"PATH": f"{VENV_BIN}:{HOST_PATH}", "HOSTNAME": self._hostname(pod), "HOME": "/root"}
+        api = ("127.0.0.1", str(self.api_port))  # the `kubernetes` Service, in every container
+        env |= {
+            "KUBERNETES_SERVICE_HOST": api[0],
+            "KUBERNETES_SERVICE_PORT": api[1],
+            "KUBERNETES_SERVICE_PORT_HTTPS": api[1],
+            "KUBERNETES_PORT": f"tcp://{api[0]}:{api[1]}",
+            f"KUBERNETES_PORT_{api[1]}_TCP": f"tcp://{api[0]}:{api[1]}",
+        }
         for source in c.spec.get("envFrom") or []:
             prefix = source.get("prefix", "")
             ref = source.get("configMapRef") or source.get("secretRef") or {}
@@ -882,6 +940,8 @@ class TestKubelet:
                 raise ConfigError(f"volumeMounts {m['name']}: no volume of that name")
             source = pod.volumes[m["name"]] / m.get("subPath", "")
             mounts[os.path.normpath(m["mountPath"])] = (source, bool(m.get("readOnly")))
+        if SERVICE_ACCOUNT_DIR in pod.volumes and SERVICE_ACCOUNT_DIR not in mounts:
+            mounts[SERVICE_ACCOUNT_DIR] = (pod.volumes[SERVICE_ACCOUNT_DIR], True)
         mounts["/etc/hosts"] = (pod.hosts, False)
         mounts[c.spec.get("terminationMessagePath", "/dev/termination-log")] = (c.message, False)
         ordered = sorted(mounts.items(), key=lambda kv: kv[0].count("/"))
@@ -1642,13 +1702,14 @@ class _Proxy:
         self._servers: dict[tuple[str, int], asyncio.Server] = {}
         self._routes: dict[tuple[str, int], list[tuple[str, int]]] = {}
         self._turn = itertools.count()
+        self._fronts: list[asyncio.Server] = []
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         async def close() -> None:
-            for server in self._servers.values():
+            for server in [*self._servers.values(), *self._fronts]:
                 server.close()
 
         if self._thread.is_alive():
@@ -1667,12 +1728,26 @@ class _Proxy:
                 handler = lambda r, w, a=address: self._relay(a, r, w)  # noqa: E731
                 self._servers[address] = await asyncio.start_server(handler, *address)
 
+    def tls_front(self, context: ssl.SSLContext, target: tuple[str, int]) -> int:
+        """A TLS listener on a free 127.0.0.1 port relaying to `target`; returns the port."""
+
+        async def listen() -> int:
+            handler = lambda r, w: self._pipe_to(target, r, w)  # noqa: E731
+            server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=context)
+            self._fronts.append(server)
+            return int(server.sockets[0].getsockname()[1])
+
+        return int(asyncio.run_coroutine_threadsafe(listen(), self._loop).result(10))
+
     async def _relay(self, address: tuple[str, int], reader: Any, writer: Any) -> None:
         targets = self._routes.get(address) or []
         if not targets:
             writer.close()
             return
-        host, port = targets[next(self._turn) % len(targets)]
+        await self._pipe_to(targets[next(self._turn) % len(targets)], reader, writer)
+
+    async def _pipe_to(self, target: tuple[str, int], reader: Any, writer: Any) -> None:
+        host, port = target
         try:
             up_reader, up_writer = await asyncio.open_connection(host, port)
         except OSError:

@@ -549,3 +549,44 @@ async def test_active_deadline_and_suspend(kube_api: KubeAPIServer, kubelet: Tes
     assert pods_of(kube_api, "later") == []
     kube_api.patch("jobs", NS, "later", {"spec": {"suspend": False}})
     await kubelet.eventually(lambda: condition(kube_api.get("jobs", NS, "later"), "Complete"))
+
+
+IN_CLUSTER = """
+import kubernetes, pathlib
+kubernetes.config.load_incluster_config()  # https + ca.crt + token, as in a real cluster
+cm = kubernetes.client.CoreV1Api().read_namespaced_config_map("settings", "default")
+ns = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text()
+pathlib.Path("/dev/termination-log").write_text(cm.data["color"] + " " + ns)
+"""
+
+
+async def test_pods_reach_the_api_server_with_in_cluster_config(
+    kube_api: KubeAPIServer, kubelet: TestKubelet
+) -> None:
+    kube_api.create(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
+         "data": {"color": "teal"}},
+        NS,
+    )  # fmt: skip
+    api_job = job("api", "true")
+    api_job["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", IN_CLUSTER]
+    kube_api.create(api_job)
+    # automountServiceAccountToken false (the pod's, or its ServiceAccount's): no token, but
+    # the `kubernetes` Service's env vars are there as in any pod
+    kube_api.create(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "quiet"},
+         "automountServiceAccountToken": False},
+        NS,
+    )  # fmt: skip
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    probe = f"test -e {token} && echo token || echo none; echo $KUBERNETES_SERVICE_HOST"
+    for name, pod in (
+        ("off", {"automountServiceAccountToken": False}),
+        ("quiet", {"serviceAccountName": "quiet"}),
+    ):
+        kube_api.create(job(name, f"({probe}) > /dev/termination-log", pod=pod))
+    for name in ("api", "off", "quiet"):
+        await kubelet.eventually(lambda n=name: condition(kube_api.get("jobs", NS, n), "Complete"))
+    assert terminated(pods_of(kube_api, "api")[0])["message"] == "teal default"
+    for name in ("off", "quiet"):
+        assert terminated(pods_of(kube_api, name)[0])["message"].split() == ["none", "127.0.0.1"]
