@@ -41,10 +41,8 @@ from typing import Any
 from qpa.store import (
     ArtifactNotFound,
     ArtifactStore,
-    ResolveError,
     join_key,
     open_store,
-    resolve_local,
     sha256_file,
 )
 
@@ -390,14 +388,3 @@ def download_checkpoint(
         shutil.rmtree(dest)
     os.replace(staging, dest)
     return dest
-
-
-def materialize(uri: str, dest: Path) -> Path:
-    """A local path holding what `uri` names, through `qpa.store.resolve_local` (downloads are
-    cached under `dest`). Raises `FileNotFoundError` naming the URI when it cannot be had.
-
-    Kept for callers that catch `FileNotFoundError`; new code calls `resolve_local` itself."""
-    try:
-        return resolve_local(uri, cache_dir=dest)
-    except ResolveError as exc:
-        raise FileNotFoundError(str(exc)) from None

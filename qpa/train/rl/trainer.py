@@ -114,7 +114,8 @@ class RLTrainer:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        from qpa.train.checkpoint import CheckpointStore, materialize
+        from qpa.store import ResolveError, resolve_local
+        from qpa.train.checkpoint import CheckpointStore
         from qpa.train.metrics import TrainMetrics
 
         cfg = self.config
@@ -124,15 +125,16 @@ class RLTrainer:
             bool(self.cuda and torch.cuda.is_bf16_supported()) if cfg.bf16 == "auto" else cfg.bf16
         )
         torch.manual_seed(cfg.seed)
+        cache = self.run_dir / "cache"
         try:
-            model_dir = materialize(cfg.model, self.run_dir / "cache" / "model")
+            model_dir = resolve_local(cfg.model, field="model", cache_dir=cache)
             tokenizer_dir = (
-                materialize(cfg.tokenizer, self.run_dir / "cache" / "tokenizer")
+                resolve_local(cfg.tokenizer, field="tokenizer", cache_dir=cache)
                 if cfg.tokenizer
                 else None
             )
-        except FileNotFoundError as exc:
-            raise ConfigError(f"model: {exc}") from None
+        except ResolveError as exc:
+            raise ConfigError(str(exc)) from None
         self.checkpoints = (
             CheckpointStore.open(cfg.checkpoint.store, cfg.store_prefix)
             if cfg.checkpoint.store
