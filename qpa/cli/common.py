@@ -27,33 +27,6 @@ STATUS_FILE_ENV = "QPA_STATUS_FILE"
 STATUS_FILE_LIMIT = 4096  # bytes: what Kubernetes keeps of a container's termination message
 
 
-def write_status_file(summary: dict[str, Any]) -> None:
-    """Write a run's summary as compact JSON where `$QPA_STATUS_FILE` points (the operator
-    mounts the pod's termination log there and reads step, checkpoints and the final model
-    from it). Until it fits the termination-message limit, the longest list loses its oldest
-    item (the newest checkpoints survive), then the largest other value is dropped."""
-    path = os.environ.get(STATUS_FILE_ENV)
-    if not path:
-        return
-    data = dict(summary)
-
-    def encoded() -> str:
-        return json.dumps(data, separators=(",", ":"), default=str)
-
-    def size(key: str) -> int:
-        return len(json.dumps(data[key], default=str))
-
-    while len(encoded().encode()) > STATUS_FILE_LIMIT and data:
-        lists = [k for k, v in data.items() if isinstance(v, list) and v]
-        if lists:
-            longest = max(lists, key=size)
-            data[longest] = data[longest][1:]
-        else:
-            del data[max(data, key=size)]
-    with open(path, "w", encoding="utf-8") as stream:
-        stream.write(encoded())
-
-
 def write_summary(summary: PodSummary) -> None:
     """Write a pod's typed summary where `$QPA_STATUS_FILE` points (its termination message,
     which the operator parses with the same model); nothing when the variable is unset."""
