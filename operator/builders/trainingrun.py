@@ -138,6 +138,7 @@ def data_plan(tr: TrainingRun, taskbatch_outputs: Mapping[str, str]) -> DataPlan
     out = tr.spec.output_uri
     steps: list[tuple[str, ...]] = []
     mixed: list[str] = []
+    weights: list[str] = []
     for ref, item in zip(refs, inputs, strict=True):
         if ref.task_batch_ref is not None:
             curated = _join(out, "data", "curated", ref.task_batch_ref.name)
@@ -145,8 +146,10 @@ def data_plan(tr: TrainingRun, taskbatch_outputs: Mapping[str, str]) -> DataPlan
             mixed.append(curated)
         else:
             mixed.append(str(item["uri"]))
+        if ref.weight != 1.0:
+            weights += ["--input-weight", f"{mixed[-1]}={ref.weight:g}"]
     target = _join(out, "data", "mix")
-    steps.append(("qpa", "data", "mix", *mixed, "--out", target))
+    steps.append(("qpa", "data", "mix", *mixed, *weights, "--out", target))
     return DataPlan(dataset=target, steps=tuple(steps), inputs=inputs)
 
 

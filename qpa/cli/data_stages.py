@@ -186,15 +186,24 @@ def mix_command(
         str | None, typer.Option(help="Mixture YAML (weights, size, adaptive).")
     ] = None,
     report: Annotated[str | None, typer.Option(help="Validation report.json (adaptive).")] = None,
+    input_weight: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input-weight",
+            help="INPUT=WEIGHT: relative weight of one input batch (repeat; default 1).",
+        ),
+    ] = None,
     review_config: ReviewCfgOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Build a training set weighted by capability, difficulty and source."""
+    """Build a training set weighted by capability, difficulty, source and input batch."""
     from qpa.data import mix as mx
     from qpa.data.review import open_batch
 
     def run() -> Any:
         settings = mx.load_mix_config(config)
+        if input_weight:
+            settings = _with_input_weights(settings, input_weight)
         loaded = mx.load_validation_report(report)
         return mx.mix(
             open_batch(out),
@@ -214,6 +223,28 @@ def mix_command(
     _counts_table("weights", manifest.weights)
     for reason in manifest.reasons[:20]:
         console.print(f"  - {reason}")
+
+
+def _with_input_weights(settings: Any, items: list[str]) -> Any:
+    """The mix settings with `--input-weight INPUT=WEIGHT` options merged in."""
+    from pydantic import ValidationError
+
+    from qpa.api.v1alpha1 import first_error
+    from qpa.data import mix as mx
+
+    weights = dict(settings.input_weights)
+    for item in items:
+        uri, sep, value = item.rpartition("=")
+        try:
+            if not sep or not uri:
+                raise ValueError("expected INPUT=WEIGHT")
+            weights[uri] = float(value)
+        except ValueError as exc:
+            raise mx.DataError(f"--input-weight {item!r}: {exc}") from None
+    try:
+        return mx.MixConfig.model_validate({**settings.model_dump(), "input_weights": weights})
+    except ValidationError as exc:
+        raise mx.DataError(f"--input-weight: {first_error(exc)}") from None
 
 
 @data_app.command("publish")

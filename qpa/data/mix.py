@@ -34,7 +34,7 @@ import json
 import math
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +136,7 @@ class MixConfig(BaseModel):
       source: {template: 1.0, generated: 1.0, llm: 0.8}
       env_kind: {sandbox: 1.0, llm_sim: 1.0, device: 2.0}
     adaptive: {weak_threshold: 0.7, weak_boost: 2.0, unstable_boost: 2.0, mastered_factor: 0.25}
+    input_weights: {"s3://qpa/curated/a/": 3.0}   # per input batch (a TrainingRun's datasets)
     include_failures: false   # failed episodes with every turn from the mistake on masked
     review_rows: false        # also sample the mix's rows into its own review queue
     harness: {}               # the Harness version the rows are rendered for
@@ -152,6 +153,11 @@ class MixConfig(BaseModel):
     seed: int = 0
     weights: Weights = Field(default_factory=Weights)
     adaptive: Adaptive = Field(default_factory=Adaptive)
+    input_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="relative weight of each input batch (by its URI as given; 1.0 when not "
+        "listed): a TrainingRun's `datasets[].weight`",
+    )
     include_failures: bool = False
     review_rows: bool = False
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
@@ -161,6 +167,14 @@ class MixConfig(BaseModel):
         "is rendered for one of `harness` + these, picked by a stable hash of its id, so the "
         "model learns prompts of every version it will be served with",
     )
+
+    @field_validator("input_weights")
+    @classmethod
+    def _positive_input_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, v in value.items() if not v > 0 or math.isinf(v)]
+        if bad:
+            raise ValueError(f"input weight for {bad[0]!r} must be a finite number > 0")
+        return value
 
 
 def load_mix_config(path: str | None) -> MixConfig:
@@ -192,7 +206,7 @@ class Item:
     """One trajectory with its stratum, factor and the reasons behind them."""
 
     trajectory: Trajectory
-    stratum: tuple[str, int, str, str]
+    stratum: tuple[Any, ...]  # capabilities, difficulty, source, env kind (, weighted input)
     stratum_weight: float
     factor: float = 1.0
     reasons: list[str] = field(default_factory=list)
@@ -231,9 +245,15 @@ def _task_stats(trajectories: Sequence[Trajectory]) -> dict[str, tuple[int, int,
 
 
 def plan_mixture(
-    trajectories: Sequence[Trajectory], config: MixConfig, report: Report | None = None
+    trajectories: Sequence[Trajectory],
+    config: MixConfig,
+    report: Report | None = None,
+    *,
+    origins: Mapping[str, str] | None = None,
 ) -> MixPlan:
-    """Weights, adaptive factors and deterministic copies per trajectory (see the docstring)."""
+    """Weights, adaptive factors and deterministic copies per trajectory (see the docstring).
+
+    `origins` maps trajectory ids to the input batch they came from, for `input_weights`."""
     if not trajectories:
         raise DataError("nothing to mix: no curated trajectories")
     w, a = config.weights, config.adaptive
@@ -258,6 +278,8 @@ def plan_mixture(
     for group, table in (("source", w.source), ("env_kind", w.env_kind)):
         for name, value in sorted(table.items()):
             weights[f"{group}.{name}"] = value
+    for uri, value in sorted(config.input_weights.items()):
+        weights[f"input.{uri}"] = value
 
     # validation outcomes per template: unstable / mastered
     unstable_templates: set[str] = set()
@@ -284,17 +306,21 @@ def plan_mixture(
     for t in trajectories:
         task = t.task
         capability = max(task.capabilities, key=lambda c: (cap_factor[c], c))
-        stratum = (
+        origin = (origins or {}).get(t.id)
+        stratum: tuple[Any, ...] = (
             "+".join(sorted(task.capabilities)),
             task.difficulty,
             task.source,
             t.env_kind,
         )
+        if config.input_weights and origin is not None:
+            stratum += (origin,)  # weighted inputs are strata of their own
         weight = (
             cap_factor[capability]
             * w.difficulty.get(task.difficulty, 1.0)
             * w.source.get(task.source, 1.0)
             * w.env_kind.get(t.env_kind, 1.0)
+            * (config.input_weights.get(origin, 1.0) if origin is not None else 1.0)
         )
         item = Item(t, stratum, weight)
         samples, successes, tokens = stats[task.id]
@@ -478,8 +504,14 @@ class MixResult:
     manifest: DatasetManifest
 
 
-def load_curated(inputs: Sequence[str], *, include_failures: bool) -> list[Trajectory]:
-    """Curated trajectories from `qpa data curate` outputs (their rejected items left out)."""
+def load_curated(
+    inputs: Sequence[str],
+    *,
+    include_failures: bool,
+    origins: dict[str, str] | None = None,
+) -> list[Trajectory]:
+    """Curated trajectories from `qpa data curate` outputs (their rejected items left out);
+    `origins`, when given, is filled with trajectory id -> the input it came from."""
     out: list[Trajectory] = []
     for uri in inputs:
         batch = open_batch(uri)
@@ -493,6 +525,8 @@ def load_curated(inputs: Sequence[str], *, include_failures: bool) -> list[Traje
                     continue
                 if not t.success and (t.metadata.get("diagnosis") or {}).get("side") != "model":
                     continue  # only the model's own mistakes teach recovery
+                if origins is not None:
+                    origins[t.id] = uri
                 out.append(t)
     return out
 
@@ -509,8 +543,12 @@ def mix(
 ) -> MixResult:
     """Build the mixture from curated batches and write it, with its manifest, to `store`."""
     config = config or MixConfig()
-    trajectories = load_curated(inputs, include_failures=config.include_failures)
-    plan = plan_mixture(trajectories, config, report)
+    unknown = sorted(set(config.input_weights) - set(inputs))
+    if unknown:
+        raise DataError(f"input_weights names {unknown[0]!r}, which is not an input")
+    origins: dict[str, str] = {}
+    trajectories = load_curated(inputs, include_failures=config.include_failures, origins=origins)
+    plan = plan_mixture(trajectories, config, report, origins=origins)
     rows = build_rows(
         plan,
         Renderer(config.harness),

@@ -280,3 +280,41 @@ def test_harness_variants_render_each_trajectory_for_one_version(skewed: list[Tr
     assert system_prompts(build_rows(plan, Renderer(compact), Renderer(wide), seed=3)) == (
         mixed_prompts
     )
+
+
+def test_input_batches_are_weighted_when_asked(skewed: list[Trajectory]) -> None:
+    """A TrainingRun's `datasets[].weight`: the same kind of data from two inputs, 3:1."""
+    second = [t.model_copy(update={"id": t.id + "-b"}) for t in skewed]
+    origins = {t.id: "s3://q/a/" for t in skewed} | {t.id: "s3://q/b/" for t in second}
+    config = MixConfig(target_size=80, input_weights={"s3://q/a/": 3.0})
+    plan = plan_mixture([*skewed, *second], config, origins=origins)
+    copies = Counter[str]()
+    for item in plan.items:
+        copies[origins[item.trajectory.id]] += item.copies
+    assert copies == {"s3://q/a/": 60, "s3://q/b/": 20}
+    assert plan.weights["input.s3://q/a/"] == 3.0
+    unweighted = plan_mixture([*skewed, *second], MixConfig(target_size=80), origins=origins)
+    even = Counter[str]()
+    for item in unweighted.items:
+        even[origins[item.trajectory.id]] += item.copies
+    assert even == {"s3://q/a/": 40, "s3://q/b/": 40}
+
+
+def test_cli_input_weights_name_the_problem(tmp_path: Path, curated_batch: str) -> None:
+    out = str(tmp_path / "mix")
+    weighted = runner.invoke(
+        app, ["data", "mix", curated_batch, "--out", out, "--input-weight", f"{curated_batch}=2",
+              "--json"],
+    )  # fmt: skip
+    assert weighted.exit_code == 0, weighted.output
+    assert json.loads(weighted.output)["weights"][f"input.{curated_batch}"] == 2.0
+    for item, message in (
+        ("nope", "expected INPUT=WEIGHT"),
+        (f"{curated_batch}=lots", "could not convert"),
+        (f"{curated_batch}=-1", "must be a finite number > 0"),
+        ("s3://elsewhere/=2", "which is not an input"),
+    ):
+        bad = runner.invoke(
+            app, ["data", "mix", curated_batch, "--out", out, "--input-weight", item]
+        )
+        assert bad.exit_code == 2 and message in " ".join(bad.output.split()), bad.output
