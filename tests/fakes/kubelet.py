@@ -92,6 +92,7 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -435,6 +436,9 @@ class TestKubelet:
         self._all: list[_Pod] = []  # every pod that ran, for logs and reports
         self._jobs: dict[str, _JobMemo] = {}
         self._ips = itertools.count(1)
+        # Service addresses start at a random block of 127.0.2.0-127.0.253.255, so kubelets of
+        # test processes running side by side do not bind the same address and port
+        self._service_base = random.randrange(0, 254 * 240, 254)
         self._service_ips: dict[tuple[str, str], str] = {}
         self._service_addr: dict[tuple[str, str], tuple[str, dict[int, int]]] = {}
         self._lock = threading.RLock()
@@ -1256,7 +1260,7 @@ class TestKubelet:
         return bool(mains) and all(c.ready and c.running for c in mains)
 
     def _next_service_ip(self) -> str:
-        n = len(self._service_ips)
+        n = (self._service_base + len(self._service_ips)) % (254 * 252)
         return f"127.0.{2 + n // 254}.{n % 254 + 1}"
 
     def _endpoint_port(self, pod: _Pod, target: Any) -> int:
