@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, InstanceOf, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, InstanceOf, model_validator
 
 from qpa.api.v1alpha1 import (
     HARNESS_CONFIG_DIR,
@@ -42,7 +42,12 @@ class BenchConfig(BaseModel):
     suite: str = Field(default=DEFAULT_SUITE, min_length=1, description="Task suite.")
     split: Split = "test"
     seed: int = Field(default=CANONICAL_SEED, ge=0, description="Suite seed.")
-    samples: int = Field(default=1, ge=1, description="Samples per task.")
+    samples_per_task: int = Field(
+        default=1,
+        ge=1,
+        validation_alias=AliasChoices("samples_per_task", "samples"),
+        description="Samples per task (`benchmark.samples` of a HarnessRelease).",
+    )
     concurrency: int = Field(default=1, ge=1, description="Episodes in parallel.")
     env_urls: list[str] = Field(default_factory=list, description="Environment servers.")
     env_kind: EnvironmentKind = "sandbox"
@@ -94,7 +99,7 @@ class BenchConfig(BaseModel):
             planner=planner,
             suite=bench.suite,
             split=bench.split,
-            samples=bench.samples,
+            samples_per_task=bench.samples,
             concurrency=bench.concurrency,
             limit=bench.limit,
             env_urls=[pool] if pool else [],

@@ -2,7 +2,7 @@
 
 `run_collect(config)` (a `CollectConfig`: tasks source, planner, samples, shard, output, ...)
 is what `qpa collect` (and each pod of a TaskBatch's indexed Job, from its work order) runs;
-`collect(tasks, spec, samples=k, out="s3://bucket/tb-1", shard=(i, n))` is the same for a
+`collect(tasks, spec, samples_per_task=k, out="s3://bucket/tb-1", shard=(i, n))` is the same for a
 caller that already holds the tasks and the planner spec:
 
 - **Work.** Every (task, sample) pair, task-major (pair index = task position * k + sample);
@@ -241,8 +241,8 @@ def collect(
 ) -> CollectResult:
     """`run_collect` for a caller holding tasks (or a tasks file or dataset) and a planner spec.
 
-    `settings` are `CollectConfig` fields (`out`, `samples`, `shard`, `concurrency`, ...); one
-    that does not validate is a `CollectError` naming the field.
+    `settings` are `CollectConfig` fields (`out`, `samples_per_task`, `shard`, `concurrency`,
+    ...); one that does not validate is a `CollectError` naming the field.
     """
     if isinstance(tasks, (str, Path)):
         location = str(tasks)
@@ -371,7 +371,7 @@ def _collect(
     started: float,
 ) -> CollectResult:
     shard = config.shard or (0, 1)
-    samples, urls = config.samples, config.env_url
+    samples, urls = config.samples_per_task, config.env_url
     index, count = shard
     tag = shard_tag(shard)
     existing, done, duplicates = _scan(store, uploader, policy)

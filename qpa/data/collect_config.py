@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from qpa.api.v1alpha1 import (
     API_KEY_ENV,
@@ -93,7 +93,12 @@ class CollectConfig(BaseModel):
         default=None, description="Which tasks (unset when the caller passes tasks itself)."
     )
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
-    samples: int = Field(default=1, ge=1, description="Samples per task (the group size).")
+    samples_per_task: int = Field(
+        default=1,
+        ge=1,
+        validation_alias=AliasChoices("samples_per_task", "samples"),
+        description="Samples per task (the group size; `samplesPerTask`).",
+    )
     shard: tuple[int, int] | None = Field(default=None, description="(index, count) of shards.")
     env_url: list[str] = Field(
         default_factory=list, description="Environment servers (round-robin); in-process if none."
@@ -168,7 +173,7 @@ class CollectConfig(BaseModel):
                 ),
                 harness_version=policy.harness.version,
             ),
-            samples=spec.samples_per_task,
+            samples_per_task=spec.samples_per_task,
             shard=(shard_index, spec.shards or spec.parallelism),
             env_url=[order.resolved.rollout_pool_url] if order.resolved.rollout_pool_url else [],
             max_turns=spec.max_turns,

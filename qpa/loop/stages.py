@@ -521,7 +521,7 @@ def _collect(
     result = collect(
         list(tasks),
         spec,
-        samples=samples,
+        samples_per_task=samples,
         out=str(out),
         concurrency=concurrency,
         spool_dir=out.parent / f".spool-{out.name}",

@@ -107,7 +107,7 @@ def test_local_collection_groups_parts_manifest_and_resume(tmp_path: Path) -> No
     out = str(tmp_path / "out")
     seen: list[CollectProgress] = []
     result = collect(
-        TASKS, ORACLE, samples=3, out=out, concurrency=4, spool_dir=tmp_path / "spool",
+        TASKS, ORACLE, samples_per_task=3, out=out, concurrency=4, spool_dir=tmp_path / "spool",
         part_size=5, on_episode=lambda progress, _: seen.append(progress),
     )  # fmt: skip
     assert result.complete and result.ran == 36 == result.total and result.successes == 36
@@ -115,20 +115,20 @@ def test_local_collection_groups_parts_manifest_and_resume(tmp_path: Path) -> No
     assert seen[-1].done == 36 and result.manifest_uri == (tmp_path / "out/manifest.json").as_uri()
     check_dataset(out, TASKS, 3)
     assert {t.metadata["shard"] for t in read_collected(out)} == {"0/1"}
-    again = collect(TASKS, ORACLE, samples=3, out=out, spool_dir=tmp_path / "spool")
+    again = collect(TASKS, ORACLE, samples_per_task=3, out=out, spool_dir=tmp_path / "spool")
     assert again.ran == 0 and again.skipped == 36 and again.complete
-    more = collect(TASKS, ORACLE, samples=4, out=out, spool_dir=tmp_path / "spool")
+    more = collect(TASKS, ORACLE, samples_per_task=4, out=out, spool_dir=tmp_path / "spool")
     assert more.ran == 12  # only the new sample of each task
     check_dataset(out, TASKS, 4)
     with pytest.raises(CollectError, match="another policy"):
-        collect(TASKS, PlannerSpec("noop"), samples=1, out=out, spool_dir=tmp_path / "spool")
+        collect(TASKS, PlannerSpec("noop"), samples_per_task=1, out=out, spool_dir=tmp_path / "spool")
 
 
 def test_collection_through_environment_servers_matches_local(tmp_path: Path) -> None:
-    local = collect(TASKS, ORACLE, samples=2, out=str(tmp_path / "local"), spool_dir=tmp_path)
+    local = collect(TASKS, ORACLE, samples_per_task=2, out=str(tmp_path / "local"), spool_dir=tmp_path)
     with serving(max_sessions=32) as first, serving(max_sessions=32) as second:
         remote = collect(
-            TASKS, ORACLE, samples=2, out=str(tmp_path / "remote"), env_url=f"{first},{second}",
+            TASKS, ORACLE, samples_per_task=2, out=str(tmp_path / "remote"), env_url=f"{first},{second}",
             concurrency=8, spool_dir=tmp_path,
         )  # fmt: skip
     assert remote.complete and remote.successes == local.successes == 24
@@ -146,7 +146,7 @@ def test_shards_cover_every_pair_exactly_once(seaweed: SeaweedS3, tmp_path: Path
     for index in range(3):
         results.append(
             collect(
-                TASKS, ORACLE, samples=2, out=out, shard=(index, 3), store_config=config,
+                TASKS, ORACLE, samples_per_task=2, out=out, shard=(index, 3), store_config=config,
                 spool_dir=tmp_path / "spool", part_size=3, concurrency=2,
             )
         )  # fmt: skip
@@ -177,7 +177,7 @@ def test_resume_after_a_crash_that_tore_the_spool(tmp_path: Path) -> None:
 
     with pytest.raises(_Crash):
         collect(
-            TASKS, ORACLE, samples=2, out=out, spool_dir=spool, part_size=100, concurrency=2,
+            TASKS, ORACLE, samples_per_task=2, out=out, spool_dir=spool, part_size=100, concurrency=2,
             on_episode=crash_after_7,
         )  # fmt: skip
     # The process died mid-write: its part is still open, its last line cut short.
@@ -185,7 +185,7 @@ def test_resume_after_a_crash_that_tore_the_spool(tmp_path: Path) -> None:
     torn = part.parent.parent / "open" / part.name
     torn.write_bytes(part.read_bytes() + b'{"id": "cut-short", "task": {"id')
     part.unlink()
-    result = collect(TASKS, ORACLE, samples=2, out=out, spool_dir=spool, part_size=100)
+    result = collect(TASKS, ORACLE, samples_per_task=2, out=out, spool_dir=spool, part_size=100)
     assert result.repaired and "cut short" in result.repaired[0]
     assert result.skipped == 7 and result.ran == 17 and result.complete
     check_dataset(out, TASKS, 2)
@@ -252,7 +252,7 @@ def test_s3_outage_mid_collection_loses_and_duplicates_nothing(
 
     try:
         result = collect(
-            TASKS, ORACLE, samples=2, out=out, store_config=config, spool_dir=tmp_path,
+            TASKS, ORACLE, samples_per_task=2, out=out, store_config=config, spool_dir=tmp_path,
             part_size=2, concurrency=2, on_episode=outage,
         )  # fmt: skip
     finally:
@@ -275,7 +275,7 @@ def test_s3_outage_outlasting_the_run_uploads_on_the_next_run(
 
     try:
         first = collect(
-            TASKS, ORACLE, samples=2, out=out, store_config=config, spool_dir=tmp_path,
+            TASKS, ORACLE, samples_per_task=2, out=out, store_config=config, spool_dir=tmp_path,
             part_size=4, concurrency=2, on_episode=outage, flush_timeout_s=0.5,
         )  # fmt: skip
         assert not first.complete and first.spooled_parts >= 4 and first.ran == 24
@@ -283,7 +283,7 @@ def test_s3_outage_outlasting_the_run_uploads_on_the_next_run(
     finally:
         seaweed.start()
     second = collect(
-        TASKS, ORACLE, samples=2, out=out, store_config=config, spool_dir=tmp_path, part_size=4
+        TASKS, ORACLE, samples_per_task=2, out=out, store_config=config, spool_dir=tmp_path, part_size=4
     )
     assert second.ran == 0 and second.skipped == 24 and second.complete
     check_dataset(out, TASKS, 2, config)
