@@ -42,10 +42,22 @@ def serve_command(
     ),
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
     max_sessions: Annotated[
-        int, typer.Option(min=1, help="Live sessions at most; more answer 503.")
+        int,
+        typer.Option(
+            "--sessions-per-pod",
+            "--max-sessions",
+            min=1,
+            help="Live sessions at most (a RolloutPool's sessionsPerPod); more answer 503.",
+        ),
     ] = DEFAULT_MAX_SESSIONS,
     session_ttl: Annotated[
-        float, typer.Option(min=0.001, help="Seconds an idle session lives.")
+        float,
+        typer.Option(
+            "--session-ttl-seconds",
+            "--session-ttl",
+            min=0.001,
+            help="Seconds an idle session lives (sessionTtlSeconds).",
+        ),
     ] = DEFAULT_SESSION_TTL_S,
     max_body_bytes: Annotated[
         int, typer.Option(min=1, help="Largest request body; larger ones answer 413.")
@@ -81,8 +93,8 @@ def serve_command(
                     "kind": kind,
                     "host": host,
                     "port": port,
-                    "max_sessions": max_sessions,
-                    "session_ttl_s": session_ttl,
+                    "sessions_per_pod": max_sessions,
+                    "session_ttl_seconds": session_ttl,
                     "max_body_bytes": max_body_bytes,
                     "log_level": log_level,
                     "model_url": model_url,
@@ -122,15 +134,15 @@ def run_server(config: EnvServeConfig) -> None:
         )
     err_console.print(
         f"qpa env serve: {config.kind} environments on http://{config.host}:{config.port} "
-        f"(max {config.max_sessions} sessions, idle ttl {config.session_ttl_s:g}s)",
+        f"(max {config.sessions_per_pod} sessions, idle ttl {config.session_ttl_seconds:g}s)",
         highlight=False,
     )
     serve(
         config.kind,
         host=config.host,
         port=config.port,
-        max_sessions=config.max_sessions,
-        session_ttl_s=config.session_ttl_s,
+        max_sessions=config.sessions_per_pod,
+        session_ttl_s=config.session_ttl_seconds,
         max_body_bytes=config.max_body_bytes,
         log_level=config.log_level,
         env_options=env_options,

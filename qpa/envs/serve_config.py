@@ -32,8 +32,12 @@ class EnvServeConfig(BaseModel):
     kind: str = Field(default="sandbox", description="Environment kind.")
     host: str = Field(default="127.0.0.1", min_length=1, description="Address to bind.")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port.")
-    max_sessions: int = Field(default=DEFAULT_MAX_SESSIONS, ge=1, description="Live sessions.")
-    session_ttl_s: float = Field(default=DEFAULT_SESSION_TTL_S, gt=0, description="Idle TTL.")
+    sessions_per_pod: int = Field(
+        default=DEFAULT_MAX_SESSIONS, ge=1, description="Live sessions at most (one server)."
+    )
+    session_ttl_seconds: float = Field(
+        default=DEFAULT_SESSION_TTL_S, gt=0, description="Seconds an idle session lives."
+    )
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1, description="Body limit.")
     log_level: LogLevel = "warning"
     model_url: str | None = Field(default=None, description="llm_sim: endpoint playing apps.")
@@ -67,8 +71,8 @@ class EnvServeConfig(BaseModel):
             kind=spec.environment,
             host=POD_HOST,
             port=spec.port,
-            max_sessions=spec.sessions_per_pod,
-            session_ttl_s=spec.session_ttl_seconds,
+            sessions_per_pod=spec.sessions_per_pod,
+            session_ttl_seconds=spec.session_ttl_seconds,
             model_url=llm.model_url if llm else None,
             model=llm.model if llm else "",
             api_key_env=API_KEY_ENV if llm and llm.api_key_secret_ref else None,

@@ -302,7 +302,7 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         assert command(deployment) == ["qpa", "env", "serve", "--spec", WORK_ORDER_PATH]
         config = await served_config(kube_api, "sandbox")
         assert (config.kind, config.host, config.port) == ("sandbox", "0.0.0.0", 8000)
-        assert (config.max_sessions, config.session_ttl_s) == (32, 600)
+        assert (config.sessions_per_pod, config.session_ttl_seconds) == (32, 600)
         assert deployment["spec"]["replicas"] == 2
         pod = deployment["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
