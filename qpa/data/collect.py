@@ -12,6 +12,11 @@ caller that already holds the tasks and the planner spec:
 - **Workers.** `concurrency` threads, each holding one environment for its life: in-process
   (`make_env(env_kind)`) or a `RemoteEnv` on one of the `env_url`s (round-robin). A fresh
   planner per episode comes from `PlannerFactory` (model backends are shared).
+- **Environment failures.** An episode an environment-side failure ended (a RolloutPool pod
+  that died mid-episode, a lost session) is reported on stderr and run again, up to
+  `env_retries` times with a doubling backoff from `env_retry_backoff_s`; the trajectory kept is
+  the last attempt's, with the earlier errors in `metadata["env_failures"]` (`env_retried`
+  counts the reruns). Only a failure that outlasts the retries is recorded as one.
 - **Streaming.** The calling thread appends each finished trajectory to a `SpooledUploader`:
   parts of `part_size` lines land at `<out>/parts/part-<i>-of-<n>-<seq>.jsonl` while collection
   goes on. When the store is down, parts wait in the local spool (retried with backoff) and
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -69,6 +75,7 @@ from qpa.store.spool import SpooledUploader, shard_tag
 PARTS = "parts"
 SHARDS = "shards"
 GENERATOR = "qpa.data.collect"
+_REPORT_LOCK = threading.Lock()
 
 
 class CollectError(RuntimeError):
@@ -145,6 +152,7 @@ class CollectResult:
     skipped: int
     successes: int  # among the episodes run now
     env_errors: int  # episodes run now that an environment-side error ended
+    env_retried: int  # reruns of episodes an environment-side error had ended
     parts: list[ManifestFile]  # this shard's parts in the store
     spooled_parts: int  # parts still in the local spool (the store stayed down)
     spool_dir: Path
@@ -388,7 +396,7 @@ def _collect(
 
     # Per-part summaries of what this run writes, keyed by the part's store key.
     new_parts: dict[str, PartSummary] = {}
-    counters = {"ran": 0, "successes": 0, "env_errors": 0}
+    counters = {"ran": 0, "successes": 0, "env_errors": 0, "env_retried": 0}
     shard_label = f"{index}/{count}"
 
     def record(trajectory: Trajectory, line: bytes) -> None:
@@ -431,6 +439,11 @@ def _collect(
             make_env=env_maker(urls, config.env_kind),
             max_turns=config.max_turns,
             stop=hooks.stop,
+            env_retries=config.env_retries,
+            retry_backoff_s=config.env_retry_backoff_s,
+            on_retry=lambda trajectory, attempt, delay: _report_retry(
+                trajectory, attempt, delay, config.env_retries, counters
+            ),
         )
 
     result = CollectResult(
@@ -441,6 +454,7 @@ def _collect(
         skipped=total - len(pending),
         successes=counters["successes"],
         env_errors=counters["env_errors"],
+        env_retried=counters["env_retried"],
         parts=[],
         spooled_parts=0,
         spool_dir=uploader.spool_dir,
@@ -575,6 +589,20 @@ def _merge_shards(
     return manifest
 
 
+def _report_retry(
+    trajectory: Trajectory, attempt: int, delay: float, retries: int, counters: dict[str, int]
+) -> None:
+    """Say on stderr that an environment-side failure ended an episode that runs again."""
+    with _REPORT_LOCK:  # called from the worker threads
+        counters["env_retried"] += 1
+        print(
+            f"episode {trajectory.id}: {trajectory.error}; "
+            f"retry {attempt}/{retries} in {delay:.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _execute(
     pending: list[tuple[Task, int]],
     spec: PlannerSpec,
@@ -586,6 +614,9 @@ def _execute(
     make_env: Callable[[int], Environment],
     max_turns: int,
     stop: threading.Event,
+    env_retries: int,
+    retry_backoff_s: float,
+    on_retry: Callable[[Trajectory, int, float], None],
 ) -> bool:
     """Run the episodes on worker threads; `record` each in this thread. True if interrupted."""
 
@@ -604,6 +635,9 @@ def _execute(
         max_turns=max_turns,
         stop=stop,
         name="collect",
+        env_retries=env_retries,
+        retry_backoff_s=retry_backoff_s,
+        on_retry=on_retry,
     )
 
 

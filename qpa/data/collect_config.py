@@ -33,6 +33,7 @@ from qpa.store.spool import shard_tag
 DEFAULT_PART_SIZE: Final = 64
 DEFAULT_FLUSH_TIMEOUT_S: Final = 600.0
 DEFAULT_CONCURRENCY: Final = 4
+DEFAULT_ENV_RETRIES: Final = 5  # with the doubling backoff: ~25 s for a server to come back
 
 
 class PlannerConfig(BaseModel):
@@ -111,6 +112,14 @@ class CollectConfig(BaseModel):
         default=DEFAULT_FLUSH_TIMEOUT_S, ge=0, description="Seconds to wait for the store."
     )
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1, description="Turn budget.")
+    env_retries: int = Field(
+        default=DEFAULT_ENV_RETRIES,
+        ge=0,
+        description="Reruns of an episode an environment-side failure ended (a dead server).",
+    )
+    env_retry_backoff_s: float = Field(
+        default=1.0, ge=0, description="Seconds before the first rerun (doubling after)."
+    )
     name: str | None = Field(default=None, description="Dataset name in the manifest.")
     generator: str | None = Field(default=None, description="Lineage generator (default: tasks').")
     parents: list[str] = Field(default_factory=list, description="Lineage parents.")

@@ -5,6 +5,12 @@ queue, each with its own environment (in-process or an environment server) and a
 per episode; every finished trajectory is handed to `record` in the calling thread, so writing
 files needs no locks. A failure in a worker or in `record` stops new episodes and is re-raised;
 the first Ctrl-C lets the episodes in flight finish and be recorded, a second one stops at once.
+
+With `env_retries`, an episode that an environment-side failure ended (a dead environment
+server, a lost session: `trajectory.error` starting `environment:`) is reported to `on_retry` and
+run again after a backoff (`retry_backoff_s`, doubling, at most `MAX_RETRY_BACKOFF_S`; its
+`reset` starts a new session), so a restarting server costs time, not data; the recorded
+trajectory is the last attempt's, its `metadata["env_failures"]` listing the earlier errors.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from dataclasses import dataclass
 from qpa.contract import Environment, Policy, Task, Trajectory
 from qpa.harness.factory import PlannerFactory, PlannerSpec
 from qpa.harness.runner import run_episode
+
+MAX_RETRY_BACKOFF_S = 10.0
 
 
 def policy_of(spec: PlannerSpec) -> Policy:
@@ -70,8 +78,15 @@ def run_episodes(
     max_turns: int,
     stop: threading.Event,
     name: str = "episode",
+    env_retries: int = 0,
+    retry_backoff_s: float = 1.0,
+    on_retry: Callable[[Trajectory, int, float], None] | None = None,
 ) -> bool:
-    """Run `pending` (task, sample) pairs; True when stopped before all of them ran."""
+    """Run `pending` (task, sample) pairs; True when stopped before all of them ran.
+
+    `on_retry(trajectory, attempt, delay_s)` is called (in the worker thread) before an episode
+    an environment-side failure ended is run again; see the module doc.
+    """
     if not pending:
         return stop.is_set()
     work: queue.SimpleQueue[tuple[Task, int]] = queue.SimpleQueue()
@@ -93,6 +108,26 @@ def run_episodes(
                 )
             return factories[sample]
 
+    def attempts(env: Environment, task: Task, sample: int) -> Trajectory:
+        """One episode, run again while an environment-side failure ends it (`env_retries`)."""
+        failures: list[str] = []
+        while True:
+            trajectory = run_episode(
+                env, task, factory_for(sample)(), policy=policy, sample=sample, max_turns=max_turns
+            )
+            error = trajectory.error or ""
+            if not error.startswith("environment:") or len(failures) >= env_retries:
+                break
+            failures.append(error)
+            delay = min(retry_backoff_s * 2 ** (len(failures) - 1), MAX_RETRY_BACKOFF_S)
+            if on_retry is not None:
+                on_retry(trajectory, len(failures), delay)
+            if stop.wait(delay):
+                break
+        if failures:
+            trajectory.metadata["env_failures"] = failures
+        return trajectory
+
     def worker(number: int) -> None:
         env: Environment | None = None
         try:
@@ -102,16 +137,7 @@ def run_episodes(
                     task, sample = work.get_nowait()
                 except queue.Empty:
                     break
-                results.put(
-                    run_episode(
-                        env,
-                        task,
-                        factory_for(sample)(),
-                        policy=policy,
-                        sample=sample,
-                        max_turns=max_turns,
-                    )
-                )
+                results.put(attempts(env, task, sample))
         except BaseException as exc:
             results.put(_Failed(exc))
         finally:
