@@ -538,21 +538,6 @@ def lease_rbac(
     return [account, role, binding]
 
 
-def parse_summary(message: str | None) -> JsonDict | None:
-    """The JSON object a container left in its termination message, or None."""
-    if not message:
-        return None
-    text = message.strip()
-    start = text.find("{")
-    if start < 0:
-        return None
-    try:
-        value = json.loads(text[start:])
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def terminated_container(pod: Mapping[str, Any], container: str) -> JsonDict | None:
     """`state.terminated` of a container of a pod (None while it runs)."""
     for status in (pod.get("status") or {}).get("containerStatuses") or []:

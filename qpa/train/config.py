@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -31,6 +31,40 @@ Auto = Literal["auto"]
 
 class ConfigError(ValueError):
     """A settings file that cannot be read or does not validate; the message names the field."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_settings_file(
+    path: str | Path, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A run's YAML settings as a dict, with `overrides` (dotted paths) applied; errors name
+    the file."""
+    file = Path(path)
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {file}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: expected a mapping of settings, got {type(data).__name__}")
+    for dotted, value in (overrides or {}).items():
+        set_dotted(data, dotted, value)
+    return data
+
+
+def validate_settings(cls: type[M], data: Mapping[str, Any], origin: str) -> M:
+    """`cls` from `data`, or a `ConfigError` naming `origin` and every failing field."""
+    try:
+        return cls.model_validate(dict(data))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"{origin}: {problems}") from None
 
 
 class DeepSpeedSettings(BaseModel):
@@ -254,29 +288,11 @@ class SFTConfig(BaseModel):
         Relative local paths in the file are relative to the working directory (as for any
         command-line tool); a TrainingRun passes absolute paths or store URIs.
         """
-        file = Path(path)
-        try:
-            data = yaml.safe_load(file.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read {file}: {exc.strerror or exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{file}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{file}: expected a mapping of settings, got {type(data).__name__}")
-        for dotted, value in (overrides or {}).items():
-            set_dotted(data, dotted, value)
-        return cls.from_dict(data, origin=str(file))
+        return cls.from_dict(read_settings_file(path, overrides), origin=str(path))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, origin: str = "<config>") -> SFTConfig:
-        try:
-            return cls.model_validate(dict(data))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
-                for e in exc.errors(include_url=False)
-            )
-            raise ConfigError(f"{origin}: {problems}") from None
+        return validate_settings(cls, data, origin)
 
     @classmethod
     def from_trainingrun(

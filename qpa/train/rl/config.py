@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qpa.api.v1alpha1 import CareSettings, TaskGenerator, TaskSource, TrainingRun, WorkOrder
 from qpa.harness.agent import HarnessConfig
@@ -22,7 +21,8 @@ from qpa.train.config import (
     DeepSpeedSettings,
     MetricsSettings,
     from_order,
-    set_dotted,
+    read_settings_file,
+    validate_settings,
 )
 
 Auto = Literal["auto"]
@@ -148,29 +148,12 @@ class RLConfig(_Settings):
         store/resume_from, metrics files, harness skills) are taken relative to the working
         directory, as for `qpa train sft` and any other command.
         """
-        file = Path(path)
-        try:
-            data = yaml.safe_load(file.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read {file}: {exc.strerror or exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{file}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{file}: expected a mapping of settings, got {type(data).__name__}")
-        for dotted, value in (overrides or {}).items():
-            set_dotted(data, dotted, value)
-        return cls.from_dict(data, origin=str(file)).relative_to(Path.cwd())
+        data = read_settings_file(path, overrides)
+        return cls.from_dict(data, origin=str(path)).relative_to(Path.cwd())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, origin: str = "<config>") -> RLConfig:
-        try:
-            return cls.model_validate(dict(data))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
-                for e in exc.errors(include_url=False)
-            )
-            raise ConfigError(f"{origin}: {problems}") from None
+        return validate_settings(cls, data, origin)
 
     def relative_to(self, base: Path) -> RLConfig:
         """Resolve the config's relative local paths against `base`."""
