@@ -133,7 +133,7 @@ def test_the_work_order_maps_the_policy_and_resolved_fields() -> None:
     assert planner.api_key_env == "QPA_API_KEY" and planner.harness_version == "harness-v3"
     assert planner.harness_config == Path(HARNESS_CONFIG_MOUNT) / "harness.yaml"
     assert HARNESS_CONFIG_DIR == HARNESS_CONFIG_MOUNT
-    assert config.shard == (5, 32) and config.samples == 8 and config.max_turns == 40
+    assert config.shard == (5, 32) and config.samples_per_task == 8 and config.max_turns == 40
     assert config.env_url == ["http://sandbox-env.team-a.svc.cluster.local"]
     assert config.store_config is not None
     assert config.store_config.endpoint == "http://minio.qpa-system.svc:9000"
