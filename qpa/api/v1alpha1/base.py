@@ -34,11 +34,9 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 ARTIFACT_URI = r"^(s3|file)://\S+$"
 MODEL_URI = r"^(s3|gs|pvc|hf|file)://\S+$"
 HTTP_URL = r"^https?://\S+$"
-# An S3 API endpoint: scheme and host[:port] only (no credentials, path, query), as the pods'
-# StoreConfig requires.
-S3_ENDPOINT = (
-    r"^https?://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?/?$"
-)
+# An S3 API endpoint: scheme and host name or IPv4 [:port] only (no credentials, path, query,
+# IPv6 literal), which the pods' StoreConfig accepts.
+S3_ENDPOINT = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?/?$"
 IMAGE = r"^\S+$"
 CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
 CONDITION_TYPE = (
