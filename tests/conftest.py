@@ -18,5 +18,6 @@ pytest_plugins = [
     "fakes.kubectl",
     "fakes.adbd",
     "fakes.kubelet",  # kubelet: runs the Pods of Jobs, Deployments, DaemonSets
+    "fakes.kserve",  # kserve: InferenceServices as revisions, Services and status
     "helpers.operator_runner",  # operator_env: the real operator's test settings
 ]
