@@ -29,7 +29,8 @@ plays, for every namespace:
   `/tmp` and the Pod's `/etc/hosts` are materialized under `root` and bind-mounted at their real
   paths; then `exec env -i <env> <command> <args>` with Kubernetes `$(VAR)` expansion, `env`
   (`value`, `secretKeyRef`, `configMapKeyRef`, `fieldRef`) and `envFrom`. The hostname is the
-  Pod's. Every image is the project's venv (`.venv/bin` first on PATH); an image
+  Pod's. Every image is the project's venv (`.venv/bin` first on PATH, the host's
+  `TORCH_EXTENSIONS_DIR` for the native ops it builds once, as an image ships them); an image
   `.../qpa-<name>:<tag>` without `command`/`args` runs the `CMD` of `images/<name>/Dockerfile`.
   Init containers run in order first. Mount points missing on the host (`/etc/qpa/order`,
   `/dev/termination-log`) are created and removed again when the last kubelet stops; a volume
@@ -42,16 +43,19 @@ plays, for every namespace:
   backoff; readiness and liveness probes (httpGet, tcpSocket, exec) on their period.
 - **deletion**: a Pod that leaves the API server (deleted, or garbage-collected with its
   owner) gets SIGTERM on its process group, SIGKILL after `terminationGracePeriodSeconds`;
-  `kill(pod)` SIGKILLs at once (a crash: its restartPolicy and controller react).
+  `kill(pod)` SIGKILLs at once (a crash: its restartPolicy and controller react). SIGKILL
+  reaches every process below the container's, in its session or not.
 
 Networking (the simplest faithful model): pods share the host's network namespace, as with
 `hostNetwork`; each Pod gets its own loopback address (127.1.x.y) as podIP, so a server on
 0.0.0.0 answers on it. Two Pods declaring the same `containerPort` cannot both run: the second
 stays Pending (PodScheduled=False, Unschedulable, "didn't have free ports", as a hostPort
-conflict) until the port is free. Each Pod's `/etc/hosts` (rewritten in place as things
-change) maps every Service name (`svc` in its own namespace, `svc.ns`, `svc.ns.svc`,
-`svc.ns.svc.cluster.local`) and, for headless Services, every endpoint Pod
-(`<hostname>.<subdomain>.<ns>.svc.cluster.local`, ready ones or all with
+conflict) until the port is free; except the nodes of one Indexed Job (other indexes), which
+in a cluster run side by side and where one index alone serves the declared port (index 0's
+rendezvous of a TrainingRun's ranks: the others only connect to it). Each Pod's `/etc/hosts`
+(rewritten in place as things change) maps every Service name (`svc` in its own namespace,
+`svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`) and, for headless Services, every endpoint
+Pod (`<hostname>.<subdomain>.<ns>.svc.cluster.local`, ready ones or all with
 `publishNotReadyAddresses`). A Service whose every `port` equals its `targetPort` resolves to
 a ready endpoint's podIP directly; any other Service gets its own address (127.0.x.y) and a
 userspace proxy there (kube-proxy's old userspace mode) from `port` to the named or numbered
@@ -116,6 +120,15 @@ from fakes.kube_api import ApiError, KubeAPIServer
 __all__ = ["ConfigError", "TestKubelet", "kubelet"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The native ops DeepSpeed compiles on first use (its CPU shared-memory comm op, at every
+# `init_distributed`): an image ships them built, so pods share one folder kept across test
+# sessions (minutes of two cores to build). Its own folder, not the host's: pods build with the
+# venv's ninja, whose log a host build with another ninja version would discard (and rebuild).
+TORCH_EXTENSIONS = str(
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "qpa-test-kubelet"
+    / "torch_extensions"
+)
 VENV_BIN = (
     REPO_ROOT / ".venv" / "bin" if (REPO_ROOT / ".venv").is_dir() else Path(sys.prefix) / "bin"
 )
@@ -191,6 +204,19 @@ def _owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def _peers(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Pods of one Indexed Job at different indexes: the nodes of one distributed program."""
+    la, lb = a["metadata"].get("labels") or {}, b["metadata"].get("labels") or {}
+    index = "batch.kubernetes.io/job-completion-index"
+    return (
+        la.get(CONTROLLER_UID) is not None
+        and la.get(CONTROLLER_UID) == lb.get(CONTROLLER_UID)
+        and la.get(index) is not None
+        and lb.get(index) is not None
+        and la.get(index) != lb.get(index)
+    )
 
 
 def _condition(type_: str, status: bool, reason: str = "", message: str = "") -> dict[str, Any]:
@@ -288,6 +314,38 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` now (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal_tree(pid: int, sig: signal.Signals) -> None:
+    """`sig` to the process group of a container's `pid`; SIGKILL to every process below it
+    too, so processes that started sessions of their own (torchrun's workers) die with the
+    container, as everything in a container's PID namespace does."""
+    below = _descendants(pid) if sig == signal.SIGKILL else []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    for child in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, sig)
 
 
 def _remove_tree_of_empty(path: Path) -> None:
@@ -678,7 +736,7 @@ class TestKubelet:
         holders = [p for p in self._pods.values() if p.admitted and not self._finished(p)]
         holders += [p for p in self._gone if p.alive()]
         for other in holders:
-            if other is not pod and wanted & other.ports():
+            if other is not pod and wanted & other.ports() and not _peers(pod.obj, other.obj):
                 return "/".join(other.key)
         return None
 
@@ -895,6 +953,7 @@ class TestKubelet:
     def _env(self, pod: _Pod, c: _Container) -> dict[str, str]:
         ns = pod.key[0]
         env = {"PATH": f"{VENV_BIN}:{HOST_PATH}", "HOSTNAME": self._hostname(pod), "HOME": "/root"}
+        env["TORCH_EXTENSIONS_DIR"] = TORCH_EXTENSIONS  # the image's native ops, built once
         api = ("127.0.0.1", str(self.api_port))  # the `kubernetes` Service, in every container
         env |= {
             "KUBERNETES_SERVICE_HOST": api[0],
@@ -1037,8 +1096,7 @@ class TestKubelet:
     def _signal(self, pod: _Pod, sig: signal.Signals) -> None:
         for c in pod.containers:
             if c.proc is not None and c.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(c.proc.pid, sig)
+                _signal_tree(c.proc.pid, sig)
 
     def _terminate(self, pod: _Pod) -> None:
         grace = pod.spec.get("terminationGracePeriodSeconds", 30)
@@ -1083,8 +1141,7 @@ class TestKubelet:
     @staticmethod
     def _signal_container(c: _Container, sig: signal.Signals) -> None:
         if c.proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(c.proc.pid, sig)
+            _signal_tree(c.proc.pid, sig)
 
     def _run_probe(self, pod: _Pod, c: _Container, probe: Mapping[str, Any]) -> bool:
         timeout = float(probe.get("timeoutSeconds", 1))

@@ -590,3 +590,60 @@ async def test_pods_reach_the_api_server_with_in_cluster_config(
     assert terminated(pods_of(kube_api, "api")[0])["message"] == "teal default"
     for name in ("off", "quiet"):
         assert terminated(pods_of(kube_api, name)[0])["message"].split() == ["none", "127.0.0.1"]
+
+
+async def test_indexed_peers_declaring_one_port_run_side_by_side(
+    kube_api: KubeAPIServer, kubelet: TestKubelet
+) -> None:
+    """The nodes of one Indexed Job (a TrainingRun's ranks) all declare the rendezvous port and
+    run at once: index 1 does not wait for index 0 to end."""
+    peers = job("peers", "sleep 3", completions=2, parallelism=2, completionMode="Indexed")
+    container = peers["spec"]["template"]["spec"]["containers"][0]
+    container["ports"] = [{"name": "rendezvous", "containerPort": 29511}]
+    kube_api.create(peers)
+
+    def running() -> int:
+        return sum(
+            p.get("status", {}).get("phase") == "Running" for p in pods_of(kube_api, "peers")
+        )
+
+    await kubelet.eventually(lambda: running() == 2)
+    await kubelet.eventually(lambda: condition(kube_api.get("jobs", NS, "peers"), "Complete"))
+
+
+async def test_a_kill_reaches_processes_in_sessions_of_their_own(
+    kube_api: KubeAPIServer, kubelet: TestKubelet
+) -> None:
+    """torchrun starts its workers in new sessions; a SIGKILLed pod takes them along."""
+    kube_api.create(job("escape", "setsid sleep 300 & echo $! > /tmp/pid; wait"))
+    await kubelet.eventually(
+        lambda: any(
+            p.get("status", {}).get("phase") == "Running" for p in pods_of(kube_api, "escape")
+        )
+    )
+    (pod,) = pods_of(kube_api, "escape")
+    (group,) = kubelet.process_groups(pod["metadata"]["name"])
+
+    def escaped() -> list[int]:
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if (
+                    proc.info["cmdline"] == ["sleep", "300"]
+                    and os.getsid(proc.pid) != os.getsid(group)
+                    and group in [p.pid for p in proc.parents()]
+                ):
+                    found.append(proc.pid)
+            except (psutil.Error, ProcessLookupError):
+                continue
+        return found
+
+    (sleeper,) = await kubelet.eventually(escaped)
+    kubelet.kill(pod["metadata"]["name"])
+    await kubelet.eventually(
+        lambda: (
+            not psutil.pid_exists(sleeper)
+            or psutil.Process(sleeper).status() == psutil.STATUS_ZOMBIE
+        ),
+        timeout=10,
+    )
