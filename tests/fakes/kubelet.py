@@ -811,7 +811,8 @@ class TestKubelet:
             terminated["message"] = message
         c.state = {"terminated": terminated}
         c.ready = False
-        restart = policy == "Always" or (policy == "OnFailure" and code != 0)
+        # An init container that succeeded is done; a failed one retries under Always too.
+        restart = (policy == "Always" and not c.init) or (policy != "Never" and code != 0)
         if restart:
             delay = min(self.backoff * 2**c.restarts, 300.0)
             c.next_start = now + delay

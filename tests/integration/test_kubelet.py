@@ -647,3 +647,31 @@ async def test_a_kill_reaches_processes_in_sessions_of_their_own(
         ),
         timeout=10,
     )
+
+
+async def test_an_init_container_runs_once_before_a_deployments_container(
+    kube_api: KubeAPIServer, kubelet: TestKubelet
+) -> None:
+    web = deployment("init", 1, 18341)
+    pod_spec = web["spec"]["template"]["spec"]
+    pod_spec["volumes"] = [{"name": "shared", "emptyDir": {}}]
+    pod_spec["initContainers"] = [
+        {
+            "name": "fetch",
+            "image": "qpa",
+            "command": ["sh", "-c", "echo fetched >> /shared/log"],
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        }
+    ]
+    main = pod_spec["containers"][0]
+    main["command"] = ["sh", "-c", "cat /shared/log && exec sleep 300"]
+    main["volumeMounts"] = [{"name": "shared", "mountPath": "/shared"}]
+    kube_api.create(web)
+    await kubelet.eventually(
+        lambda: (
+            (kube_api.get("deployments", NS, "init").get("status") or {}).get("readyReplicas") == 1
+        )
+    )
+    (pod,) = pods_of(kube_api, "init")
+    assert pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert kubelet.logs(pod["metadata"]["name"]).count("fetched") == 1  # ran once, not again
