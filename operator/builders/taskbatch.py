@@ -265,9 +265,12 @@ def taskbatch_status(
 
     trajectories = successes = failures = pairs = 0
     for summary in shards.values():
-        trajectories += summary.ran + summary.skipped
-        successes += summary.successes
-        failures += max(0, summary.ran - summary.successes)
+        # a retried shard resumes: its summary covers what earlier attempts wrote too
+        shard_rows = summary.ran + summary.skipped
+        shard_wins = summary.successes + summary.skipped_successes
+        trajectories += shard_rows
+        successes += shard_wins
+        failures += max(0, shard_rows - shard_wins)
         pairs += summary.total
     tasks = pairs // tb.spec.samples_per_task if pairs else current.tasks
 

@@ -259,6 +259,7 @@ def collect_command(
         total=result.total,
         ran=result.ran,
         skipped=result.skipped,
+        skipped_successes=result.skipped_successes,
         successes=result.successes,
         env_errors=result.env_errors,
         parts=len(result.parts),

@@ -127,6 +127,7 @@ class PartSummary:
     keys: list[tuple[str, int]] = field(default_factory=list)
     successes: int = 0
     env_errors: int = 0
+    won: set[tuple[str, int]] = field(default_factory=set)  # the pairs that succeeded
 
 
 @dataclass
@@ -150,6 +151,7 @@ class CollectResult:
     total: int  # (task, sample) pairs of this shard
     ran: int
     skipped: int
+    skipped_successes: int  # successful episodes among the pairs already collected
     successes: int  # among the episodes run now
     env_errors: int  # episodes run now that an environment-side error ended
     env_retried: int  # reruns of episodes an environment-side error had ended
@@ -197,6 +199,8 @@ def _summarize(
         rows += 1
         summary.keys.append((trajectory.task.id, trajectory.sample))
         summary.successes += trajectory.success
+        if trajectory.success:
+            summary.won.add((trajectory.task.id, trajectory.sample))
         summary.env_errors += _side(trajectory.error) == "environment"
         if on_record is not None:
             on_record(trajectory)
@@ -334,8 +338,9 @@ def run_collect(
 
 def _scan(
     store: ArtifactStore, uploader: SpooledUploader, policy: Policy
-) -> tuple[dict[str, PartSummary], set[tuple[str, int]], int]:
-    """Parts already in the store (summarized) and every collected pair (store and spool)."""
+) -> tuple[dict[str, PartSummary], set[tuple[str, int]], set[tuple[str, int]], int]:
+    """Parts already in the store (summarized), every collected pair and the successful ones
+    (store and spool), and how many pairs appear twice."""
 
     def check_policy(trajectory: Trajectory) -> None:
         if trajectory.policy != policy:
@@ -351,11 +356,13 @@ def _scan(
         data = _retrying()(store.get_bytes, key)
         parts[key] = _summarize(data, store.uri(key), key, check_policy)
     done: set[tuple[str, int]] = set()
+    won: set[tuple[str, int]] = set()
     duplicates = 0
     for summary in parts.values():
         for pair in summary.keys:
             duplicates += pair in done
             done.add(pair)
+        won |= summary.won
     for path, number, line in uploader.iter_spooled_lines():
         try:
             trajectory = Trajectory.model_validate_json(line)
@@ -365,7 +372,9 @@ def _scan(
             raise CorruptLineError(str(path), number, f"{where}: {first.get('msg')}") from None
         check_policy(trajectory)
         done.add((trajectory.task.id, trajectory.sample))
-    return parts, done, duplicates
+        if trajectory.success:
+            won.add((trajectory.task.id, trajectory.sample))
+    return parts, done, won, duplicates
 
 
 def _collect(
@@ -382,7 +391,7 @@ def _collect(
     samples, urls = config.samples_per_task, config.env_url
     index, count = shard
     tag = shard_tag(shard)
-    existing, done, duplicates = _scan(store, uploader, policy)
+    existing, done, won, duplicates = _scan(store, uploader, policy)
     mine = [
         (task, sample)
         for position, task in enumerate(tasks)
@@ -452,6 +461,7 @@ def _collect(
         total=total,
         ran=counters["ran"],
         skipped=total - len(pending),
+        skipped_successes=sum(1 for task, s in mine if (task.id, s) in won),
         successes=counters["successes"],
         env_errors=counters["env_errors"],
         env_retried=counters["env_retried"],

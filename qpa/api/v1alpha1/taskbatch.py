@@ -286,6 +286,9 @@ class CollectSummary(PodSummary):
     ran: int = Field(ge=0, description="Episodes run by this attempt.")
     skipped: int = Field(ge=0, description="Pairs already collected (resumed).")
     successes: int = Field(ge=0, description="Successful episodes among those run.")
+    skipped_successes: int = Field(
+        default=0, ge=0, description="Successful episodes among those already collected."
+    )
     env_errors: int = Field(default=0, ge=0, description="Episodes an environment error ended.")
     parts: int = Field(default=0, ge=0, description="The shard's parts in the store.")
     spooled_parts: int = Field(default=0, ge=0, description="Parts still in the local spool.")

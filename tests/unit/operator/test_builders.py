@@ -440,11 +440,19 @@ def test_taskbatch_status_follows_the_job_and_never_regresses() -> None:
     stale = taskbatch.taskbatch_status(tb, job({}), {}, observed_generation=1, now=NOW)
     assert stale.phase == "Running"
     shards = {
-        0: CollectSummary(out="s3://o/", shard="0/32", total=128, ran=100, skipped=28, successes=60)
+        0: CollectSummary(
+            out="s3://o/",
+            shard="0/32",
+            total=128,
+            ran=100,
+            skipped=28,
+            successes=60,
+            skipped_successes=20,
+        )
     }
     counted = taskbatch.taskbatch_status(tb, running_job, shards, observed_generation=1, now=NOW)
     assert (counted.trajectories, counted.successes, counted.failures, counted.tasks) == (
-        128, 60, 40, 16,
+        128, 80, 48, 16,
     )  # fmt: skip
     again = taskbatch.taskbatch_status(tb, running_job, {}, observed_generation=1, now=NOW)
     assert again.conditions == tb.status.conditions  # no new transition time when unchanged

@@ -215,7 +215,15 @@ def test_any_valid_spec_builds_a_collect_config(spec: TaskBatchSpec, index: int)
 def test_collect_summaries_round_trip_through_the_status() -> None:
     tb = resource(BASE["spec"])
     summaries = [
-        CollectSummary(out="s3://o/", shard=f"{i}/32", total=16, ran=10, skipped=6, successes=i)
+        CollectSummary(
+            out="s3://o/",
+            shard=f"{i}/32",
+            total=16,
+            ran=10,
+            skipped=6,
+            successes=i,
+            skipped_successes=6 - i,
+        )
         for i in range(3)
     ]
     shards = {}
@@ -244,5 +252,6 @@ def test_collect_summaries_round_trip_through_the_status() -> None:
     status = taskbatch.taskbatch_status(
         tb, job, shards, observed_generation=1, now=datetime(2026, 1, 1, tzinfo=UTC)
     )
-    assert (status.trajectories, status.successes, status.failures, status.tasks) == (48, 3, 27, 6)
+    # resumed shards count what earlier attempts wrote: (0+6) + (1+5) + (2+4) successes of 48
+    assert (status.trajectories, status.successes, status.failures, status.tasks) == (48, 18, 30, 6)
     assert CollectSummary.from_message('{"ran": 4}') is None  # an untyped summary is refused
