@@ -509,6 +509,29 @@ def _skip_cpu_shm_op() -> None:
         compatible["deepspeed_shm_comm"] = False
 
 
+def _cpu_deepspeed_state(config: SFTConfig) -> SFTConfig:
+    """DeepSpeed on CPU: the distributed state made here, before the trainer's, and kept.
+
+    Accelerate names no process-group backend for DeepSpeed, and without CUDA no backend means
+    "not distributed" to it: it counts one process whatever the world size, so the `auto` train
+    batch size disagrees with DeepSpeed's world size and every rank fails. A `PartialState` for
+    DeepSpeed over gloo counts them all; `use_configured_state` makes the trainer keep it.
+    """
+    from accelerate import PartialState
+
+    before = os.environ.get("ACCELERATE_USE_DEEPSPEED")
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # as TrainingArguments sets it, for a moment
+    try:
+        PartialState(backend="gloo")
+    finally:
+        if before is None:
+            del os.environ["ACCELERATE_USE_DEEPSPEED"]
+        else:
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = before
+    accelerator = {"use_configured_state": True, **config.trl.get("accelerator_config", {})}
+    return config.model_copy(update={"trl": {**config.trl, "accelerator_config": accelerator}})
+
+
 T = TypeVar("T")
 
 
@@ -581,6 +604,7 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
         ds_config = deepspeed_config(config.deepspeed, cuda=cuda)
         if not cuda:
             _skip_cpu_shm_op()
+            config = _cpu_deepspeed_state(config)
     args = config.to_trl(bf16=config.resolve_bf16(cuda_bf16=cuda_bf16), deepspeed=ds_config)
 
     # 3. inputs that may live in a store: one download per node
