@@ -148,6 +148,11 @@ def first_error(exc: ValidationError) -> str:
     whole model names its field in its own message)."""
     error = exc.errors(include_url=False)[0]
     message = str(error["msg"]).removeprefix("Value error, ")
+    value = error.get("input")
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        shown = repr(value)
+        if len(shown) <= 80 and shown not in message:
+            message += f", not {shown}"
     where = ".".join(str(part) for part in error["loc"])
     return f"{where}: {message}" if where else message
 
