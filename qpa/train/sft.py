@@ -517,8 +517,9 @@ def _cpu_deepspeed_state(config: SFTConfig) -> SFTConfig:
     batch size disagrees with DeepSpeed's world size and every rank fails. A `PartialState` for
     DeepSpeed over gloo counts them all; `use_configured_state` makes the trainer keep it.
     """
-    from accelerate import PartialState
+    from accelerate.state import AcceleratorState, PartialState
 
+    AcceleratorState._reset_state(reset_partial_state=True)  # an earlier run's, as the trainer
     before = os.environ.get("ACCELERATE_USE_DEEPSPEED")
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # as TrainingArguments sets it, for a moment
     try:

@@ -13,6 +13,7 @@ runs each pod as `qpa train launch ... -- qpa train <stage> --spec` (torchrun, r
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from qpa.train.checkpoint import CHECKPOINT_DIR, COMPLETE, META_DIR
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 
 SFT, RL = "planner-sft", "planner-care-rl"
-SFT_STEPS, RL_STEPS = 6, 2
+SFT_STEPS, RL_STEPS = 10, 2
+CONTEXT = 8192  # the suite's first prompt is ~5k tokens of the tiny tokenizer
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
@@ -45,7 +47,7 @@ def tiny_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     config = TinyConfig(
         vocab_size=2048, hidden_size=64, intermediate_size=128, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=CONTEXT,
     )  # fmt: skip
     model = make_tiny_checkpoint(
         root / "model", config, corpus=suite_corpus(conversations=4, instructions=300)
@@ -160,11 +162,19 @@ async def test_sft_on_two_ranks_resumes_after_a_killed_rank_and_its_model_loads(
         first = f"{SFT}-r0"
         victim = await kubelet.eventually(lambda: rank_pod(kube_api, first, 1), timeout=60)
         await kubelet.eventually(lambda: complete_checkpoints(seaweed, out), timeout=150)
-        kubelet.kill(victim)
+        kubelet.kill(victim)  # rank 0 cannot go on alone: attempt r0 fails
+        # Attempt r1's rank 0 starts once r0's has let go of the rendezvous port, so the
+        # checkpoints complete now are all that r0 left.
+        resumer = await kubelet.eventually(lambda: rank_pod(kube_api, f"{SFT}-r1", 0), timeout=90)
+        left = complete_checkpoints(seaweed, out)
         done = await phase(kube_api, "tr", SFT, "Succeeded", timeout=200)
-    assert done["restarts"] == 1
+        resumed = re.search(r'"resumed_step": (\d+)', kubelet.logs(resumer))
+    assert left and left[-1] < SFT_STEPS, left  # killed mid-run
+    assert resumed is not None and int(resumed.group(1)) == left[-1]  # the last complete one
+    assert done["restarts"] == 1 and done["jobName"] == f"{SFT}-r1"
     assert done["step"] == SFT_STEPS
     assert complete_checkpoints(seaweed, out)[-1] == SFT_STEPS
+    assert f"checkpoints/checkpoint-{SFT_STEPS}" in done["latestCheckpoint"]
     loaded = loads(done["modelUri"], seaweed, tmp_path / "cache")
     assert loaded.config.hidden_size == 64
 
@@ -178,8 +188,8 @@ def rl_yaml(tmp_path: Path, seaweed: SeaweedS3, model: str, out: str) -> Path:
     assert tr["spec"]["rl"]["rolloutPoolRef"]["name"] == pool["metadata"]["name"]
     for_this_machine(tr, seaweed, model, out)
     spec = tr["spec"]
-    spec["rl"].update(samplesPerTask=2, tasksPerStep=1, maxTurns=2)
-    spec["hyperparameters"].update(maxSteps=RL_STEPS, maxSeqLength=512)
+    spec["rl"].update(samplesPerTask=2, tasksPerStep=1, maxTurns=1)
+    spec["hyperparameters"].update(maxSteps=RL_STEPS, maxSeqLength=CONTEXT)
     path = tmp_path / "trainingrun-rl.yaml"
     secret = store_secret(seaweed, spec["store"]["secretRef"]["name"])
     path.write_text(yaml.safe_dump_all([secret, pool, tr]))
@@ -204,6 +214,9 @@ async def test_rl_on_two_ranks_with_rollouts_on_the_pool(
         ranks = kube_api.list_objects("pods", NS, f"job-name={RL}-r0")
         assert sorted(p["metadata"]["labels"][INDEX_LABEL] for p in ranks) == ["0", "1"]
         assert all(p["status"]["phase"] == "Succeeded" for p in ranks)
+        rank0 = next(p for p in ranks if p["metadata"]["labels"][INDEX_LABEL] == "0")
+        trained = re.search(r'"train_tokens": ([0-9.]+)', kubelet.logs(rank0["metadata"]["name"]))
+        assert trained is not None and float(trained.group(1)) > 0  # the policy's own tokens
     assert done["restarts"] == 0
     assert done["step"] == RL_STEPS
     assert complete_checkpoints(seaweed, out) == [RL_STEPS]
