@@ -11,6 +11,10 @@ server, a lost session: `trajectory.error` starting `environment:`) is reported 
 run again after a backoff (`retry_backoff_s`, doubling, at most `MAX_RETRY_BACKOFF_S`; its
 `reset` starts a new session), so a restarting server costs time, not data; the recorded
 trajectory is the last attempt's, its `metadata["env_failures"]` listing the earlier errors.
+
+A model behind the Harness runs within the budgets its Harness version sets (`max_turns`,
+`max_tokens`, `max_wall_s` of the Harness YAML, `episode_budgets`): the benchmark of a Harness
+version measures that version, budgets included; the pool's `max_turns` caps every episode.
 """
 
 from __future__ import annotations
@@ -22,14 +26,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from qpa.contract import Environment, Policy, Task, Trajectory
-from qpa.harness.factory import PlannerFactory, PlannerSpec
-from qpa.harness.runner import run_episode
+from qpa.harness.factory import MODEL_PLANNERS, PlannerFactory, PlannerSpec
+from qpa.harness.runner import Budgets, run_episode
 
 MAX_RETRY_BACKOFF_S = 10.0
 
 
 def policy_of(spec: PlannerSpec) -> Policy:
     return Policy(planner=spec.name, model=spec.policy_model, harness_version=spec.harness.version)
+
+
+def episode_budgets(spec: PlannerSpec, max_turns: int) -> Budgets:
+    """One episode's budgets: `max_turns` and, for a model behind the Harness, the budgets its
+    Harness version sets (a turn budget it sets below `max_turns` wins; one it leaves at the
+    default does not lift or lower the run's)."""
+    if spec.name not in MODEL_PLANNERS:
+        return Budgets(max_turns)
+    harness = spec.harness
+    turns = max_turns
+    if "max_turns" in harness.model_fields_set:
+        turns = min(max_turns, harness.max_turns)
+    return Budgets(turns, harness.max_tokens, harness.max_wall_s)
 
 
 def check_remote(urls: Sequence[str], error: Callable[[str], Exception]) -> None:
@@ -93,6 +110,7 @@ def run_episodes(
     for episode in pending:
         work.put(episode)
     results: queue.Queue[Trajectory | _Failed | object] = queue.Queue()
+    budgets = episode_budgets(spec, max_turns)
     shared = PlannerFactory(spec)
     factories: dict[int, PlannerFactory] = {}
     factories_lock = threading.Lock()
@@ -113,7 +131,7 @@ def run_episodes(
         failures: list[str] = []
         while True:
             trajectory = run_episode(
-                env, task, factory_for(sample)(), policy=policy, sample=sample, max_turns=max_turns
+                env, task, factory_for(sample)(), policy=policy, sample=sample, budgets=budgets
             )
             error = trajectory.error or ""
             if not error.startswith("environment:") or len(failures) >= env_retries:
