@@ -8,12 +8,25 @@ Adam), a few steps with a checkpoint every 2, short sequences, small pods. The r
 renders the work order, the headless Service and the Job `<run>-r<attempt>`; the test kubelet
 runs each pod as `qpa train launch ... -- qpa train <stage> --spec` (torchrun, rendezvous at
 `<job>-0.<run>-ranks`); nothing about the Job, its pods or the checkpoints is forged.
+
+- SFT: rank 1 is SIGKILLed once a checkpoint is complete in the store; attempt r0 fails (the
+  ranks cannot go on without it), the operator starts r1, which resumes from the last
+  checkpoint r0 completed and ends at `maxSteps`; the final model in `status.modelUri` loads
+  with transformers.
+- RL: the example's sandbox RolloutPool (one `qpa env serve` pod) and the RL run on 2 ranks,
+  whose episodes run on the pool through `resolved.rolloutPoolUrl`, 2 steps on generated tokens.
+
+The DeepSpeed CPU comm op both need is built once per machine (the kubelet's extensions folder):
+the first run on a fresh machine spends a few minutes more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,19 +35,37 @@ import pytest
 import yaml
 from fakes.kube_api import KubeAPIServer
 from fakes.kubectl import Kubectl
-from fakes.kubelet import TestKubelet
+from fakes.kubelet import TORCH_EXTENSIONS, VENV_BIN, TestKubelet
 from fakes.seaweed import SeaweedS3
 from helpers.operator_runner import NS, example, operator, phase
 
 from qpa.store import open_store, resolve_local
 from qpa.train.checkpoint import CHECKPOINT_DIR, COMPLETE, META_DIR
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(600), pytest.mark.usefixtures("native_ops")]
 
 SFT, RL = "planner-sft", "planner-care-rl"
 SFT_STEPS, RL_STEPS = 10, 2
 CONTEXT = 8192  # the suite's first prompt is ~5k tokens of the tiny tokenizer
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+@pytest.fixture(scope="module")
+def native_ops() -> None:
+    """DeepSpeed's CPU comm op built in the kubelet's extensions folder before any rank starts
+    (minutes of two cores on a fresh machine, once; pods rebuild a stale one themselves)."""
+    if (Path(TORCH_EXTENSIONS) / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").is_file():
+        return
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",  # the venv's ninja, as in the pods
+        "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS,
+    }
+    build = "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()"
+    done = subprocess.run(
+        [sys.executable, "-c", build], env=env, capture_output=True, text=True, timeout=480
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
