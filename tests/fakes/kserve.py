@@ -50,7 +50,11 @@ split routes round robin across the Ready Pods of the revisions that get traffic
 percentages are reported, not weighed); there is no activator, no scale from zero, no ingress
 gateway or tagged routes, no transformer or explainer, no ServingRuntime objects (the Hugging
 Face runtime is built in), no RawDeployment mode. `nvidia.com/gpu` requests stay on the Pod but
-nothing checks them.
+nothing checks them. `KServe(max_new_tokens=N)` (the `kserve` fixture: 32) caps the tokens the
+CPU server generates per request below the request's `max_tokens` (`finish_reason` `length`, as
+when `max_tokens` runs out): a GPU serves a 1024-token completion in a second, the CPU stand-in in
+minutes, and an untrained test model's completion is noise at any length. The context-length
+check still counts the request's `max_tokens`, as vLLM does.
 
     async def test_it(kube_api, kubelet, kserve):
         kube_api.create(isvc)
@@ -171,10 +175,14 @@ class KServe:
         s3_endpoint: str | None = None,
         cluster_domain: str = "cluster.local",
         interval: float = 0.2,
+        max_new_tokens: int | None = None,
     ) -> None:
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: {max_new_tokens} is not a positive count")
         self.api = api
         self.storage_secret = storage_secret
         self.s3_endpoint = s3_endpoint
+        self.max_new_tokens = max_new_tokens
         self.domain = cluster_domain
         self.interval = interval
         self.errors: list[str] = []
@@ -326,6 +334,9 @@ class KServe:
                 storage_env.append({"name": var, "valueFrom": ref})
         mount = {"name": PROVISION_VOLUME, "mountPath": MODEL_DIR}
         module = [sys.executable, "-m", "fakes.kserve"]
+        server = [*module, "openai-server"]
+        if self.max_new_tokens is not None:
+            server.append(f"--max-new-tokens={self.max_new_tokens}")
         runtime_args = [
             f"--model_name={isvc['metadata']['name']}",
             f"--model_dir={MODEL_DIR}",
@@ -335,7 +346,7 @@ class KServe:
         container: dict[str, Any] = {
             "name": "kserve-container",
             "image": HF_IMAGE,
-            "command": [*module, "openai-server"],
+            "command": server,
             "args": [*runtime_args, *(model.get("args") or [])],
             "env": [POD_IP_ENV, *env, *(model.get("env") or [])],
             "volumeMounts": [{**mount, "readOnly": True}],
@@ -431,8 +442,10 @@ class KServe:
             }
             with contextlib.suppress(ApiError):
                 self.api.create(service)
-        elif live["spec"].get("selector") != selector:
-            self.api.patch("services", ns, service_name, {"spec": {"selector": selector}})
+        elif (old := live["spec"].get("selector") or {}) != selector:
+            # a merge patch: the labels the new selector drops are removed (null), not kept
+            replace = {**{key: None for key in old if key not in selector}, **selector}
+            self.api.patch("services", ns, service_name, {"spec": {"selector": replace}})
 
     def _pods(self, namespace: str, revision: _Revision) -> list[dict[str, Any]]:
         return self.api.list_objects("pods", namespace, f"{REVISION_LABEL}={revision.name}")
@@ -511,7 +524,8 @@ class KServe:
             same = prior is not None and all(
                 prior.get(k) == cond.get(k) for k in ("status", "reason", "message")
             )
-            cond["lastTransitionTime"] = prior.get("lastTransitionTime") if same else _now()
+            kept = prior.get("lastTransitionTime") if prior is not None and same else None
+            cond["lastTransitionTime"] = kept or _now()
         status = {
             "observedGeneration": meta.get("generation", 1),
             "url": url,
@@ -528,12 +542,15 @@ class KServe:
 #: The Secret holding the storage initializer's S3 keys (in namespace `default`), as a
 #: ServiceAccount's `serving.kserve.io/s3-endpoint` Secret gives them to KServe.
 STORAGE_SECRET = "kserve-s3"
+#: The `kserve` fixture's cap on the tokens generated per request (see the module docstring).
+FIXTURE_MAX_NEW_TOKENS = 32
 
 
 @pytest.fixture
 def kserve(kube_api: KubeAPIServer, seaweed: Any) -> Iterator[KServe]:
     """A `KServe` stand-in on `kube_api` whose storage initializer reads SeaweedFS (`seaweed`)
-    with the keys of the Secret `kserve-s3` in `default`; its errors fail the test."""
+    with the keys of the Secret `kserve-s3` in `default` and whose model servers generate at most
+    `FIXTURE_MAX_NEW_TOKENS` tokens per request; its errors fail the test."""
     keys = {"accessKeyId": seaweed.access_key, "secretAccessKey": seaweed.secret_key}
     kube_api.create(
         {
@@ -543,7 +560,12 @@ def kserve(kube_api: KubeAPIServer, seaweed: Any) -> Iterator[KServe]:
             "stringData": keys,
         }
     )
-    with KServe(kube_api, storage_secret=STORAGE_SECRET, s3_endpoint=seaweed.endpoint) as ks:
+    with KServe(
+        kube_api,
+        storage_secret=STORAGE_SECRET,
+        s3_endpoint=seaweed.endpoint,
+        max_new_tokens=FIXTURE_MAX_NEW_TOKENS,
+    ) as ks:
         yield ks
     if ks.errors:
         pytest.fail("the KServe stand-in raised:\n" + "\n".join(ks.errors))
@@ -625,6 +647,8 @@ def openai_server(args: argparse.Namespace) -> None:
                 f"{wanted} in the completion). Please reduce the length of the messages or "
                 "completion.",
             )
+        if args.max_new_tokens is not None:
+            wanted = min(wanted, args.max_new_tokens)  # the CPU stand-in's cap
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         temperature = float(body.get("temperature", 1.0) or 0.0)
@@ -641,7 +665,7 @@ def openai_server(args: argparse.Namespace) -> None:
                 pad_token_id=tokenizer.pad_token_id,
             )
         new = out[0, prompt_len:]
-        content = tokenizer.decode(new, skip_special_tokens=True)
+        content = str(tokenizer.decode(new, skip_special_tokens=True))
         finish = "length" if len(new) >= wanted else "stop"
         for s in stop:
             if s in content:
@@ -702,6 +726,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--backend", default="vllm", choices=["vllm", "huggingface", "auto"])
     serve.add_argument("--max_model_len", type=int, default=None)
+    serve.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="generate at most this many tokens per request (the CPU stand-in's cap)",
+    )
     args = parser.parse_args(argv)
     if args.command == "storage-initializer":
         storage_initializer(args.uri, args.dest)
