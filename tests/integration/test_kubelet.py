@@ -288,7 +288,8 @@ async def test_deleting_a_job_kills_its_processes(
                 found.append(proc.pid)
         return found
 
-    assert len(members()) >= 4  # two shells, two sleeps each
+    # two shells, two sleeps each (the shells may still be starting their sleeps)
+    await kubelet.eventually(lambda: len(members()) >= 4)
     kube_api.delete("jobs", NS, "long")
     await kubelet.eventually(lambda: not members(), timeout=10)
     assert pods_of(kube_api, "long") == []

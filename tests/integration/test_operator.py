@@ -631,7 +631,7 @@ def assert_no_duplicates(kube: KubeAPIServer, names: list[str]) -> None:
     jobs = kube.list_objects("jobs", NS, "qpa.ai/taskbatch")
     cms = kube.list_objects("configmaps", NS, "qpa.ai/taskbatch")
     assert sorted(j["metadata"]["name"] for j in jobs) == sorted(f"{n}-collect" for n in names)
-    assert sorted(c["metadata"]["name"] for c in cms) == sorted(f"{n}-tasks" for n in names)
+    assert sorted(c["metadata"]["name"] for c in cms) == sorted(f"{n}-order" for n in names)
     for tb in kube.list_objects("tb", NS):
         (job,) = [
             j for j in jobs if j["metadata"]["labels"]["qpa.ai/taskbatch"] == tb["metadata"]["name"]
