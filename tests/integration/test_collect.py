@@ -121,15 +121,19 @@ def test_local_collection_groups_parts_manifest_and_resume(tmp_path: Path) -> No
     assert more.ran == 12  # only the new sample of each task
     check_dataset(out, TASKS, 4)
     with pytest.raises(CollectError, match="another policy"):
-        collect(TASKS, PlannerSpec("noop"), samples_per_task=1, out=out, spool_dir=tmp_path / "spool")
+        collect(
+            TASKS, PlannerSpec("noop"), samples_per_task=1, out=out, spool_dir=tmp_path / "spool"
+        )
 
 
 def test_collection_through_environment_servers_matches_local(tmp_path: Path) -> None:
-    local = collect(TASKS, ORACLE, samples_per_task=2, out=str(tmp_path / "local"), spool_dir=tmp_path)
+    local = collect(
+        TASKS, ORACLE, samples_per_task=2, out=str(tmp_path / "local"), spool_dir=tmp_path
+    )
     with serving(max_sessions=32) as first, serving(max_sessions=32) as second:
         remote = collect(
-            TASKS, ORACLE, samples_per_task=2, out=str(tmp_path / "remote"), env_url=f"{first},{second}",
-            concurrency=8, spool_dir=tmp_path,
+            TASKS, ORACLE, samples_per_task=2, out=str(tmp_path / "remote"),
+            env_url=f"{first},{second}", concurrency=8, spool_dir=tmp_path,
         )  # fmt: skip
     assert remote.complete and remote.successes == local.successes == 24
     check_dataset(str(tmp_path / "remote"), TASKS, 2)
@@ -177,8 +181,8 @@ def test_resume_after_a_crash_that_tore_the_spool(tmp_path: Path) -> None:
 
     with pytest.raises(_Crash):
         collect(
-            TASKS, ORACLE, samples_per_task=2, out=out, spool_dir=spool, part_size=100, concurrency=2,
-            on_episode=crash_after_7,
+            TASKS, ORACLE, samples_per_task=2, out=out, spool_dir=spool, part_size=100,
+            concurrency=2, on_episode=crash_after_7,
         )  # fmt: skip
     # The process died mid-write: its part is still open, its last line cut short.
     (part,) = spool.glob("*/ready/*.jsonl")
@@ -283,7 +287,13 @@ def test_s3_outage_outlasting_the_run_uploads_on_the_next_run(
     finally:
         seaweed.start()
     second = collect(
-        TASKS, ORACLE, samples_per_task=2, out=out, store_config=config, spool_dir=tmp_path, part_size=4
+        TASKS,
+        ORACLE,
+        samples_per_task=2,
+        out=out,
+        store_config=config,
+        spool_dir=tmp_path,
+        part_size=4,
     )
     assert second.ran == 0 and second.skipped == 24 and second.complete
     check_dataset(out, TASKS, 2, config)
