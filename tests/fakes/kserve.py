@@ -84,6 +84,7 @@ import pytest
 from fastapi import Request
 
 from fakes.kube_api import ApiError, KubeAPIServer
+from fakes.kubelet import owner_ref
 
 __all__ = ["KServe", "kserve", "main"]
 
@@ -129,18 +130,6 @@ def _now() -> str:
 
 def _hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def _owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = obj["metadata"]
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _own_host(argv: Sequence[str]) -> list[str]:
@@ -401,7 +390,7 @@ class KServe:
                 "name": self._deployment_name(revision),
                 "namespace": ns,
                 "labels": labels,
-                "ownerReferences": [_owner_ref(isvc)],
+                "ownerReferences": [owner_ref(isvc)],
             },
             "spec": {
                 "replicas": int(predictor.get("minReplicas") or 1),
@@ -436,7 +425,7 @@ class KServe:
                     "name": service_name,
                     "namespace": ns,
                     "labels": {ISVC_LABEL: name, "component": "predictor"},
-                    "ownerReferences": [_owner_ref(isvc)],
+                    "ownerReferences": [owner_ref(isvc)],
                 },
                 "spec": spec,
             }

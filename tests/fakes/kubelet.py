@@ -194,7 +194,8 @@ def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in refs)
 
 
-def _owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
+def owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A controller ownerReference to `obj` (for the children a controller creates)."""
     meta = obj["metadata"]
     return {
         "apiVersion": obj["apiVersion"],
@@ -1362,7 +1363,7 @@ class TestKubelet:
                 "namespace": owner["metadata"]["namespace"],
                 "labels": {**(meta.get("labels") or {}), **labels},
                 "annotations": {**(meta.get("annotations") or {}), **(annotations or {})},
-                "ownerReferences": [_owner_ref(owner)],
+                "ownerReferences": [owner_ref(owner)],
             },
             "spec": {**copy.deepcopy(template["spec"]), **spec_extra},
         }
