@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 Capability = Literal["tool_use", "memory", "skills", "subagent"]
 CAPABILITIES: tuple[Capability, ...] = ("tool_use", "memory", "skills", "subagent")
@@ -29,6 +29,7 @@ ErrorKind = Literal[
 ]
 Evidence = Literal["stated", "confirmed", "observed", "inferred"]
 Fidelity = Literal["programmatic", "llm_judged", "device"]
+CollateralChange = Literal["created", "modified", "deleted"]
 
 
 class _Model(BaseModel):
@@ -251,14 +252,53 @@ class CheckResult(_Model):
     detail: str = ""
 
 
+class CollateralWrite(_Model):
+    """A change to the world's state that the task's verifier does not expect.
+
+    One record per changed record: `app` and `collection` name where it lives (a settings dict
+    is one record, with `record_id` None), `change` what happened to it, `tool` the state-changing
+    call that made it when the environment can tell (None otherwise), `detail` a readable line
+    (the fields that changed, or the record's name).
+    """
+
+    app: str = Field(min_length=1)
+    collection: str = Field(min_length=1)
+    record_id: str | None = None
+    change: CollateralChange
+    tool: str | None = None
+    detail: str = ""
+
+    @property
+    def target(self) -> str:
+        """`app.collection`, as a verifier check names it."""
+        return f"{self.app}.{self.collection}"
+
+
 class Verification(_Model):
-    """Whether the task is done and succeeded; progress is the share of checks passed."""
+    """Whether the task is done and succeeded; progress is the share of checks passed.
+
+    `collateral` lists the state changes the task's verifier does not explain (writes the user
+    did not ask for). An environment that cannot tell leaves it empty (LLM-judged apps, devices,
+    trajectories written before the field existed). A verification with collateral writes is
+    never a success: the model refuses `success=True` with a non-empty `collateral`, so every
+    reader (scoring, diagnosis, curation, rewards) sees the episode as failed.
+    """
 
     done: bool
     success: bool
     progress: float = Field(ge=0.0, le=1.0)
     checks: list[CheckResult] = Field(default_factory=list)
     fidelity: Fidelity = "programmatic"
+    collateral: list[CollateralWrite] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _collateral_is_failure(self) -> Verification:
+        if self.success and self.collateral:
+            raise ValueError(
+                f"success: a verification with {len(self.collateral)} collateral write(s) "
+                "cannot be a success"
+            )
+        return self
 
 
 # --------------------------------------------------------------------------- trajectories
