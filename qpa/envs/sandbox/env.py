@@ -8,6 +8,7 @@ round-trip), so nothing outside can mutate the phone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ from qpa.contract import (
     ToolSpec,
     Verification,
 )
+from qpa.envs.sandbox.collateral import WriteLog, find_collateral, snapshot
 from qpa.envs.sandbox.engine import DEFAULT_START, App, BoundTool, ToolError, World
 from qpa.envs.sandbox.engine import describe_validation_error as _describe
 from qpa.envs.sandbox.registry import all_apps, all_tools
@@ -50,6 +52,9 @@ class SandboxEnv:
         self._finished = False
         self._answer: str | None = None
         self._steps = 0
+        self._initial: dict[str, Any] = {}
+        self._writes = WriteLog()
+        self._replays: list[_Replayable] = []
 
     # ------------------------------------------------------------------ protocol
     def reset(self, task: Task) -> Feedback:
@@ -78,6 +83,10 @@ class SandboxEnv:
         self._instances = {name: self._apps[name](self._world) for name in app_names}
         names = task.tools or [t for a in app_names for t in self._apps[a].bound_tools]
         self._allowed = {n: self._tools[n] for n in names if n in self._tools}
+        # The state every change is measured from (after the apps installed their defaults).
+        self._initial = orjson.loads(snapshot(self._world.state))
+        self._writes = WriteLog()
+        self._replays = []
         return Feedback.ok(
             {
                 "time": self._world.iso_now(),
@@ -123,8 +132,19 @@ class SandboxEnv:
     def verify(self) -> Verification:
         if self._world is None or self._task is None:
             return Verification(done=False, success=False, progress=0.0)
+        collateral = find_collateral(
+            self._task.verifier.checks,
+            self._initial,
+            self._world.state,
+            self._writes,
+            replay=self._replay,
+        )
         return verify_state(
-            self._task.verifier, self._world.state, self._answer, finished=self._finished
+            self._task.verifier,
+            self._world.state,
+            self._answer,
+            finished=self._finished,
+            collateral=collateral,
         )
 
     def tools(self) -> list[ToolSpec]:
@@ -165,6 +185,12 @@ class SandboxEnv:
         except ValidationError as exc:
             return Feedback.fail("invalid_arguments", _describe(name, exc))
         app = self._instances[bound.app.name]
+        # A state-changing call is diffed around, so every change it makes (even one a failing
+        # call left behind) is attributed to it; what read tools change is never collateral.
+        world = self._world
+        assert world is not None
+        before = snapshot(world.state) if bound.spec.changes_state else None
+        replayable = _Replayable(bound, orjson.dumps(arguments), world.now, dict(world._counters))
         try:
             result = bound.method(app, **parsed.__dict__)
             return Feedback.ok(orjson.loads(orjson.dumps(result)))
@@ -174,3 +200,31 @@ class SandboxEnv:
             return Feedback.fail(
                 "environment_failure", f"{name} crashed: {type(exc).__name__}: {exc}"
             )
+        finally:
+            if before is not None and self._writes.record(name, before, snapshot(world.state)):
+                self._replays.append(replayable)
+
+    def _replay(self, index: int, state: dict[str, Any]) -> dict[str, Any] | None:
+        """Run logged state-changing call `index` again on `state`, at the moment and with the
+        id counters it first ran with: the state afterwards, or None if the call fails."""
+        call = self._replays[index]
+        assert self._task is not None
+        world = World(state, self._task.user, call.now)
+        world._counters.update(call.counters)
+        parsed = call.bound.args_model.model_validate(orjson.loads(call.arguments))
+        try:
+            call.bound.method(call.bound.app(world), **parsed.__dict__)
+        except Exception:  # any failure means the call needs what was undone
+            return None
+        replayed: dict[str, Any] = orjson.loads(snapshot(world.state))
+        return replayed
+
+
+@dataclass(frozen=True)
+class _Replayable:
+    """What it takes to run a state-changing call again (for the precondition test)."""
+
+    bound: BoundTool
+    arguments: bytes
+    now: datetime
+    counters: dict[str, int]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from qpa.contract import Check, CheckResult, Verification, VerifierSpec
+from qpa.contract import Check, CheckResult, CollateralWrite, Verification, VerifierSpec
 
 _MISSING = object()
 
@@ -100,8 +100,15 @@ def answer_matches(answer: str | None, expected: str, how: str) -> bool:
 
 
 def verify_state(
-    spec: VerifierSpec, state: dict[str, Any], answer: str | None, *, finished: bool
+    spec: VerifierSpec,
+    state: dict[str, Any],
+    answer: str | None,
+    *,
+    finished: bool,
+    collateral: list[CollateralWrite] | None = None,
 ) -> Verification:
+    """Run the checks; `collateral` (the writes the checks do not explain) fails the task and
+    adds a failed `collateral` check naming them, so progress counts it too."""
     results = [run_check(state, check) for check in spec.checks]
     if spec.answer is not None:
         ok = answer_matches(answer, spec.answer, spec.answer_match)
@@ -110,7 +117,33 @@ def verify_state(
                 name="answer", passed=ok, detail=f"expected {spec.answer!r}, got {answer!r}"
             )
         )
+    collateral = collateral or []
+    if collateral:
+        results.append(
+            CheckResult(name=COLLATERAL_CHECK, passed=False, detail=describe_collateral(collateral))
+        )
     passed = sum(r.passed for r in results)
     progress = passed / len(results) if results else 0.0
     success = finished and bool(results) and passed == len(results)
-    return Verification(done=finished, success=success, progress=progress, checks=results)
+    return Verification(
+        done=finished, success=success, progress=progress, checks=results, collateral=collateral
+    )
+
+
+COLLATERAL_CHECK = "no_collateral_writes"
+
+
+def describe_collateral(collateral: list[CollateralWrite], limit: int = 5) -> str:
+    """One line naming the unrequested writes (the first `limit`, then how many more)."""
+    shown = [
+        f"{c.change} {c.target}"
+        + (f"[{c.record_id}]" if c.record_id is not None else "")
+        + (f" by {c.tool}" if c.tool else "")
+        for c in collateral[:limit]
+    ]
+    more = len(collateral) - limit
+    return (
+        f"{len(collateral)} unrequested write(s): "
+        + ", ".join(shown)
+        + (f", and {more} more" if more > 0 else "")
+    )
