@@ -39,7 +39,9 @@ Environment side (the episode could not be judged or the world broke):
 
 Harness side (the model was not given what the task needed):
 
-4. `trajectory.error` starts with `harness:` and is not a budget cut: `harness_error`.
+4. `trajectory.error` starts with `harness:` and is not a budget cut: `harness_error`. (The
+   episode runner labels what an episode raised by where it came from: `harness:` for the
+   Harness's own code, `model:` for the planner and its model backend; see rule 4m.)
 5. The divergent plan step calls a tool the Harness did not expose (absent from the main
    agent's `tools_exposed`; or, in a sub-agent whose delegation asked for it, from the
    sub-agent's): `tool_not_exposed`.
@@ -62,6 +64,8 @@ Harness side (the model was not given what the task needed):
 
 Model side (everything it needed was there; it acted wrongly):
 
+4m. `trajectory.error` starts with `model:` (the planner or its model backend raised):
+    `model_error`. Checked right after rule 4, before any rule that reads the steps.
 11. The same failing call (an error the model can act on: not `transient`/`environment_failure`)
     repeated by the same agent, first made at or before the divergence: `ignored_feedback`.
 12. The divergence, by what the trajectory did instead (re-checks, which repeat an earlier
@@ -140,6 +144,7 @@ CAUSES: dict[str, Side] = {
     "memory_retrieval_miss": "harness",
     "budget_cut": "harness",
     # model
+    "model_error": "model",
     "ignored_feedback": "model",
     "gave_up": "model",
     "skipped_step": "model",
@@ -700,6 +705,13 @@ def _is_expected_call(ctx: _Context, step: Step) -> bool:
         and step.action.tool == expected.tool
         and _args_agree(expected.arguments, step.action.arguments)
     )
+
+
+def _rule_model_error(ctx: _Context) -> Diagnosis | None:
+    error = ctx.trajectory.error or ""
+    if not error.startswith("model:"):
+        return None
+    return _verdict(ctx, "model_error", f"the planner's model raised: {error}", ctx.where())
 
 
 def _rule_harness_error(ctx: _Context) -> Diagnosis | None:
@@ -1275,6 +1287,7 @@ _RULES = (
     _rule_verification_missing,
     _rule_environment_feedback,
     _rule_harness_error,
+    _rule_model_error,
     _rule_tool_not_exposed,
     _rule_parser_rejected,
     _rule_guard,
