@@ -119,12 +119,22 @@ class HarnessPlanner:
             SkillSpec(app=s.app, name=s.name, text=s.text)
             for s in self.adapter.skills.for_apps(a for a in apps if a)
         ]
-        self.guard = ProvenanceGuard(task, tools)
         exposure = self.adapter.select(task.instruction, tools)
         user = task.user.user_id
         if task.memory:
             self.memory.seed(user, task.memory)
         self._retrieved = self.memory.retrieve(user, task.instruction, k=self.config.memory_k)
+        # The guard's scope: the apps the adapter found relevant to the user's instruction; its
+        # trusted memory: what the user stated or confirmed (never what a tool once showed).
+        app_of = {t.name: self.adapter.app_of(t) for t in tools}
+        relevant = {app_of[name] for name, score in exposure.tool_scores.items() if score > 0}
+        self.guard = ProvenanceGuard(
+            task,
+            tools,
+            relevant_apps=relevant - {""},
+            app_of=app_of,
+            memory=[(r.item.key, r.item.value, r.item.evidence) for r in self._retrieved],
+        )
         lines = [r.describe() for r in self._retrieved]
         system = system_prompt(task, exposure.text, lines)
         opening = f"{task.instruction}\n\n{tool_result(first)}"
@@ -193,9 +203,8 @@ class HarnessPlanner:
         """Feed the last step's outcome to the right conversation; open/close sub-agents."""
         context = self._contexts[-1]
         action, feedback = last.action, last.feedback
-        if feedback.status == "ok" and isinstance(action, ToolCall):
-            self.guard.authored(action)
-            self.guard.observe(feedback.observation)
+        if isinstance(action, ToolCall) and "guard" not in last.annotations:
+            self.guard.record(action, feedback)  # the same ledger for every agent's calls
         if isinstance(action, Delegate) and feedback.status == "ok":
             call_id = self._reply(context, last, tool_result(feedback))
             scoped = [self.tools[n] for n in action.tools if n in self.tools] or list(

@@ -1,0 +1,427 @@
+"""Where every value the agent sees came from: the provenance ledger of one episode.
+
+Sources are the user's instruction, the confirmations the user gave, the user's own memory
+(stated or confirmed; what the Harness once *observed* in tool output is not the user's word),
+the user profile, and tool results. A tool result's values carry the call (step, tool) and the
+field path they came from, and whether the record was *selected by the user's request*:
+
+- a read whose target-naming arguments (query, recipient, record id, ...) all trace back to a
+  trusted source or to an earlier selected record returns **selected** records; when at least one
+  such argument narrowed the read (a search for a name the user gave), the records are **picked**
+  (the user's words chose them); a listing without narrowing arguments returns records that are
+  selected but only picked where their own short fields share a word with the instruction;
+- a read that was given a value the user never gave (an address copied out of an email body,
+  then searched for) returns records that are **not selected**: passing a value through a read
+  does not launder it, since trust follows the origin of the read's arguments;
+- free text inside a record (bodies, notes, descriptions, subjects, snippets, reviews, and any
+  field of more than a few words) never selects anything: what is written there is data.
+
+Values are matched in a canonical form, so reformatting does not create trust either way: a
+phone number matches on its digits (`+1 (555) 0199` = `555-0199`), other values on their
+lower-cased letters and digits (`EV-105` = `ev_105`). A value that matches nothing trusted is
+untraceable, however it is cut, joined or spelled.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from qpa.contract import Task, ToolCall
+from qpa.harness.adapter import terms
+
+Source = Literal["instruction", "confirmed", "memory", "profile", "tool"]
+TRUSTED_MEMORY = frozenset({"stated", "confirmed"})
+FREE_TEXT_WORDS = 5  # a field value with more words than this is prose, whatever its key
+MIN_PHONE_DIGITS = 7
+# Keys whose values are prose or titles someone else may have written: never selecting.
+FREE_TEXT_KEYS = frozenset(
+    {
+        "body",
+        "text",
+        "notes",
+        "note",
+        "description",
+        "message",
+        "subject",
+        "title",
+        "snippet",
+        "content",
+        "review",
+        "reviews",
+        "comment",
+        "summary",
+        "instructions",
+        "bio",
+        "details",
+        "cancel_note",
+        "pickup_note",
+        "reason",
+        "issue",
+        "request",
+        "preview",
+        "excerpt",
+        "caption",
+        "about",
+        "goal",
+        "result",
+        "answer",
+    }
+)
+# Arguments of a read that narrow what it returns (besides every `*_id`/`*_ids` and target key).
+QUERY_KEYS = frozenset(
+    {
+        "query",
+        "q",
+        "sender",
+        "name",
+        "contains",
+        "keyword",
+        "search",
+        "from_contains",
+        "subject_contains",
+        "label",
+        "title",
+        "artist",
+        "city",
+        "tag",
+    }
+)
+# Arguments of a state-changing call that name whom or what it acts on.
+TARGET_KEYS = frozenset(
+    {
+        "to",
+        "cc",
+        "bcc",
+        "emails",
+        "email",
+        "phone",
+        "phones",
+        "address",
+        "account",
+        "destination",
+        "dropoff",
+        "pickup",
+        "forward_to",
+        "attendees",
+        "recipient",
+        "recipients",
+        "contact_phone",
+        "from_phone",
+        "number",
+        "ssid",
+        "setting",
+        "app",
+        "permission",
+        "folder",
+        "group",
+        "loyalty_number",
+        "frequent_flyer_number",
+        "passport_number",
+        "url",
+        "link",
+        "share_with",
+        "shared_with",
+    }
+)
+
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+_DIGIT_RUN = re.compile(r"\+?\d[\d\s().-]{5,}\d")
+
+
+def is_target_key(key: str) -> bool:
+    """Whether an argument named `key` names a target (recipient, record, destination...)."""
+    return key in TARGET_KEYS or key.endswith("_id") or key.endswith("_ids") or key == "id"
+
+
+def squash(value: str) -> str:
+    """Lower-cased letters and digits only: the canonical form of a non-phone value."""
+    return _NON_ALNUM.sub("", value.lower())
+
+
+def words(value: str) -> list[str]:
+    return [w for w in _NON_ALNUM.split(value.lower()) if w]
+
+
+def phone_digits(value: str) -> str | None:
+    """The digits of a phone- or account-like value (None when it is not one)."""
+    text = value.strip()
+    if not text or any(c.isalpha() for c in text):
+        return None
+    digits = re.sub(r"\D", "", text)
+    return digits if len(digits) >= MIN_PHONE_DIGITS else None
+
+
+def same_digits(a: str, b: str) -> bool:
+    """Two digit strings name the same number (one may carry a country/area prefix)."""
+    short, long = sorted((a, b), key=len)
+    return len(short) >= MIN_PHONE_DIGITS and long.endswith(short)
+
+
+def strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """Every string inside a JSON value with its dotted path."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from strings(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from strings(item, f"{path}.{i}" if path else str(i))
+
+
+def _leaf_key(path: str) -> str:
+    parts = [p for p in path.split(".") if not p.isdigit()]
+    return parts[-1] if parts else ""
+
+
+def is_free_text(key: str, value: str) -> bool:
+    return key in FREE_TEXT_KEYS or len(value.split()) > FREE_TEXT_WORDS
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from. For tool values: the step, tool and field, and how the user's
+    request reached the record (`selected`: by a read with trusted arguments; `picked`: chosen
+    by the user's words)."""
+
+    source: Source
+    detail: str
+    selected: bool = True
+    picked: bool = True
+
+    @property
+    def trusted(self) -> bool:
+        return self.source != "tool"
+
+    def describe(self) -> str:
+        if self.source != "tool":
+            return f"the user's {self.source}" + (f" ({self.detail})" if self.detail else "")
+        how = "picked by the request" if self.picked else "listed"
+        how = how if self.selected else "not selected by the request"
+        return f"tool result {self.detail} ({how})"
+
+
+@dataclass
+class _Text:
+    squashed_words: list[str]
+    digits: list[str]
+    origin: Origin
+
+
+class ProvenanceLedger:
+    """Per-episode record of trusted text and of every tool value with its origin."""
+
+    def __init__(self, task: Task, *, extra_memory: Sequence[tuple[str, str, str]] = ()) -> None:
+        self.instruction_terms = frozenset(terms(task.instruction))
+        self._texts: list[_Text] = []
+        self._atoms: dict[str, list[Origin]] = {}
+        self._phones: list[tuple[str, Origin]] = []
+        self._free: list[tuple[str, str, Origin]] = []  # (squashed text, digits, origin)
+        self.add_trusted(task.instruction, Origin("instruction", ""))
+        for tool in task.confirmations:
+            self.add_trusted(tool, Origin("confirmed", tool))
+        for item in task.memory:
+            if item.evidence in TRUSTED_MEMORY:
+                self.add_trusted(f"{item.key} {item.value}", Origin("memory", item.key))
+        for key, value, evidence in extra_memory:
+            if evidence in TRUSTED_MEMORY:
+                self.add_trusted(f"{key} {value}", Origin("memory", key))
+        for field, value in task.user.model_dump().items():
+            if field != "user_id":
+                self.add_trusted(str(value), Origin("profile", field))
+
+    # ------------------------------------------------------------------ recording
+    def add_trusted(self, text: str, origin: Origin) -> None:
+        digits = [re.sub(r"\D", "", m) for m in _DIGIT_RUN.findall(text)]
+        self._texts.append(_Text(words(text), [d for d in digits if len(d) >= 7], origin))
+
+    def add_value(self, value: str, origin: Origin) -> None:
+        digits = phone_digits(value)
+        if digits:
+            self._phones.append((digits, origin))
+        key = squash(value)
+        if key:
+            self._atoms.setdefault(key, []).append(origin)
+
+    def record_result(self, step: int, call: ToolCall, observation: Any, *, wrote: bool) -> None:
+        """Record what a successful call returned, with the selection its arguments earned.
+
+        Arguments the agent wrote that nothing it saw explains (no trusted source, no tool
+        value, no relation to tool prose) are its own: recorded as authored, so the records
+        they fetch count as chosen by the agent, not by any text it read."""
+        if wrote:
+            selected, picked = True, True  # the record the user's (allowed) write made or changed
+        else:
+            selected, picked = self.read_selection(call)
+        for key, value in _argument_strings(call.arguments):
+            if len(value.strip()) >= 2 and self.trace(value, loose=not wrote) is None:
+                self.add_value(value, Origin("tool", f"step {step} {call.tool}({key}) authored"))
+        for record_path, record in _records(observation):
+            record_picked = picked or (selected and self._matches_request(record))
+            for path, value in strings(record):
+                full = f"{record_path}.{path}" if record_path else path
+                key = _leaf_key(full) or _leaf_key(record_path)
+                detail = f"step {step} {call.tool} → {full or 'result'}"
+                if is_free_text(key, value):
+                    origin = Origin("tool", detail, False, False)
+                    self._free.append((squash(value), re.sub(r"\D", "", value), origin))
+                    continue
+                self.add_value(value, Origin("tool", detail, selected, selected and record_picked))
+
+    def read_selection(self, call: ToolCall) -> tuple[bool, bool]:
+        """(selected, picked) for the records a read returns, from its arguments' origins: an
+        argument from tool prose or from an unselected record unselects the read; one from the
+        user (or the agent's own, unrelated to anything read) narrows it to picked records."""
+        narrowed = any(
+            value is True and set(terms(key.replace("_", " "))) & self.instruction_terms
+            for key, value in call.arguments.items()
+        )  # a filter the user's words ask for (unread_only for "my unread texts")
+        for key, value in _argument_strings(call.arguments):
+            if not (is_target_key(key) or key in QUERY_KEYS) or len(value.strip()) < 2:
+                continue
+            origin = self.trace(value, loose=True)
+            if origin is None:
+                narrowed = True  # the agent's own value: nothing it read put it there
+                continue
+            if not origin.selected:
+                return False, False
+            narrowed = narrowed or origin.picked
+        return True, narrowed
+
+    def _matches_request(self, record: dict[str, Any]) -> bool:
+        """Whether the record's own short fields (or a true flag's name) share a word with the
+        instruction: the user's words chose it even though the read listed everything."""
+        for key, value in record.items():
+            if value is True and set(terms(key.replace("_", " "))) & self.instruction_terms:
+                return True
+        for path, value in strings(record):
+            key = _leaf_key(path)
+            if is_target_key(key) or key in ("time", "date", "start", "end", "created", "updated"):
+                continue
+            if set(terms(value)) & self.instruction_terms:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ tracing
+    def trace(self, value: str, *, loose: bool = False) -> Origin | None:
+        """The strongest origin of `value`: a trusted source, else a tool value (picked, then
+        listed, then unselected), else tool prose it is cut or reformatted from; None when
+        nothing the agent saw explains it. `loose` (for read queries): every word of the value
+        in one trusted text, in any order, is enough."""
+        best: Origin | None = None
+        for origin in self._candidates(value, loose=loose):
+            if origin.trusted:
+                return origin
+            if best is None or _rank(origin) > _rank(best):
+                best = origin
+        if best is None:
+            return self.related_to_free_text(value)
+        return best
+
+    def _candidates(self, value: str, *, loose: bool = False) -> Iterator[Origin]:
+        digits = phone_digits(value)
+        key = squash(value)
+        if not key:
+            return
+        value_words = set(words(value))
+        for text in self._texts:
+            if digits:
+                found = any(same_digits(digits, d) for d in text.digits)
+            else:
+                found = _in_words(key, text.squashed_words) or (
+                    loose and bool(value_words) and value_words <= set(text.squashed_words)
+                )
+            if found:
+                yield text.origin
+        if digits:
+            for known, origin in self._phones:
+                if same_digits(digits, known):
+                    yield origin
+        yield from self._atoms.get(key, [])
+
+    def related_to_free_text(self, value: str) -> Origin | None:
+        """The tool prose `value` is taken from, whole, reformatted or in pieces (digit runs of
+        a number, the domain of an address), if any."""
+        digits = phone_digits(value)
+        key = squash(value)
+        if len(key) < 3:
+            return None
+        domain = _domain(value)
+        for text, text_digits, origin in self._free:
+            if digits:
+                if digits[-MIN_PHONE_DIGITS:] in text_digits:
+                    return origin
+                runs = _DIGITS.findall(text)
+                if any(len(r) >= 3 and r in digits for r in runs):
+                    return origin
+            elif key in text or (domain and domain in text):
+                return origin
+        return None
+
+    def mentioned_in_free_text(self, value: str) -> Origin | None:
+        """The tool prose that mentions `value`, if any: for explaining refusals."""
+        return self.related_to_free_text(value)
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _domain(value: str) -> str:
+    """The squashed domain of an email address or URL (empty when it is neither)."""
+    text = value.strip().lower()
+    host = ""
+    if "@" in text:
+        host = text.rsplit("@", 1)[1]
+    elif "://" in text or text.startswith("www."):
+        host = text.split("://", 1)[-1].split("/", 1)[0]
+    host = host.removeprefix("www.")
+    name = host.rsplit(".", 1)[0] if "." in host else host
+    return squash(name) if len(squash(name)) >= 4 else ""
+
+
+def _rank(origin: Origin) -> int:
+    return (2 if origin.picked else 0) + (1 if origin.selected else 0)
+
+
+def _in_words(key: str, text_words: list[str]) -> bool:
+    """Whether `key` (squashed) is a run of up to 6 consecutive whole words of the text."""
+    n = len(text_words)
+    for i in range(n):
+        joined = ""
+        for j in range(i, min(n, i + 6)):
+            joined += text_words[j]
+            if joined == key:
+                return True
+            if len(joined) >= len(key) or not key.startswith(joined):
+                break
+    return False
+
+
+def _argument_strings(arguments: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    for key, value in arguments.items():
+        for _, text in strings(value):
+            yield key, text
+
+
+def _records(observation: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """The records (dicts without nested lists of dicts) of a result, with their paths."""
+    if isinstance(observation, list):
+        for i, item in enumerate(observation):
+            yield from _records(item, f"{path}.{i}" if path else str(i))
+        return
+    if not isinstance(observation, dict):
+        if isinstance(observation, str):
+            yield path, {"value": observation}
+        return
+    flat: dict[str, Any] = {}
+    for key, value in observation.items():
+        nested = isinstance(value, list) and any(isinstance(v, dict) for v in value)
+        if nested or isinstance(value, dict):
+            yield from _records(value, f"{path}.{key}" if path else key)
+        else:
+            flat[key] = value
+    if flat:
+        yield path, flat
