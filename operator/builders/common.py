@@ -30,10 +30,11 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pydantic import ValidationError
+from qpa_operator.builders.netsettings import NetworkSettings
 
 from qpa.api.v1alpha1 import (
     ConfigMapKeySelector,
@@ -102,6 +103,8 @@ class Defaults:
     #: added to the pods that request GPUs (the chart's `gpu.nodeSelector`/`gpu.tolerations`)
     gpu_node_selector: tuple[tuple[str, str], ...] = ()
     gpu_tolerations: tuple[JsonDict, ...] = ()
+    #: the admin's network-policy settings (the chart's `networkPolicy`; `builders.netpol`)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Defaults:
@@ -120,6 +123,7 @@ class Defaults:
                 sorted(_json_env(env, "QPA_OPERATOR_GPU_NODE_SELECTOR", dict).items())
             ),
             gpu_tolerations=tuple(_json_env(env, "QPA_OPERATOR_GPU_TOLERATIONS", list)),
+            network=NetworkSettings.from_env(env),
         )
 
 

@@ -31,7 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from qpa_operator.builders import netpol
 from qpa_operator.builders.common import (
+    LABEL_COMPONENT,
     TERMINATION_LOG,
     Defaults,
     JsonDict,
@@ -51,6 +53,7 @@ from qpa_operator.builders.common import (
     restricted_container_security,
     restricted_pod_security,
     rollout_pool_url,
+    selector_labels,
     service_host,
     setting,
     store_parts,
@@ -363,6 +366,9 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
         **labels(hr, BENCH_COMPONENT, defaults),
         CANDIDATE_LABEL: candidate_id(hr, defaults),
     }
+    pool = hr.spec.benchmark.rollout_pool_ref
+    if pool is not None:  # admitted by the RolloutPool's ingress policy
+        pod_labels[netpol.ENV_CLIENT_LABEL] = pool.name
     manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -386,6 +392,84 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
         },
     }
     return with_spec_hash(manifest)
+
+
+def bench_egress_policy(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
+    """The benchmark reaches DNS, the store, its RolloutPool and the candidate's model."""
+    bench = bench_resolved(hr, defaults)
+    pool = hr.spec.benchmark.rollout_pool_ref
+    return netpol.egress_policy(
+        hr,
+        BENCH_COMPONENT,
+        defaults,
+        endpoints=[bench.model_url, bench.store.endpoint if bench.store else None],
+        rules=[netpol.env_pool_rule(pool.name)] if pool is not None else [],
+        part="bench",
+    )
+
+
+def _isvc_names(isvcs: list[JsonDict], component: str) -> list[str]:
+    return [
+        str(i["metadata"]["name"])
+        for i in isvcs
+        if i.get("kind") == "InferenceService"
+        and i["metadata"]["labels"].get(LABEL_COMPONENT) == component
+    ]
+
+
+def network_policies(
+    hr: HarnessRelease, defaults: Defaults, children: list[JsonDict]
+) -> list[JsonDict]:
+    """The policies of the InferenceServices among `children` (and of the benchmark Job):
+
+    - `<model isvc>-ingress`: from this release's benchmark pods and Harness predictor pods
+      and the admin's serving gateway (`networkPolicy.ingress.servingGateway`), KServe ports;
+    - `<harness isvc>-ingress`: from the benchmark pods and the serving gateway;
+    - `<harness isvc>-egress`: the Harness predictor reaches DNS and the release's models;
+    - `<release>-bench-egress` while a benchmark Job is among `children`.
+    """
+    models = _isvc_names(children, MODEL_COMPONENT)
+    harnesses = _isvc_names(children, HARNESS_COMPONENT)
+    bench = [netpol.pods_peer(selector_labels(hr, BENCH_COMPONENT))]
+    gateway = netpol.gateway_peers(defaults.network.ingress.serving_gateway)
+    ports = defaults.network.kserve_ports
+    harness_pods = [netpol.pods_peer(netpol.predictor_pods(h)) for h in harnesses]
+    result: list[JsonDict] = []
+    for name in models:
+        result.append(
+            netpol.ingress_policy(
+                hr,
+                name,
+                MODEL_COMPONENT,
+                defaults,
+                pod_selector=netpol.predictor_pods(name),
+                sources=[([*bench, *harness_pods, *gateway], ports)],
+            )
+        )
+    for name in harnesses:
+        result.append(
+            netpol.ingress_policy(
+                hr,
+                name,
+                HARNESS_COMPONENT,
+                defaults,
+                pod_selector=netpol.predictor_pods(name),
+                sources=[([*bench, *gateway], ports)],
+            )
+        )
+        result.append(
+            netpol.egress_policy(
+                hr,
+                HARNESS_COMPONENT,
+                defaults,
+                rules=[netpol.predictor_rule(m, defaults) for m in models],
+                part=name.removeprefix(f"{hr.metadata.name}-"),
+                pod_selector=netpol.predictor_pods(name),
+            )
+        )
+    if any(c.get("kind") == "Job" for c in children):
+        result.append(bench_egress_policy(hr, defaults))
+    return result
 
 
 def services(hr: HarnessRelease, defaults: Defaults) -> list[JsonDict]:

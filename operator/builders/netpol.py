@@ -1,30 +1,39 @@
-"""Egress NetworkPolicies: the pods that run episodes reach only what they need.
+"""NetworkPolicies: the pods qpa runs reach only what they need, and are reached only by theirs.
 
-Collector pods (TaskBatch) and environment servers (RolloutPool) run model-written actions
-against sandboxed apps, so each gets a `networking.k8s.io/v1` NetworkPolicy `<owner>-egress`
-selecting exactly its pods, with `policyTypes: [Egress]`: everything is denied but
+Every pod the operator creates but the device bridge (whose ingress `builders.devicepool`
+owns) is selected by an egress policy `<owner>[-<part>]-egress`, and every server by an ingress
+policy `<server>-ingress`, each selecting exactly its pods. Egress is denied but
 
-- DNS: the cluster DNS pods (`k8s-app: kube-dns` in `kube-system`), UDP and TCP 53;
-- each endpoint URL the pods are given (model, object store), by the shape of its host:
-  - an in-cluster Service name (`svc`, `svc.ns.svc[.<cluster domain>]`): the pods of that
-    namespace, any port (a NetworkPolicy sees the pod's port after the Service translated
-    it, which the URL does not tell);
-  - `svc.ns` (two labels): that namespace, and also the URL's port anywhere, since it may just
-    as well be an external domain (`minio.example`);
-  - an IP address: that address (`/32` or `/128`) on the URL's port;
-  - any other host name: the URL's port on any address (NetworkPolicy has no host names;
-    a CNI with FQDN rules, e.g. Cilium's `toFQDNs`, narrows this further);
-- pods of other qpa objects they talk to (a RolloutPool's env servers, a DevicePool's
-  bridges), by those pods' selector labels, in the same namespace;
-- for pods that hold Leases (device-backed env servers): the API server's ports 443 and 6443.
+- **DNS**: UDP/TCP 53 to the cluster DNS pods (`networkPolicy.dns.namespace`/`podLabels`,
+  `k8s-app: kube-dns` in `kube-system`) and to the NodeLocal DNSCache addresses
+  (`networkPolicy.dns.nodeLocalCidrs`, `169.254.20.10/32`); nothing else on 53;
+- each **endpoint URL** the pods are given (model, object store, ...), by its host:
+  - an IP address: that address (`/32`, `/128`) on the URL's port;
+  - an in-cluster Service (`svc`, `svc.ns`, `svc.ns.svc[.<cluster domain>]`): only that
+    Service's pods and their port: a Service the admin named in `networkPolicy.egress.services`
+    (its pod labels and ports: the chart adds its bundled store), a KServe predictor
+    (`<isvc>-predictor[-NNNNN]`: pods labelled `serving.kserve.io/inferenceservice=<isvc>`,
+    ports `networkPolicy.kservePorts`), a RolloutPool's `<pool>-env` (its env servers, named
+    port `http`), else the pods of that namespace on the URL's port only;
+  - any other host name: only the CIDRs of `networkPolicy.egress.external` entries that cover
+    the host and port. None covering it: the endpoint is **not opened** and is listed in the
+    policy's `qpa.ai/egress-blocked` annotation, which the handlers turn into an
+    `EgressAllowed=False` condition and a Warning naming the endpoint and the setting;
+    `svc.ns` hosts are tried as both;
+- pods of other qpa objects they talk to, by those pods' labels and ports;
+- for pods that hold Leases: the API server (`networkPolicy.egress.apiServer`, by default the
+  `kubernetes` Service's address the operator itself sees).
 
-Ingress is left to the cluster's own policies. Pure functions, like every builder.
+No rule is ever empty, allows every address (`0.0.0.0/0`, `::/0`), or leaves its ports open,
+with one exception: a training run's ranks reach each other on every port (NCCL opens
+ephemeral ports), and only each other. Pure functions, like every builder.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -33,41 +42,152 @@ from qpa_operator.builders.common import (
     LABEL_INSTANCE,
     Defaults,
     JsonDict,
-    child_name,
+    bounded_name,
     kind_label,
     metadata,
     owner_namespace,
     selector_labels,
     with_spec_hash,
 )
+from qpa_operator.builders.netsettings import NetworkSettings, PodPeer
 
 from qpa.api.v1alpha1 import CustomResource
 
 NAMESPACE_LABEL: Final = "kubernetes.io/metadata.name"
-DNS_PEER: Final[JsonDict] = {
-    "namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: "kube-system"}},
-    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-}
-DNS_PORTS: Final = ({"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53})
-ANYWHERE: Final = ({"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}})
-API_SERVER_PORTS: Final = (443, 6443)
-DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+#: KServe's label on an InferenceService's predictor pods.
+ISVC_LABEL: Final = "serving.kserve.io/inferenceservice"
+#: On client pods of a RolloutPool (collectors, RL ranks, benchmarks): the pool they use, so
+#: the pool's ingress policy admits exactly them.
+ENV_CLIENT_LABEL: Final = "qpa.ai/env-client"
+#: Endpoints a policy does not open (no allowlist covers them), one per line.
+BLOCKED_ANNOTATION: Final = "qpa.ai/egress-blocked"
+#: The chart's setting that opens external endpoints (named in conditions and Events).
+EXTERNAL_SETTING: Final = "networkPolicy.egress.external"
+API_SERVER_SETTING: Final = "networkPolicy.egress.apiServer"
+DNS_PORT: Final = 53
+DEFAULT_PORTS: Final = {"http": 80, "https": 443, "s3": 443}
+ENV_PORT: Final = "http"
+PREDICTOR: Final = re.compile(r"(?P<isvc>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-predictor(-\d{5})?")
+
+Port = int | str
 
 
-def policy_name(owner: CustomResource) -> str:
-    return child_name(owner, "egress")
+def _name(owner: CustomResource, suffix: str) -> str:
+    return bounded_name(owner, suffix, 63)
 
 
-def dns_rule() -> JsonDict:
-    return {"to": [dict(DNS_PEER)], "ports": [dict(p) for p in DNS_PORTS]}
+def policy_name(owner: CustomResource, part: str | None = None) -> str:
+    """`<owner>-egress`, or `<owner>-<part>-egress` for a second kind of pod of the owner."""
+    return _name(owner, f"{part}-egress" if part else "egress")
 
 
-def _tcp(port: int) -> list[JsonDict]:
-    return [{"protocol": "TCP", "port": port}]
+def ingress_name(server: str) -> str:
+    return f"{server}-ingress"
 
 
-def endpoint_rules(url: str, namespace: str, defaults: Defaults) -> list[JsonDict]:
-    """Egress rules that let a pod in `namespace` reach `url` (see the module's docstring)."""
+def tcp(ports: Iterable[Port]) -> list[JsonDict]:
+    seen: list[JsonDict] = []
+    for port in ports:
+        entry = {"protocol": "TCP", "port": port}
+        if entry not in seen:
+            seen.append(entry)
+    return seen
+
+
+def dns_rules(settings: NetworkSettings) -> list[JsonDict]:
+    """UDP/TCP 53 to the cluster DNS pods and, when set, the node-local cache addresses."""
+    ports = [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]
+    dns = settings.dns
+    cluster = {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: dns.namespace}},
+        "podSelector": {"matchLabels": dict(dns.pod_labels)},
+    }
+    rules = [{"to": [cluster], "ports": [dict(p) for p in ports]}]
+    if dns.node_local_cidrs:
+        rules.append(
+            {
+                "to": [{"ipBlock": {"cidr": cidr}} for cidr in dns.node_local_cidrs],
+                "ports": [dict(p) for p in ports],
+            }
+        )
+    return rules
+
+
+def pods_peer(match_labels: Mapping[str, str], namespace: str | None = None) -> JsonDict:
+    """Pods with these labels, in `namespace` (None: the policy's own namespace)."""
+    peer: JsonDict = {"podSelector": {"matchLabels": dict(sorted(match_labels.items()))}}
+    if namespace is not None:
+        peer["namespaceSelector"] = {"matchLabels": {NAMESPACE_LABEL: namespace}}
+    return peer
+
+
+def pods_rule(
+    match_labels: Mapping[str, str], ports: Iterable[Port], namespace: str | None = None
+) -> JsonDict:
+    """Egress to pods with these labels on these TCP ports."""
+    return {"to": [pods_peer(match_labels, namespace)], "ports": tcp(ports)}
+
+
+def component_pods(kind: str, name: str, component: str) -> dict[str, str]:
+    """The selector labels of the pods of another qpa object (`common.selector_labels`)."""
+    return {LABEL_INSTANCE: name, LABEL_COMPONENT: component, kind_label(kind): name}
+
+
+def env_pool_rule(pool: str, namespace: str | None = None) -> JsonDict:
+    """To a RolloutPool's env servers, on their container port (named `http`)."""
+    return pods_rule(component_pods("RolloutPool", pool, "env-server"), [ENV_PORT], namespace)
+
+
+def predictor_pods(isvc: str) -> dict[str, str]:
+    return {ISVC_LABEL: isvc}
+
+
+def predictor_rule(isvc: str, defaults: Defaults, namespace: str | None = None) -> JsonDict:
+    """To an InferenceService's predictor pods on the KServe ports."""
+    return pods_rule(predictor_pods(isvc), defaults.network.kserve_ports, namespace)
+
+
+def api_server_rules(defaults: Defaults) -> tuple[list[JsonDict], list[str]]:
+    """(rules to the API server, blocked) from `networkPolicy.egress.apiServer`."""
+    entries = defaults.network.egress.api_server
+    if not entries:
+        return [], [f"the API server (set {API_SERVER_SETTING})"]
+    rules = [
+        {"to": [{"ipBlock": {"cidr": entry.cidr}}], "ports": tcp(entry.ports)} for entry in entries
+    ]
+    return rules, []
+
+
+def _service_rules(
+    name: str, namespace: str, port: int, own_namespace: str, defaults: Defaults
+) -> list[JsonDict]:
+    """Egress to the pods behind the in-cluster Service `name.namespace`."""
+    where = None if namespace == own_namespace else namespace
+    for mapped in defaults.network.egress.services:
+        if mapped.name == name and mapped.namespace == namespace:
+            return [pods_rule(dict(mapped.pod_labels), mapped.ports, where)]
+    predictor = PREDICTOR.fullmatch(name)
+    if predictor is not None:
+        return [predictor_rule(predictor.group("isvc"), defaults, where)]
+    if name.endswith("-env") and len(name) > len("-env"):
+        return [env_pool_rule(name[: -len("-env")], where)]
+    peer = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: namespace}}}
+    if where is None:
+        peer = {"podSelector": {}}
+    return [{"to": [peer], "ports": tcp([port])}]
+
+
+def _external_rules(host: str, port: int, defaults: Defaults) -> list[JsonDict]:
+    cidrs = [e.cidr for e in defaults.network.egress.external if e.covers(host, port)]
+    if not cidrs:
+        return []
+    return [{"to": [{"ipBlock": {"cidr": c}} for c in dict.fromkeys(cidrs)], "ports": tcp([port])}]
+
+
+def endpoint_rules(
+    url: str, namespace: str, defaults: Defaults
+) -> tuple[list[JsonDict], list[str]]:
+    """(egress rules that let a pod in `namespace` reach `url`, what stays blocked and why)."""
     parts = urlsplit(url)
     host = (parts.hostname or "").rstrip(".").lower()
     if not host:
@@ -79,38 +199,19 @@ def endpoint_rules(url: str, namespace: str, defaults: Defaults) -> list[JsonDic
         address = None
     if address is not None:
         cidr = f"{address}/{address.max_prefixlen}"
-        return [{"to": [{"ipBlock": {"cidr": cidr}}], "ports": _tcp(port)}]
+        return [{"to": [{"ipBlock": {"cidr": cidr}}], "ports": tcp([port])}], []
     labels = host.split(".")
     cluster = ["svc", *defaults.cluster_domain.lower().split(".")]
     if len(labels) == 1:
-        return [_namespace_rule(namespace)]
+        return _service_rules(labels[0], namespace, port, namespace, defaults), []
     if len(labels) >= 3 and labels[2:] in (cluster[:1], cluster):
-        return [_namespace_rule(labels[1])]
-    anywhere = {"to": [dict(peer) for peer in ANYWHERE], "ports": _tcp(port)}
-    if len(labels) == 2:
-        return [_namespace_rule(labels[1]), anywhere]
-    return [anywhere]
-
-
-def _namespace_rule(namespace: str) -> JsonDict:
-    return {"to": [{"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: namespace}}}]}
-
-
-def pods_rule(match_labels: Mapping[str, str]) -> JsonDict:
-    """To pods of the policy's own namespace with these labels (any port)."""
-    return {"to": [{"podSelector": {"matchLabels": dict(sorted(match_labels.items()))}}]}
-
-
-def component_pods(kind: str, name: str, component: str) -> dict[str, str]:
-    """The selector labels of the pods of another qpa object (`common.selector_labels`)."""
-    return {LABEL_INSTANCE: name, LABEL_COMPONENT: component, kind_label(kind): name}
-
-
-def api_server_rule() -> JsonDict:
-    return {
-        "to": [dict(peer) for peer in ANYWHERE],
-        "ports": [p for port in API_SERVER_PORTS for p in _tcp(port)],
-    }
+        return _service_rules(labels[0], labels[1], port, namespace, defaults), []
+    external = _external_rules(host, port, defaults)
+    if len(labels) == 2:  # `svc.ns` as the resolver's search path tries it, or a domain
+        return _service_rules(labels[0], labels[1], port, namespace, defaults) + external, []
+    if external:
+        return external, []
+    return [], [f"{url} ({host}:{port}: add a CIDR for it to {EXTERNAL_SETTING})"]
 
 
 def egress_policy(
@@ -120,24 +221,87 @@ def egress_policy(
     *,
     endpoints: Iterable[str | None] = (),
     rules: Iterable[JsonDict] = (),
+    blocked: Iterable[str] = (),
+    part: str | None = None,
+    pod_selector: Mapping[str, str] | None = None,
 ) -> JsonDict:
-    """The NetworkPolicy of the pods `selector_labels(owner, component)` selects."""
+    """The egress NetworkPolicy of the pods `pod_selector` (default:
+    `selector_labels(owner, component)`) selects; `blocked` adds to what the endpoints leave
+    closed (the `qpa.ai/egress-blocked` annotation)."""
     namespace = owner_namespace(owner)
-    egress = [dns_rule()]
+    egress = dns_rules(defaults.network)
+    closed = list(blocked)
     for url in endpoints:
         if url:
-            egress += [
-                rule for rule in endpoint_rules(url, namespace, defaults) if rule not in egress
-            ]
+            found, missing = endpoint_rules(url, namespace, defaults)
+            egress += [rule for rule in found if rule not in egress]
+            closed += [m for m in missing if m not in closed]
     egress += [rule for rule in rules if rule not in egress]
+    annotations = {BLOCKED_ANNOTATION: "\n".join(closed)} if closed else None
+    selector = dict(pod_selector) if pod_selector else selector_labels(owner, component)
     manifest = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": metadata(owner, policy_name(owner), component, defaults),
+        "metadata": metadata(
+            owner, policy_name(owner, part), component, defaults, annotations=annotations
+        ),
         "spec": {
-            "podSelector": {"matchLabels": selector_labels(owner, component)},
+            "podSelector": {"matchLabels": selector},
             "policyTypes": ["Egress"],
             "egress": egress,
         },
     }
     return with_spec_hash(manifest)
+
+
+def gateway_peers(peers: Sequence[PodPeer]) -> list[JsonDict]:
+    """Admin-set ingress sources (`networkPolicy.ingress.servingGateway`)."""
+    return [pods_peer(dict(p.pod_labels), p.namespace) for p in peers]
+
+
+def ingress_policy(
+    owner: CustomResource,
+    server: str,
+    component: str,
+    defaults: Defaults,
+    *,
+    pod_selector: Mapping[str, str],
+    sources: Iterable[tuple[Sequence[JsonDict], Sequence[Port] | None]],
+) -> JsonDict:
+    """`<server>-ingress`: into the pods `pod_selector` selects, only from `sources`
+    ((peers, ports); ports None: every port, for a training run's own ranks only)."""
+    ingress: list[JsonDict] = []
+    for peers, ports in sources:
+        if not peers:
+            continue
+        rule: JsonDict = {"from": [dict(p) for p in peers]}
+        if ports is not None:
+            rule["ports"] = tcp(ports)
+        if rule not in ingress:
+            ingress.append(rule)
+    manifest = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(owner, ingress_name(server), component, defaults),
+        "spec": {
+            "podSelector": {"matchLabels": dict(sorted(pod_selector.items()))},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+    return with_spec_hash(manifest)
+
+
+def blocked_endpoints(children: Iterable[Mapping[str, object]]) -> list[str]:
+    """What the NetworkPolicies among `children` leave closed (their blocked annotations)."""
+    found: list[str] = []
+    for child in children:
+        if child.get("kind") != "NetworkPolicy":
+            continue
+        meta = child.get("metadata")
+        notes = meta.get("annotations") if isinstance(meta, Mapping) else None
+        text = notes.get(BLOCKED_ANNOTATION) if isinstance(notes, Mapping) else None
+        for line in str(text or "").splitlines():
+            if line and line not in found:
+                found.append(line)
+    return found

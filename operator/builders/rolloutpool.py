@@ -55,6 +55,8 @@ COMPONENT: Final = "env-server"
 CONTAINER: Final = "env-server"
 SERVICE_PORT: Final = 80
 BRIDGE_PORT: Final = 5037
+#: The name of the bridge container's adb port (`builders.devicepool`).
+BRIDGE_PORT_NAME: Final = "adb"
 CPU_TARGET_PERCENT: Final = 70
 
 
@@ -208,23 +210,40 @@ def autoscaler(pool: RolloutPool, defaults: Defaults) -> JsonDict:
 
 def egress_policy(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     """Env servers reach DNS only; LLM-simulated apps also their model, device-backed ones
-    their DevicePool's bridges and the API server (phone Leases)."""
+    their own DevicePool's bridges (adb port) and the API server (phone Leases)."""
     spec = pool.spec
-    rules = []
+    rules: list[JsonDict] = []
+    blocked: list[str] = []
     if spec.device_pool_ref is not None:
         bridges = netpol.component_pods("DevicePool", spec.device_pool_ref.name, "device-bridge")
-        rules += [netpol.pods_rule(bridges), netpol.api_server_rule()]
+        api, blocked = netpol.api_server_rules(defaults)
+        rules += [netpol.pods_rule(bridges, [BRIDGE_PORT_NAME]), *api]
     return netpol.egress_policy(
         pool,
         COMPONENT,
         defaults,
         endpoints=[spec.llm_sim.model_url if spec.llm_sim else None],
         rules=rules,
+        blocked=blocked,
+    )
+
+
+def ingress_policy(pool: RolloutPool, defaults: Defaults) -> JsonDict:
+    """Into the env servers only from the pods that use this pool (collectors, RL ranks,
+    benchmarks: labelled `qpa.ai/env-client=<pool>`), on the server's port."""
+    clients = netpol.pods_peer({netpol.ENV_CLIENT_LABEL: pool.metadata.name or ""})
+    return netpol.ingress_policy(
+        pool,
+        deployment_name(pool),
+        COMPONENT,
+        defaults,
+        pod_selector=selector_labels(pool, COMPONENT),
+        sources=[([clients], ["http"])],
     )
 
 
 def children(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
-    result: list[JsonDict] = [egress_policy(pool, defaults)]
+    result: list[JsonDict] = [egress_policy(pool, defaults), ingress_policy(pool, defaults)]
     if pool.spec.device_pool_ref is not None:
         result += [
             with_spec_hash(obj) for obj in lease_rbac(pool, account_name(pool), COMPONENT, defaults)

@@ -154,7 +154,7 @@ def job(tb: TaskBatch, defaults: Defaults) -> JsonDict:
         "parallelism": spec.parallelism,
         "backoffLimitPerIndex": spec.backoff_limit,
         "template": {
-            "metadata": {"labels": labels(tb, COMPONENT, defaults)},
+            "metadata": {"labels": pod_labels(tb, defaults)},
             "spec": {
                 "restartPolicy": "Never",
                 "automountServiceAccountToken": False,
@@ -177,13 +177,12 @@ def job(tb: TaskBatch, defaults: Defaults) -> JsonDict:
 
 
 def egress_policy(tb: TaskBatch, defaults: Defaults) -> JsonDict:
-    """Collectors reach DNS, the model, the object store and their RolloutPool only."""
+    """Collectors reach DNS, the model, the object store and their RolloutPool's servers only."""
     spec = tb.spec
     store = spec.store or defaults.store
     rules = []
     if spec.rollout_pool_ref is not None:
-        pool = spec.rollout_pool_ref.name
-        rules.append(netpol.pods_rule(netpol.component_pods("RolloutPool", pool, "env-server")))
+        rules.append(netpol.env_pool_rule(spec.rollout_pool_ref.name))
     return netpol.egress_policy(
         tb,
         COMPONENT,
@@ -191,6 +190,14 @@ def egress_policy(tb: TaskBatch, defaults: Defaults) -> JsonDict:
         endpoints=[spec.policy.model_url, store.endpoint if store else None],
         rules=rules,
     )
+
+
+def pod_labels(tb: TaskBatch, defaults: Defaults) -> dict[str, str]:
+    """The collectors' labels; with a RolloutPool, the label its ingress policy admits."""
+    result = labels(tb, COMPONENT, defaults)
+    if tb.spec.rollout_pool_ref is not None:
+        result[netpol.ENV_CLIENT_LABEL] = tb.spec.rollout_pool_ref.name
+    return result
 
 
 def children(tb: TaskBatch, defaults: Defaults) -> list[JsonDict]:

@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from qpa_operator.builders import netpol
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
     JobState,
     JsonDict,
     PodParts,
+    bounded_name,
     child_name,
     combine,
     empty_dir,
@@ -247,6 +249,8 @@ def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
     if container_resources:
         container["resources"] = container_resources
     pod_labels = {**labels(tr, COMPONENT, defaults), ATTEMPT_LABEL: str(attempt)}
+    if spec.rl is not None:  # admitted by the RolloutPool's ingress policy
+        pod_labels[netpol.ENV_CLIENT_LABEL] = spec.rl.rollout_pool_ref.name
     pod_spec: JsonDict = {
         "restartPolicy": "Never",
         "subdomain": service_name(tr),
@@ -341,6 +345,71 @@ def service(tr: TrainingRun, defaults: Defaults) -> JsonDict:
     return with_spec_hash(manifest)
 
 
+#: Where an `hf://` model comes from (opened only through `networkPolicy.egress.external`).
+HUGGING_FACE: Final = "https://huggingface.co"
+
+
+def _model_endpoint(uri: str) -> str | None:
+    """The host a rank downloads its base model from (None: the store or a local path)."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme in ("http", "https"):
+        return uri
+    if scheme == "hf":
+        return HUGGING_FACE
+    return None
+
+
+def egress_policy(tr: TrainingRun, defaults: Defaults) -> JsonDict:
+    """Ranks reach DNS, the store, the base model's host, their RolloutPool (RL) and each
+    other (every port: NCCL opens ephemeral ones)."""
+    spec = tr.spec
+    store = spec.store or defaults.store
+    ranks = selector_labels(tr, COMPONENT)
+    rules: list[JsonDict] = [{"to": [netpol.pods_peer(ranks)]}]
+    if spec.rl is not None:
+        rules.append(netpol.env_pool_rule(spec.rl.rollout_pool_ref.name))
+    return netpol.egress_policy(
+        tr,
+        COMPONENT,
+        defaults,
+        endpoints=[store.endpoint if store else None, _model_endpoint(spec.base_model_uri)],
+        rules=rules,
+    )
+
+
+def data_egress_policy(tr: TrainingRun, defaults: Defaults) -> JsonDict:
+    """The data Job reaches DNS and the store only."""
+    store = tr.spec.store or defaults.store
+    return netpol.egress_policy(
+        tr,
+        DATA_COMPONENT,
+        defaults,
+        endpoints=[store.endpoint if store else None],
+        part="data",
+    )
+
+
+def ingress_policy(tr: TrainingRun, defaults: Defaults) -> JsonDict:
+    """Into the ranks only from the same run's ranks (rendezvous and NCCL, every port)."""
+    ranks = selector_labels(tr, COMPONENT)
+    return netpol.ingress_policy(
+        tr,
+        bounded_name(tr, "ranks", 63 - len("-ingress")),
+        COMPONENT,
+        defaults,
+        pod_selector=ranks,
+        sources=[([netpol.pods_peer(ranks)], None)],
+    )
+
+
+def network_policies(tr: TrainingRun, defaults: Defaults) -> list[JsonDict]:
+    return [
+        egress_policy(tr, defaults),
+        data_egress_policy(tr, defaults),
+        ingress_policy(tr, defaults),
+    ]
+
+
 def children(
     tr: TrainingRun,
     defaults: Defaults,
@@ -350,7 +419,11 @@ def children(
     data_ready: bool,
 ) -> list[JsonDict]:
     """The run's children for `attempt`; the ranks' Job only once the data is ready."""
-    result = [config_map(tr, plan, defaults, attempt), service(tr, defaults)]
+    result = [
+        *network_policies(tr, defaults),
+        config_map(tr, plan, defaults, attempt),
+        service(tr, defaults),
+    ]
     prepare = data_job(tr, plan, defaults)
     if prepare is not None:
         result.append(prepare)

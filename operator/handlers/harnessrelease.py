@@ -32,8 +32,9 @@ from typing import Any, Final
 import kopf
 from qpa_operator import release
 from qpa_operator.builders import harnessrelease as builder
-from qpa_operator.builders.common import kind_label
+from qpa_operator.builders.common import JsonDict, kind_label
 from qpa_operator.handlers.apply import delete_child, ensure
+from qpa_operator.handlers.netpolicy import report_egress
 from qpa_operator.handlers.runtime import measured, now, retry_delay, runtime
 from qpa_operator.handlers.status import child_event, write_status
 from qpa_operator.handlers.views import Views, fresher, parse
@@ -48,7 +49,7 @@ logger = logging.getLogger("qpa_operator")
 KIND: Final = "HarnessRelease"
 PLURAL: Final = HarnessRelease.info.plural
 API_VERSION: Final = f"{GROUP}/{VERSION}"
-OWNED_KINDS: Final = ("InferenceService", "Job", "ConfigMap")
+OWNED_KINDS: Final = ("InferenceService", "Job", "ConfigMap", "NetworkPolicy")
 
 #: (namespace, name) -> when the clock should run the reconcile again (None: no timer).
 WAKE: dict[tuple[str, str], datetime] = {}
@@ -142,15 +143,23 @@ async def remove_override(obj: Mapping[str, Any]) -> None:
             raise
 
 
-async def apply_children(resource: HarnessRelease, desired: release.Desired, views: Views) -> None:
+async def apply_children(
+    resource: HarnessRelease, desired: release.Desired, views: Views
+) -> list[JsonDict]:
+    """Apply `desired` with the network policies of its servers (and benchmark) first;
+    delete owned children it does not keep. Returns the policies."""
+    rt = await runtime()
     namespace = resource.metadata.namespace or "default"
-    for child in desired.apply:
+    policies = builder.network_policies(resource, rt.defaults, list(desired.apply))
+    keep = desired.keep | {("NetworkPolicy", p["metadata"]["name"]) for p in policies}
+    for child in [*policies, *desired.apply]:
         kind, name = str(child["kind"]), child["metadata"]["name"]
         await ensure(child, views.child(kind, namespace, name), owner=resource)
     for kind in OWNED_KINDS:
         for live in views.children(kind, namespace, KIND, resource.metadata.name or ""):
-            if (kind, live["metadata"]["name"]) not in desired.keep:
+            if (kind, live["metadata"]["name"]) not in keep:
                 await delete_child(resource, live)
+    return policies
 
 
 # --------------------------------------------------------------------------- reconcile
@@ -208,7 +217,8 @@ async def _reconcile(obj: Mapping[str, Any], views: Views, key: tuple[str, str])
         await remove_override(written)
     latest = parse(written, HarnessRelease) or resource
     desired = release.children(latest, decision.status, rt.defaults, observed.bench)
-    await apply_children(latest, desired, views)
+    policies = await apply_children(latest, desired, views)
+    await report_egress(HarnessRelease, written, policies, reread=lambda: views.parent(KIND, *key))
     if decision.wake_at is None:
         WAKE.pop(key, None)
     else:

@@ -13,6 +13,7 @@ from qpa_operator.builders import devicepool as dp_builder
 from qpa_operator.builders import rolloutpool as builder
 from qpa_operator.builders.common import kind_label
 from qpa_operator.handlers.apply import delete_child, ensure_all
+from qpa_operator.handlers.netpolicy import report_egress
 from qpa_operator.handlers.runtime import measured, now, runtime
 from qpa_operator.handlers.status import child_event, observed, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
@@ -79,8 +80,9 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     if resource is None:
         return
     rt = await runtime()
+    children = builder.children(resource, rt.defaults)
     live = await ensure_all(
-        builder.children(resource, rt.defaults),
+        children,
         views,
         resource,
         unmanaged={"Deployment": builder.unmanaged_fields(resource)},
@@ -92,6 +94,8 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
             await delete_child(resource, hpa)
     deployment = live.get(("Deployment", builder.deployment_name(resource)))
     await refresh_status(obj, views, deployment=deployment, generation=generation_of(obj))
+    key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+    await report_egress(RolloutPool, obj, children, reread=lambda: views.parent(KIND, *key))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

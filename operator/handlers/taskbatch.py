@@ -13,6 +13,7 @@ import kopf
 from qpa_operator.builders import taskbatch as builder
 from qpa_operator.builders.common import kind_label
 from qpa_operator.handlers.apply import ensure_all
+from qpa_operator.handlers.netpolicy import report_egress
 from qpa_operator.handlers.runtime import measured, now, runtime
 from qpa_operator.handlers.status import child_event, observed, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
@@ -64,9 +65,15 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     if resource is None:
         return
     rt = await runtime()
-    live = await ensure_all(builder.children(resource, rt.defaults), views, resource)
+    children = builder.children(resource, rt.defaults)
+    live = await ensure_all(children, views, resource)
     job = live.get(("Job", builder.job_name(resource)))
     await refresh_status(obj, views, job=job, generation=generation_of(obj))
+    await report_egress(TaskBatch, obj, children, reread=lambda: views.parent(KIND, *_key(obj)))
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    return obj["metadata"]["namespace"], obj["metadata"]["name"]
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

@@ -17,6 +17,7 @@ import kopf
 from qpa_operator.builders import trainingrun as builder
 from qpa_operator.builders.common import job_state, kind_label
 from qpa_operator.handlers.apply import delete_child, ensure_all
+from qpa_operator.handlers.netpolicy import report_egress
 from qpa_operator.handlers.runtime import measured, now, runtime
 from qpa_operator.handlers.status import child_event, observed, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
@@ -123,16 +124,17 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     plan = _plan(resource, views)
     data_job = views.child("Job", namespace, builder.data_job_name(resource))
     data_ready = not plan.steps or job_state(data_job).complete
-    live = await ensure_all(
-        builder.children(resource, rt.defaults, attempt=attempt, plan=plan, data_ready=data_ready),
-        views,
-        resource,
+    children = builder.children(
+        resource, rt.defaults, attempt=attempt, plan=plan, data_ready=data_ready
     )
+    live = await ensure_all(children, views, resource)
     for old in views.children("Job", namespace, KIND, resource.metadata.name or ""):
         labels = old["metadata"].get("labels") or {}
         if builder.ATTEMPT_LABEL in labels and labels[builder.ATTEMPT_LABEL] != str(attempt):
             await delete_child(resource, old)
     await refresh_status(obj, views, fresh=live, generation=generation_of(obj))
+    key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+    await report_egress(TrainingRun, obj, children, reread=lambda: views.parent(KIND, *key))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

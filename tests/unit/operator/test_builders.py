@@ -313,16 +313,17 @@ def test_rolloutpool_autoscales_between_min_and_max_and_wires_devices() -> None:
     sandbox, phones = load("rolloutpool.yaml", 0), load("rolloutpool.yaml", 1)
     kinds = [c["kind"] for c in rolloutpool.children(sandbox, D)]
     assert kinds == [
-        "NetworkPolicy", "ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler",
+        "NetworkPolicy", "NetworkPolicy", "ConfigMap", "Deployment", "Service",
+        "HorizontalPodAutoscaler",
     ]  # fmt: skip
     assert rolloutpool.unmanaged_fields(sandbox) == ("spec.replicas",)
     phone_kinds = [c["kind"] for c in rolloutpool.children(phones, D)]
     assert phone_kinds == [
-        "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment",
-        "Service",
+        "NetworkPolicy", "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
+        "Deployment", "Service",
     ]  # fmt: skip
     assert rolloutpool.unmanaged_fields(phones) == ()
-    role = rolloutpool.children(phones, D)[2]
+    (role,) = [c for c in rolloutpool.children(phones, D) if c["kind"] == "Role"]
     assert role["rules"] == [
         {
             "apiGroups": ["coordination.k8s.io"],
