@@ -9,6 +9,10 @@ precondition of ours, and dropped connections. Other answers raise `ApiError` wi
 the reason and the server's message.
 
 Every request is counted in `qpa_operator_api_requests_total{method,code}`.
+
+A namespace-scoped operator (`QPA_OPERATOR_NAMESPACES`, the chart's `operator.watchNamespaces`)
+refuses, before sending, any request for a namespace outside that list (`NotServed`, 403): it
+never reconciles, reads or writes anything elsewhere, whatever kopf was started with.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import random
 import ssl
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import aiohttp
 import kopf
@@ -56,6 +61,24 @@ PLURALS: Final[dict[tuple[str, str], str]] = {
     ("qpa.ai/v1alpha1", "TrainingRun"): "trainingruns",
     ("qpa.ai/v1alpha1", "HarnessRelease"): "harnessreleases",
 }
+
+
+def served_namespaces(environ: Mapping[str, str] | None = None) -> frozenset[str] | None:
+    """`QPA_OPERATOR_NAMESPACES` (comma-separated) as a set; None when unset (cluster-wide)."""
+    env = os.environ if environ is None else environ
+    names = {part.strip() for part in (env.get("QPA_OPERATOR_NAMESPACES") or "").split(",")}
+    names.discard("")
+    return frozenset(names) or None
+
+
+def namespace_of(path: str) -> str | None:
+    """The namespace a request path names (`.../namespaces/<ns>/...`), else None."""
+    parts = path.split("?", 1)[0].split("/")
+    for index, part in enumerate(parts[:-1]):
+        # `/api/v1/namespaces/<ns>` (the Namespace itself) names it too
+        if part == "namespaces" and index in (2, 3):
+            return unquote(parts[index + 1])
+    return None
 
 
 class ApiError(Exception):
@@ -128,8 +151,11 @@ class KubeClient:
         max_backoff: float = 5.0,
         timeout: float = 30.0,
         relogin: Callable[[], kopf.ConnectionInfo | None] | None = None,
+        namespaces: frozenset[str] | None = None,
     ) -> None:
         self.server = server.rstrip("/")
+        #: the namespaces requests may name (None: any)
+        self.namespaces = namespaces
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -156,6 +182,7 @@ class KubeClient:
     ) -> KubeClient:
         tempdir = tempfile.TemporaryDirectory(prefix="qpa-operator-")
         headers, context = _credentials(info, Path(tempdir.name))
+        options.setdefault("namespaces", served_namespaces())
         client = cls(info.server, headers=headers, ssl_context=context, relogin=relogin, **options)
         client._tempdir = tempdir
         return client
@@ -190,6 +217,18 @@ class KubeClient:
         retry_conflicts: bool = True,
     ) -> Any:
         """Send one request (retrying what is retriable) and return the decoded JSON body."""
+        namespace = namespace_of(path)
+        if self.namespaces is not None and (
+            namespace is None or namespace not in self.namespaces
+        ):
+            served = ", ".join(sorted(self.namespaces))
+            where = f"namespace {namespace!r}" if namespace else "a cluster-scoped path"
+            raise ApiError(
+                403,
+                "NotServed",
+                f"{method} {path}: {where} is outside the operator's namespaces ({served}; "
+                "QPA_OPERATOR_NAMESPACES): a namespace-scoped operator acts only there",
+            )
         data = json.dumps(body).encode() if body is not None else None
         headers = dict(self._headers)
         if data is not None:

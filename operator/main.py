@@ -12,7 +12,14 @@ configures kopf:
 - **events**: explicit Events only (`kopf.info`/`kopf.warn` on phase transitions), from INFO;
 - **watches**: on child kinds only objects labelled `app.kubernetes.io/managed-by=qpa-operator`
   (phone Leases: `app.kubernetes.io/part-of=qpa`) are listed and watched;
-- **metrics**: Prometheus `/metrics` on `QPA_OPERATOR_METRICS_PORT` when set.
+- **metrics**: Prometheus `/metrics` on `QPA_OPERATOR_METRICS_PORT` when set;
+- **namespaces**: cluster-wide (`kopf run --all-namespaces`, a `ClusterKopfPeering`), or
+  namespace-scoped: `QPA_OPERATOR_NAMESPACES=a,b` with `kopf run --namespace=a --namespace=b`
+  (the chart's `operator.watchNamespaces`; a `KopfPeering` in each). Then kopf's cluster
+  scanning is off (`settings.scanning.disabled`: no CRD or Namespace list/watch, so no
+  ClusterRole at all; CRDs installed after the operator started are seen at its next start),
+  the start refuses a cluster-wide kopf or a `--namespace` outside the list, and the client
+  refuses every request outside it (`qpa_operator.kube`).
 
 Environment: `QPA_OPERATOR_IMAGE` (sandbox/collector), `QPA_OPERATOR_TRAINER_IMAGE`,
 `QPA_OPERATOR_HARNESS_IMAGE`, `QPA_OPERATOR_BRIDGE_IMAGE`, `QPA_OPERATOR_STORE_ENDPOINT`/`_SECRET`/
@@ -21,7 +28,8 @@ for the builders), `QPA_OPERATOR_PEERING` (peering name), `QPA_OPERATOR_PRIORITY
 or `auto`: one per pod from `POD_NAME`, so replicas never tie), `QPA_OPERATOR_STANDALONE`,
 `QPA_OPERATOR_METRICS_PORT`, `QPA_OPERATOR_RETRY_SCALE` (multiplies every backoff; tests use
 0.1), `QPA_OPERATOR_EXIT_TIMEOUT` (seconds in-flight handlers get at shutdown; kopf: 2),
-`QPA_OPERATOR_CONSISTENCY_TIMEOUT` (seconds to wait for the echo of kopf's own patches; 15).
+`QPA_OPERATOR_CONSISTENCY_TIMEOUT` (seconds to wait for the echo of kopf's own patches; 15),
+`QPA_OPERATOR_NAMESPACES` (the served namespaces; unset: all).
 """
 
 from __future__ import annotations
@@ -29,12 +37,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 from typing import Any
 
 import kopf
 from qpa_operator import handlers, metrics
 from qpa_operator.builders.common import MANAGED_SELECTOR, PART_OF, Defaults
 from qpa_operator.handlers import runtime
+from qpa_operator.kube import served_namespaces
 
 __all__ = ["handlers", "login", "settings_from_env"]
 
@@ -113,6 +123,11 @@ def settings_from_env(settings: kopf.OperatorSettings, environ: Any = None) -> f
         if settings.peering.priority == 0:  # not given with --priority
             settings.peering.priority = peering_priority(env)
 
+    if served_namespaces(env) is not None:
+        # Namespaced: kopf must not list/watch CRDs or Namespaces (cluster-scoped reads the
+        # namespaced RBAC does not grant); it serves exactly the --namespace it was given.
+        settings.scanning.disabled = True
+
     for resource in MANAGED_RESOURCES:
         settings.watching.label_selectors[resource] = MANAGED_SELECTOR
     settings.watching.label_selectors["coordination.k8s.io", "v1", "leases"] = (
@@ -133,8 +148,54 @@ def settings_from_env(settings: kopf.OperatorSettings, environ: Any = None) -> f
     return scale
 
 
+class NamespacesMismatch(kopf.PermanentError):
+    """kopf was started for other namespaces than `QPA_OPERATOR_NAMESPACES` names."""
+
+
+def check_namespaces(
+    settings: kopf.OperatorSettings, argv: list[str], environ: Any = None
+) -> None:
+    """Refuse to start when kopf would serve namespaces outside `QPA_OPERATOR_NAMESPACES`.
+
+    kopf knows its namespaces from the command line only (`--namespace`/`-n`, or
+    `--all-namespaces`/`-A`, which sets `settings.peering.clusterwide`): each given must be
+    one of the served ones, and cluster-wide is refused.
+    """
+    served = served_namespaces(os.environ if environ is None else environ)
+    if served is None:
+        return
+    names = ", ".join(sorted(served))
+    if settings.peering.clusterwide:
+        raise NamespacesMismatch(
+            f"QPA_OPERATOR_NAMESPACES names {names}, but kopf runs cluster-wide "
+            "(--all-namespaces): run it with --namespace for each of them"
+        )
+    # only a kopf command line says (tests start kopf in-process, with their own argv)
+    given = kopf_namespaces(argv) if argv and os.path.basename(argv[0]) == "kopf" else []
+    outside = sorted(set(given) - served)
+    if outside:
+        raise NamespacesMismatch(
+            f"kopf was started for {', '.join(outside)}, outside QPA_OPERATOR_NAMESPACES "
+            f"({names}): the operator reconciles nothing outside its namespaces"
+        )
+
+
+def kopf_namespaces(argv: list[str]) -> list[str]:
+    """The values of `--namespace`/`-n` on a kopf command line."""
+    found: list[str] = []
+    for index, arg in enumerate(argv):
+        if arg in ("--namespace", "-n") and index + 1 < len(argv):
+            found.append(argv[index + 1])
+        elif arg.startswith("--namespace="):
+            found.append(arg.partition("=")[2])
+        elif arg.startswith("-n") and len(arg) > 2 and not arg.startswith("--"):
+            found.append(arg[2:])
+    return found
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    check_namespaces(settings, sys.argv)
     scale = settings_from_env(settings)
     runtime.configure(defaults=Defaults.from_env(), retry_scale=scale)
     metrics.OBJECTS.clear()

@@ -31,6 +31,11 @@ A release moves through phases, all visible in `status.phase` (and `kubectl get 
   0% (KServe then serves the last rolled-out revision, the stable one); with no stable
   version, both InferenceServices go. Condition `Rejected` carries every reason.
 
+A release naming a store URI outside its namespace's prefix (`spec.reportUri`,
+`spec.model.uri`, a stable or previous version's URIs) is RolledBack at once with reason
+`OutsideStorePrefix` (the message names the field): nothing is deployed, benchmarked or read,
+and no override lifts it.
+
 A spec naming another model or Harness is a new candidate and starts over (an unfinished one
 is superseded); the spec naming the stable version is simply Promoted. The annotation
 `qpa.ai/override` (`promote`: skip the benchmark or overrule the gate, also after a rollback;
@@ -47,6 +52,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from qpa_operator.builders import harnessrelease as builder
+from qpa_operator.builders import storeaccess
 from qpa_operator.builders.common import Defaults, JsonDict, job_state, spec_hash_of
 
 from qpa.api import HarnessRelease
@@ -79,6 +85,8 @@ class Observed:
     bench: Mapping[str, Any] | None = None
     verdict: Verdict | None = None
     report_problem: str | None = None
+    #: why the release may not use a store URI it names (outside its namespace's prefix)
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,7 @@ def children(
     apply: list[JsonDict] = []
     models = []
     if status.phase in ACTIVE:
+        storeaccess.check_harnessrelease(hr, defaults)  # no pod for a URI outside the prefix
         models.append(hr.spec.model)
     for version in (status.stable, status.previous):
         if version is not None:
@@ -654,6 +663,9 @@ def next_step(hr: HarnessRelease, observed: Observed, defaults: Defaults) -> Dec
         machine.update(candidate=machine.candidate)
     if action is not None:
         machine.apply_override(action)
+    if observed.refused is not None and machine.phase in ACTIVE:
+        # Before any pod is scheduled or any report read: no override lifts this.
+        machine.rollback("OutsideStorePrefix", [observed.refused])
     for _ in range(MAX_CHAIN):
         if not machine.advance():
             break

@@ -105,6 +105,15 @@ class Defaults:
     gpu_tolerations: tuple[JsonDict, ...] = ()
     #: the admin's network-policy settings (the chart's `networkPolicy`; `builders.netpol`)
     network: NetworkSettings = field(default_factory=NetworkSettings)
+    #: the namespaces the operator serves (the chart's `operator.watchNamespaces`); () = all
+    namespaces: tuple[str, ...] = ()
+    #: the prefix each namespace's store URIs must lie under (`{namespace}` is replaced; the
+    #: chart's `objectStore.namespacePrefix`), and per-namespace overrides; "" = no limit
+    store_prefix: str = ""
+    store_prefixes: tuple[tuple[str, str], ...] = ()
+    #: Secrets the operator may read for a namespace's store keys (the chart's
+    #: `objectStore.secretName` + `objectStore.readableSecrets`); () = any the RBAC allows
+    readable_secrets: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Defaults:
@@ -124,7 +133,30 @@ class Defaults:
             ),
             gpu_tolerations=tuple(_json_env(env, "QPA_OPERATOR_GPU_TOLERATIONS", list)),
             network=NetworkSettings.from_env(env),
+            namespaces=_names_env(env, "QPA_OPERATOR_NAMESPACES"),
+            store_prefix=(env.get("QPA_OPERATOR_STORE_PREFIX") or "").strip(),
+            store_prefixes=tuple(
+                sorted(
+                    (str(k), str(v))
+                    for k, v in _json_env(env, "QPA_OPERATOR_STORE_PREFIXES", dict).items()
+                )
+            ),
+            readable_secrets=_names_env(env, "QPA_OPERATOR_READABLE_SECRETS"),
         )
+
+    def prefix_for(self, namespace: str) -> str | None:
+        """The prefix `namespace`'s store URIs must start with, or None when unlimited."""
+        prefix = dict(self.store_prefixes).get(namespace) or self.store_prefix
+        if not prefix:
+            return None
+        prefix = prefix.replace("{namespace}", namespace)
+        return prefix if prefix.endswith("/") else prefix + "/"
+
+
+def _names_env(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list of names (blanks dropped, order kept, duplicates removed)."""
+    names = [part.strip() for part in (env.get(name) or "").split(",")]
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 def _json_env(env: Mapping[str, str], name: str, kind: type) -> Any:

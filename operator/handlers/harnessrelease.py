@@ -4,9 +4,11 @@ Every trigger runs the same `reconcile`, one at a time per release (an asyncio l
 
 1. **observe**: the candidate's model InferenceService, the Harness InferenceService and the
    benchmark Job from the kopf indexes; once the Job completed, the report from the store
-   (`qpa.release.verdict.judge`: `qpa.store`; endpoint from `spec.store`, else the operator's
-   `QPA_OPERATOR_STORE_ENDPOINT`, else `QPA_S3_ENDPOINT`; credentials from the operator's own
-   `QPA_S3_*`/`AWS_*` settings), gated against the stable version's report;
+   (`qpa.release.verdict.judge`: `qpa.store`; endpoint and Secret from `spec.store`, else the
+   operator's default store `QPA_OPERATOR_STORE_*`; the keys are that Secret's **in the
+   release's namespace** (`qpa_operator.storecreds`), never the operator's own), gated against
+   the stable version's report. A release naming a store URI outside its namespace's prefix
+   (`builders.storeaccess`) is refused before anything is read;
 2. **decide**: `qpa_operator.release.next_step` (pure) gives the new status, the Events and
    when to look again;
 3. **apply**: the status (guarded by resourceVersion, recomputed on a conflict), the Events,
@@ -32,6 +34,7 @@ from typing import Any, Final
 import kopf
 from qpa_operator import release
 from qpa_operator.builders import harnessrelease as builder
+from qpa_operator.builders import storeaccess
 from qpa_operator.builders.common import JsonDict, kind_label
 from qpa_operator.handlers.apply import delete_child, ensure
 from qpa_operator.handlers.netpolicy import report_egress
@@ -39,10 +42,12 @@ from qpa_operator.handlers.runtime import measured, now, retry_delay, runtime
 from qpa_operator.handlers.status import child_event, write_status
 from qpa_operator.handlers.views import Views, fresher, parse
 from qpa_operator.kube import ApiError
+from qpa_operator.storecreds import StoreCredentialsError, namespace_store_config
 
 from qpa.api import GROUP, VERSION, HarnessRelease
 from qpa.api.v1alpha1 import OVERRIDE_ANNOTATION
-from qpa.release.verdict import ReportUnavailable, judge, store_config
+from qpa.release.verdict import ReportUnavailable, judge
+from qpa.store.config import StoreConfig
 
 logger = logging.getLogger("qpa_operator")
 
@@ -57,6 +62,12 @@ WAKE: dict[tuple[str, str], datetime] = {}
 #: and the state machine must observe (e.g. decide to read the report) from the newest status.
 WRITTEN: dict[tuple[str, str], Mapping[str, Any]] = {}
 _LOCKS: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
+#: Reads of `file://` reports: no keys, and none taken from the operator's environment.
+NO_CREDENTIALS: Final = StoreConfig(
+    access_key_env="QPA_NAMESPACE_STORE_ACCESS_KEY_UNSET",
+    secret_key_env="QPA_NAMESPACE_STORE_SECRET_KEY_UNSET",
+    session_token_env="QPA_NAMESPACE_STORE_SESSION_TOKEN_UNSET",
+)
 
 
 def _lock(key: tuple[str, str]) -> asyncio.Lock:
@@ -91,24 +102,44 @@ async def observe(resource: HarnessRelease, views: Views) -> release.Observed:
     bench = views.child("Job", namespace, builder.bench_job_name(resource, rt.defaults))
     verdict = None
     problem = None
-    if release.wants_report(resource, bench, rt.defaults):
+    # A URI outside the namespace's store prefix is refused before anything is read.
+    refused = storeaccess.harnessrelease_refusal(resource, rt.defaults)
+    if refused is None and release.wants_report(resource, bench, rt.defaults):
         spec = resource.spec
+        report = builder.candidate(resource, rt.defaults).report_uri or builder.report_prefix(
+            resource, rt.defaults
+        )
         try:
+            config = await report_store(resource, report, rt.client, rt.defaults)
             verdict = await asyncio.to_thread(
-                judge,
-                builder.candidate(resource, rt.defaults).report_uri
-                or builder.report_prefix(resource, rt.defaults),
-                release.stable_report(resource),
-                spec.gate,
-                store_config(spec.store or rt.defaults.store),
+                judge, report, release.stable_report(resource), spec.gate, config
             )
-        except ReportUnavailable as exc:
+        except (ReportUnavailable, StoreCredentialsError) as exc:
             problem = str(exc)
             logger.warning("HarnessRelease %s/%s: %s", namespace, resource.metadata.name, exc)
     return release.Observed(
         now=now(), model=model, harness=harness, bench=bench, verdict=verdict,
-        report_problem=problem,
+        report_problem=problem, refused=refused,
     )  # fmt: skip
+
+
+async def report_store(
+    resource: HarnessRelease, report: str, client: Any, defaults: Any
+) -> StoreConfig:
+    """How to read the release's reports: its store with its namespace's Secret, never the
+    operator's own keys. A `file://` report without a store needs no credentials at all."""
+    namespace = resource.metadata.namespace or "default"
+    store, field = resource.spec.store, "spec.store"
+    if store is None:
+        store, field = defaults.store, "the operator's default store (objectStore)"
+    if store is None:
+        if report.startswith("s3://"):
+            raise StoreCredentialsError(
+                f"spec.reportUri {report!r} is on S3, but neither spec.store nor the operator's "
+                "default store (objectStore) names the store and its Secret"
+            )
+        return NO_CREDENTIALS
+    return await namespace_store_config(client, namespace, store, field, defaults)
 
 
 # --------------------------------------------------------------------------- apply

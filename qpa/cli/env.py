@@ -14,11 +14,14 @@ from qpa.cli.common import die, err_console
 from qpa.envs.factory import env_kinds
 from qpa.envs.serve_config import EnvServeConfig
 from qpa.envs.server import (
+    DEFAULT_EVICT_IDLE_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_READ_TIMEOUT_S,
     DEFAULT_SESSION_TTL_S,
     serve,
 )
+from qpa.envs.tokens import TokenFileError, TokenTable
 
 env_app = typer.Typer(help="Environment servers: many concurrent episodes over HTTP.")
 app.add_typer(env_app, name="env", no_args_is_help=True)
@@ -62,6 +65,29 @@ def serve_command(
     max_body_bytes: Annotated[
         int, typer.Option(min=1, help="Largest request body; larger ones answer 413.")
     ] = DEFAULT_MAX_BODY_BYTES,
+    sessions_per_client: Annotated[
+        int | None,
+        typer.Option(min=1, help="Sessions one client holds at most; more answer 429."),
+    ] = None,
+    evict_idle_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Idle seconds after which a session may give its slot to a new one."
+        ),
+    ] = DEFAULT_EVICT_IDLE_S,
+    read_timeout_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.001, max=3600, help="Seconds a request may take to arrive; slower are cut off."
+        ),
+    ] = DEFAULT_READ_TIMEOUT_S,
+    tokens_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Bearer tokens (YAML: sha256:<hex of token> -> client name); required on "
+            "every request but /health."
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     model_url: Annotated[
         str | None, typer.Option(help="llm_sim: OpenAI-compatible endpoint playing the apps.")
@@ -96,6 +122,10 @@ def serve_command(
                     "sessions_per_pod": max_sessions,
                     "session_ttl_seconds": session_ttl,
                     "max_body_bytes": max_body_bytes,
+                    "sessions_per_client": sessions_per_client,
+                    "evict_idle_seconds": evict_idle_seconds,
+                    "read_timeout_seconds": read_timeout_seconds,
+                    "tokens_file": str(tokens_file) if tokens_file else None,
                     "log_level": log_level,
                     "model_url": model_url,
                     "model": model,
@@ -132,6 +162,10 @@ def run_server(config: EnvServeConfig) -> None:
             namespace=config.namespace,
             acquire_timeout=config.acquire_timeout_s,
         )
+    try:
+        tokens = TokenTable(config.tokens_file) if config.tokens_file else None
+    except TokenFileError as exc:
+        die(f"--tokens-file: {exc}")
     err_console.print(
         f"qpa env serve: {config.kind} environments on http://{config.host}:{config.port} "
         f"(max {config.sessions_per_pod} sessions, idle ttl {config.session_ttl_seconds:g}s)",
@@ -146,4 +180,8 @@ def run_server(config: EnvServeConfig) -> None:
         max_body_bytes=config.max_body_bytes,
         log_level=config.log_level,
         env_options=env_options,
+        max_sessions_per_client=config.sessions_per_client,
+        evict_idle_s=config.evict_idle_seconds,
+        read_timeout_s=config.read_timeout_seconds,
+        tokens=tokens,
     )

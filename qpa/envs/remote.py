@@ -4,7 +4,10 @@ A rollout holding a `RemoteEnv` cannot tell it from the local environment: the f
 step is the same JSON the environment produced in the server, parsed into the same `Feedback`.
 
 - One keep-alive `httpx.Client` per instance (or a shared one passed in), one server session per
-  instance. The session id is chosen here, so `reset` is idempotent and safe to retry.
+  instance. The session id is chosen here (`secrets.token_urlsafe(32)`: the id is the session's
+  only key, so it must be unguessable), so `reset` is idempotent and safe to retry.
+- A server with a tokens file needs `token` (default: the `QPA_ENV_TOKEN` variable), sent as
+  `Authorization: Bearer <token>`.
 - For plain-HTTP URLs the client's transport is `KeepAliveTransport`, an httpx transport on the
   standard library's `http.client`: the same requests and responses at about twice the rate of
   httpx's default transport (whose HTTP/1.1 state machine and pool cost ~200 us a request),
@@ -23,8 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
+import secrets
 import threading
-import uuid
 from types import TracebackType
 from typing import Any
 
@@ -37,6 +41,7 @@ from qpa.contract import Action, EnvKind, Feedback, Task, ToolSpec, Verification
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRIES = 3
+TOKEN_ENV = "QPA_ENV_TOKEN"
 _NO_EPISODE = "no episode: call reset(task) first"  # the sandbox's own words
 
 
@@ -172,11 +177,12 @@ class RemoteEnv:
         session_id: str | None = None,
         client: httpx.Client | None = None,
         kind: EnvKind | None = None,
+        token: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.retries = max(0, retries)
         self.backoff_s = backoff_s
-        self.session_id = session_id or uuid.uuid4().hex
+        self.session_id = session_id or secrets.token_urlsafe(32)
         # The hot path hands requests straight to the keep-alive transport: `Client.send` adds
         # auth, redirect, cookie and event-hook machinery (~80 us a call) this client never uses.
         self._owns_client = client is None
@@ -190,9 +196,11 @@ class RemoteEnv:
             client = httpx.Client(timeout=timeout, transport=self._transport)
         self._client = client
         self._timeout = {"timeout": httpx.Timeout(timeout).as_dict()}
-        self._headers = httpx.Headers(
-            {"content-type": "application/json", "accept": "application/json"}
-        )
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        self._headers = httpx.Headers(headers)
         self._urls = {
             name: httpx.URL(f"{self.url}/{name}")
             for name in ("reset", "step", "verify", "state", "tools", "health")
@@ -237,7 +245,7 @@ class RemoteEnv:
             self._active = self._created = True
             return reply.feedback
         kind, message, _ = _server_error(response)
-        if response.status_code == 503:
+        if response.status_code in (429, 503):
             return Feedback.fail("transient", f"server busy ({kind}): {message}")
         return Feedback.fail("environment_failure", f"reset refused ({kind}): {message}")
 

@@ -3,7 +3,9 @@
 One config object for both ways in: a person's flags (`qpa env serve --kind sandbox ...`) and a
 RolloutPool's work order (`qpa env serve --spec FILE`, what the pool's pods run), turned into it by
 `EnvServeConfig.from_rolloutpool`. Each spec field of the pool either lands here or shapes the
-Deployment (image, replicas, resources); none is dropped.
+Deployment (image, replicas, resources); none is dropped. The server's protections (sessions per
+client, idle eviction, the read timeout; see `qpa.envs.server`) have safe defaults that a pool's
+pods run with; a tokens file is a flag for servers run by hand.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from qpa.api.v1alpha1 import RolloutPool
 from qpa.api.v1alpha1.workorder import API_KEY_ENV, WorkOrder
 from qpa.envs.factory import env_kinds
-from qpa.envs.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
+from qpa.envs.server import (
+    DEFAULT_EVICT_IDLE_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_READ_TIMEOUT_S,
+    DEFAULT_SESSION_TTL_S,
+)
 
 #: Where a pod binds: every interface of the pod's own network namespace.
 POD_HOST = "0.0.0.0"
@@ -39,6 +47,23 @@ class EnvServeConfig(BaseModel):
         default=DEFAULT_SESSION_TTL_S, gt=0, description="Seconds an idle session lives."
     )
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1, description="Body limit.")
+    sessions_per_client: int | None = Field(
+        default=None, ge=1, description="Sessions one client holds at most (default: all)."
+    )
+    evict_idle_seconds: float = Field(
+        default=DEFAULT_EVICT_IDLE_S,
+        gt=0,
+        description="Idle seconds after which a session may give its slot to a new one.",
+    )
+    read_timeout_seconds: float = Field(
+        default=DEFAULT_READ_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="Seconds a request (line, headers, body) may take to arrive.",
+    )
+    tokens_file: str | None = Field(
+        default=None, min_length=1, description="Bearer tokens: sha256 of a token -> client."
+    )
     log_level: LogLevel = "warning"
     model_url: str | None = Field(default=None, description="llm_sim: endpoint playing apps.")
     model: str = Field(default="", description="llm_sim: model name at the endpoint.")
@@ -60,6 +85,12 @@ class EnvServeConfig(BaseModel):
             raise ValueError("model_url: llm_sim needs the endpoint that plays the apps")
         if self.kind == "device" and not (self.serial or self.device_pool):
             raise ValueError("device_pool: a device server needs a DevicePool or one serial")
+        per_client = self.sessions_per_client
+        if per_client is not None and per_client > self.sessions_per_pod:
+            raise ValueError(
+                f"sessions_per_client: {per_client} is more than the server's "
+                f"{self.sessions_per_pod} sessions"
+            )
         return self
 
     @classmethod

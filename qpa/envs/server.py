@@ -12,18 +12,38 @@ OpenEnv-style endpoints, one environment per session id, so one server holds man
 
 Errors of the *request* (it cannot be understood, or names no live session) answer a JSON body
 `{"error": {"kind", "message", "field"?}}` with a matching HTTP status: 400 malformed JSON,
-413 body too large, 404 unknown or expired session, 409 out-of-order step, 422 a task or action
-that breaks the contract (the field path is named), 503 when all session slots are taken.
+401 missing or unknown bearer token (when tokens are configured), 408 a request not received
+within the read timeout, 413 body too large, 404 unknown, expired or evicted session, 409
+out-of-order step, 422 a task or action that breaks the contract (the field path is named), 429
+a client over its own session limit, 503 when all session slots are taken.
 Errors of the *episode* (unknown tool, bad tool arguments, actions after finish) are ordinary
 200 `Feedback` with `status="error"`, exactly as the environment returns them in-process, so a
 rollout cannot tell a local environment from a remote one. A bug anywhere answers 500 JSON and
 the server keeps serving.
 
-Sessions: a client may choose its session id on reset (which makes reset idempotent and safe to
-retry); each session has a lock, so concurrent requests to one session run one at a time while
-different sessions proceed independently. `seq` (the number of steps the client has already
-applied since reset) makes a retried step safe: the server replays the answer of a duplicate
-instead of applying it twice. Idle sessions expire after `session_ttl_s`.
+Sessions are bearer capabilities: a session is reachable only with its id, and ids are
+unguessable (`secrets.token_urlsafe(32)`, 256 random bits; a client that chooses its own id on
+reset, which makes reset idempotent and safe to retry, must give at least 32 URL-safe
+characters). Nothing lists sessions. With a tokens file (`qpa.envs.tokens`) every request but
+`/health` needs `Authorization: Bearer <token>`, and a session belongs to the client that created
+it: another client's requests do not find it. Each session has a lock, so concurrent requests
+to one session run one at a time while different sessions proceed independently. `seq` (the
+number of steps the client has already applied since reset) makes a retried step safe: the
+server replays the answer of a duplicate instead of applying it twice. Idle sessions expire
+after `session_ttl_s`.
+
+Abandoned sessions cannot lock anyone out. A client (its token's identity, else its peer
+address) holds at most `max_sessions_per_client` sessions; over that, its own least recently
+used session idle for `evict_idle_s` makes room, else 429. When every slot is taken, a new
+session first takes the slot of the least recently used session idle for `evict_idle_s`
+(anyone's); failing that, a client holding less than its fair share (`max_sessions` over the
+clients holding sessions, itself included) takes the least recently used idle session of the
+client holding the most; only then 503. An evicted session's id answers 404 `session_evicted`.
+
+Slow clients are cut off: `serve` runs uvicorn with `TimedHttpToolsProtocol`, which closes a
+connection (after a 408 when nothing was answered yet) whose request line, headers and body have
+not all arrived `read_timeout_s` after the connection opened or the request began (half-sent
+requests, slowloris). uvicorn's own `timeout_keep_alive` only covers the time between requests.
 
 The hot path is kept lean: raw body -> pydantic `model_validate_json` (Rust) -> environment ->
 pre-serialized JSON bytes. Environments whose calls are fast and CPU-bound (the sandbox) run
@@ -35,9 +55,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
-import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -45,7 +65,7 @@ from typing import Annotated, Any, TypeVar
 
 import orjson
 import pydantic_core
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -65,17 +85,23 @@ from qpa.contract import (
     UIAction,
 )
 from qpa.envs.factory import make_env
+from qpa.envs.tokens import AuthError, TokenTable
 
 logger = logging.getLogger("qpa.envs.server")
 
 DEFAULT_MAX_SESSIONS = 1024
 DEFAULT_SESSION_TTL_S = 900.0
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_EVICT_IDLE_S = 60.0
+DEFAULT_READ_TIMEOUT_S = 15.0
 # Kinds whose calls are fast and CPU-bound: run inline on the event loop (no thread hop).
 INLINE_KINDS = frozenset({"sandbox"})
-SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+# Session ids are capabilities: at least 32 URL-safe characters (token_urlsafe(32) gives 43).
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_\-]{32,128}$"
 _EXPIRED_MEMORY = 10_000  # how many expired ids are remembered (to say "expired", not "unknown")
 _JSON = "application/json"
+_CLIENT = "qpa.client"  # the ASGI scope key holding the caller's identity
+_OPEN_PATHS = frozenset({"/health"})  # answered without a token (probes)
 
 SessionId = Annotated[str, StringConstraints(pattern=SESSION_ID_PATTERN)]
 M = TypeVar("M", bound=BaseModel)
@@ -273,6 +299,7 @@ class Session:
     id: str
     env: Environment
     last_used: float
+    owner: str = ""
     lock: asyncio.Lock = dataclass_field(default_factory=asyncio.Lock)
     task_id: str | None = None
     steps: int = 0
@@ -282,7 +309,8 @@ class Session:
 
 
 class SessionStore:
-    """Live sessions by id, bounded in number and idle time."""
+    """Live sessions by id, in least-recently-used order, bounded in number, per client and in
+    idle time (the rules are in the module docstring)."""
 
     def __init__(
         self,
@@ -291,13 +319,21 @@ class SessionStore:
         max_sessions: int,
         session_ttl_s: float,
         env_options: dict[str, Any] | None = None,
+        max_sessions_per_client: int | None = None,
+        evict_idle_s: float = DEFAULT_EVICT_IDLE_S,
+        bind_owner: bool = False,
     ) -> None:
         self.kind = kind
         self.max_sessions = max_sessions
+        self.max_per_client = max_sessions_per_client or max_sessions
         self.session_ttl_s = session_ttl_s
+        self.evict_idle_s = min(evict_idle_s, session_ttl_s)
+        self.bind_owner = bind_owner
         self.env_options = dict(env_options or {})
-        self._sessions: dict[str, Session] = {}
-        self._expired: OrderedDict[str, None] = OrderedDict()
+        self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+        self._owned: Counter[str] = Counter()
+        self._expired: OrderedDict[str, str] = OrderedDict()  # id -> why it is gone
+        self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -305,57 +341,130 @@ class SessionStore:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._sessions
 
-    def get(self, session_id: str) -> Session:
-        """The live session, or 404 saying whether it never existed or expired."""
-        session = self._sessions.get(session_id)
-        now = time.monotonic()
-        if session is None:
-            if session_id in self._expired:
-                raise ServerError(
-                    404,
-                    "session_expired",
-                    f"session '{session_id}' expired after {self.session_ttl_s:g}s idle; "
-                    "start a new episode with POST /reset",
-                    field="session_id",
-                )
-            raise ServerError(
+    def held_by(self, client: str) -> int:
+        return self._owned[client]
+
+    def _missing(self, session_id: str) -> ServerError:
+        why = self._expired.get(session_id)
+        if why == "expired":
+            return ServerError(
                 404,
-                "unknown_session",
-                f"no session '{session_id}'; start one with POST /reset",
+                "session_expired",
+                f"session '{session_id}' expired after {self.session_ttl_s:g}s idle; "
+                "start a new episode with POST /reset",
                 field="session_id",
             )
+        if why == "evicted":
+            return ServerError(
+                404,
+                "session_evicted",
+                f"session '{session_id}' was idle and gave its slot to a new session; "
+                "start a new episode with POST /reset",
+                field="session_id",
+            )
+        return ServerError(
+            404,
+            "unknown_session",
+            f"no session '{session_id}'; start one with POST /reset",
+            field="session_id",
+        )
+
+    def get(self, session_id: str, client: str = "") -> Session:
+        """The live session, or 404 saying whether it never existed, expired or was evicted
+        (another client's session, when sessions are bound to tokens, does not exist)."""
+        session = self._sessions.get(session_id)
+        if session is None or (self.bind_owner and session.owner != client):
+            raise self._missing(session_id)  # another client's session: "unknown", never "yours"
+        now = time.monotonic()
         if now - session.last_used > self.session_ttl_s and not session.lock.locked():
-            self._drop(session, expired=True)
-            return self.get(session_id)
+            self._drop(session, why="expired")
+            raise self._missing(session_id)
         session.last_used = now
+        self._sessions.move_to_end(session_id)
         return session
 
-    def get_or_create(self, session_id: str) -> Session:
-        """For reset: the live session of that id, or a new one (503 when all slots are taken)."""
-        if session_id in self._sessions:
+    def get_or_create(self, session_id: str, client: str = "") -> Session:
+        """For reset: the live session of that id, or a new one (room made by the rules of the
+        module docstring; 429 when the client is over its limit, 503 when the server is full)."""
+        existing = self._sessions.get(session_id)
+        if existing is not None:
+            if self.bind_owner and existing.owner != client:
+                raise ServerError(
+                    409,
+                    "session_conflict",
+                    "this session id is taken; choose another (or let the server choose)",
+                    field="session_id",
+                )
             with contextlib.suppress(ServerError):
-                return self.get(session_id)
+                return self.get(session_id, client)
+        capped = self.max_per_client < self.max_sessions  # else "full" is the better answer
+        if capped and self._owned[client] >= self.max_per_client:
+            self.sweep()
+        if (
+            capped
+            and self._owned[client] >= self.max_per_client
+            and not self._evict_lru(owner=client)
+        ):
+            raise ServerError(
+                429,
+                "too_many_sessions_for_client",
+                f"this client holds {self._owned[client]} sessions, its limit; close sessions "
+                "(DELETE /sessions/{id}) or retry later",
+                headers={"Retry-After": "1"},
+            )
         if len(self._sessions) >= self.max_sessions:
             self.sweep()
-            if len(self._sessions) >= self.max_sessions:
-                raise ServerError(
-                    503,
-                    "too_many_sessions",
-                    f"all {self.max_sessions} session slots are in use; close sessions "
-                    "(DELETE /sessions/{id}) or retry later",
-                    headers={"Retry-After": "1"},
-                )
+        if len(self._sessions) >= self.max_sessions and not self._make_room(client):
+            raise ServerError(
+                503,
+                "too_many_sessions",
+                f"all {self.max_sessions} session slots are in use; close sessions "
+                "(DELETE /sessions/{id}) or retry later",
+                headers={"Retry-After": "1"},
+            )
         session = Session(
-            id=session_id, env=make_env(self.kind, **self.env_options), last_used=time.monotonic()
+            id=session_id,
+            env=make_env(self.kind, **self.env_options),
+            last_used=time.monotonic(),
+            owner=client,
         )
         self._sessions[session_id] = session
+        self._owned[client] += 1
         self._expired.pop(session_id, None)
         return session
+
+    def _evict_lru(self, *, owner: str | None = None, min_idle_s: float | None = None) -> bool:
+        """Evict the least recently used session not busy with a request (of `owner`, idle for
+        at least `min_idle_s`, default `evict_idle_s`); whether one was."""
+        idle_for = self.evict_idle_s if min_idle_s is None else min_idle_s
+        deadline = time.monotonic() - idle_for
+        for session in self._sessions.values():
+            if session.last_used > deadline:
+                return False  # every later session was used more recently still
+            if session.lock.locked() or (owner is not None and session.owner != owner):
+                continue
+            self._drop(session, why="evicted")
+            self.evictions += 1
+            return True
+        return False
+
+    def _make_room(self, client: str) -> bool:
+        if self._evict_lru():
+            return True
+        holders = [c for c, n in self._owned.items() if n > 0]
+        clients = len(set(holders) | {client})
+        fair = max(1, self.max_sessions // clients)
+        if self._owned[client] >= fair:
+            return False
+        biggest = max(holders, key=lambda c: self._owned[c], default=None)
+        if biggest is None or biggest == client or self._owned[biggest] <= fair:
+            return False
+        return self._evict_lru(owner=biggest, min_idle_s=0.0)
 
     def remove(self, session_id: str) -> Session | None:
         session = self._sessions.get(session_id)
         if session is not None:
-            self._drop(session, expired=False)
+            self._drop(session, why=None)
         return session
 
     def sweep(self) -> int:
@@ -365,18 +474,21 @@ class SessionStore:
             s for s in self._sessions.values() if s.last_used < deadline and not s.lock.locked()
         ]
         for session in idle:
-            self._drop(session, expired=True)
+            self._drop(session, why="expired")
         return len(idle)
 
     def close_all(self) -> None:
         for session in list(self._sessions.values()):
-            self._drop(session, expired=False)
+            self._drop(session, why=None)
 
-    def _drop(self, session: Session, *, expired: bool) -> None:
-        self._sessions.pop(session.id, None)
+    def _drop(self, session: Session, *, why: str | None) -> None:
+        if self._sessions.pop(session.id, None) is not None:
+            self._owned[session.owner] -= 1
+            if self._owned[session.owner] <= 0:
+                del self._owned[session.owner]
         session.closed = True
-        if expired:
-            self._expired[session.id] = None
+        if why is not None:
+            self._expired[session.id] = why
             while len(self._expired) > _EXPIRED_MEMORY:
                 self._expired.popitem(last=False)
         try:
@@ -414,10 +526,10 @@ class EnvService:
             return fn(*args)
         return await run_in_threadpool(fn, *args)
 
-    async def reset(self, body: bytes) -> bytes:
+    async def reset(self, body: bytes, client: str = "") -> bytes:
         req = _parse(ResetRequest, body)
-        session_id = req.session_id or uuid.uuid4().hex
-        session = self.store.get_or_create(session_id)
+        session_id = req.session_id or secrets.token_urlsafe(32)
+        session = self.store.get_or_create(session_id, client)
         async with session.lock:
             _check_open(session)
             feedback = await self._run(session.env.reset, req.task)
@@ -434,9 +546,9 @@ class EnvService:
             + b"}"
         )
 
-    async def step(self, body: bytes) -> bytes:
+    async def step(self, body: bytes, client: str = "") -> bytes:
         req = _parse(StepRequest, body)
-        session = self.store.get(req.session_id)
+        session = self.store.get(req.session_id, client)
         async with session.lock:
             _check_open(session)
             seq = req.seq
@@ -456,16 +568,16 @@ class EnvService:
             session.last_used = time.monotonic()
         return reply
 
-    async def verify(self, body: bytes) -> bytes:
+    async def verify(self, body: bytes, client: str = "") -> bytes:
         req = _parse(SessionRequest, body)
-        session = self.store.get(req.session_id)
+        session = self.store.get(req.session_id, client)
         async with session.lock:
             _check_open(session)
             verification = await self._run(session.env.verify)
         return verification.__pydantic_serializer__.to_json(verification)
 
-    async def tools(self, session_id: str) -> bytes:
-        session = self.store.get(session_id)
+    async def tools(self, session_id: str, client: str = "") -> bytes:
+        session = self.store.get(session_id, client)
         async with session.lock:
             _check_open(session)
             if session.tools_json is None:
@@ -475,8 +587,8 @@ class EnvService:
                 )
             return session.tools_json
 
-    async def state(self, session_id: str) -> bytes:
-        session = self.store.get(session_id)
+    async def state(self, session_id: str, client: str = "") -> bytes:
+        session = self.store.get(session_id, client)
         async with session.lock:
             _check_open(session)
             snapshot = getattr(session.env, "state", None)
@@ -491,8 +603,8 @@ class EnvService:
             }
         return orjson.dumps(payload, default=_json_fallback)
 
-    async def delete(self, session_id: str) -> bytes:
-        session = self.store.get(session_id)
+    async def delete(self, session_id: str, client: str = "") -> bytes:
+        session = self.store.get(session_id, client)
         async with session.lock:
             self.store.remove(session.id)
         return orjson.dumps({"deleted": session.id})
@@ -572,11 +684,18 @@ class _FastPath:
     """
 
     def __init__(
-        self, app: ASGIApp, *, service: EnvService, max_body_bytes: int, enabled: bool = True
+        self,
+        app: ASGIApp,
+        *,
+        service: EnvService,
+        max_body_bytes: int,
+        enabled: bool = True,
+        tokens: TokenTable | None = None,
     ) -> None:
         self.app = app
         self.limit = max_body_bytes
-        self.routes: dict[str, Callable[[bytes], Awaitable[bytes]]] = (
+        self.tokens = tokens
+        self.routes: dict[str, Callable[[bytes, str], Awaitable[bytes]]] = (
             {"/reset": service.reset, "/step": service.step, "/verify": service.verify}
             if enabled
             else {}
@@ -586,10 +705,18 @@ class _FastPath:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        try:
+            client = self.identify(scope)
+        except ServerError as exc:
+            await _send_json(
+                send, exc.status, error_body(exc.kind, exc.message, exc.field), exc.headers
+            )
+            return
+        scope[_CLIENT] = client
         handler = self.routes.get(scope["path"]) if scope["method"] == "POST" else None
         if handler is not None:
             try:
-                payload = await handler(await _receive_body(scope, receive, self.limit))
+                payload = await handler(await _receive_body(scope, receive, self.limit), client)
             except ServerError as exc:
                 await _send_json(
                     send, exc.status, error_body(exc.kind, exc.message, exc.field), exc.headers
@@ -616,6 +743,27 @@ class _FastPath:
                 logger.exception("bug after answering %s %s", scope["method"], scope["path"])
                 return
             await self._bug(scope, send, exc)
+
+    def identify(self, scope: Scope) -> str:
+        """The caller: its token's identity (401 without a known token), else its peer address."""
+        if self.tokens is None:
+            peer = scope.get("client")
+            return f"peer:{peer[0]}" if peer else "peer:unknown"
+        if scope["path"] in _OPEN_PATHS:
+            return "anonymous"
+        authorization = next(
+            (v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None
+        )
+        try:
+            return f"token:{self.tokens.identity(authorization)}"
+        except AuthError as exc:
+            raise ServerError(
+                401,
+                "unauthenticated",
+                exc.message,
+                field="Authorization",
+                headers={"WWW-Authenticate": "Bearer"},
+            ) from None
 
     @staticmethod
     async def _bug(scope: Scope, send: Send, exc: Exception) -> None:
@@ -647,6 +795,11 @@ class EnvServerApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def _client(request: Request) -> str:
+    """The caller's identity, as the fast path (which sees every request first) set it."""
+    return str(request.scope.get(_CLIENT, ""))
+
+
 def _body_doc(model: type[BaseModel], summary: str) -> dict[str, Any]:
     """OpenAPI text for endpoints that parse their raw body (no FastAPI body model)."""
     return {
@@ -667,19 +820,34 @@ def create_app(
     inline: bool | None = None,
     fast_path: bool = True,
     env_options: dict[str, Any] | None = None,
+    max_sessions_per_client: int | None = None,
+    evict_idle_s: float = DEFAULT_EVICT_IDLE_S,
+    tokens: TokenTable | None = None,
 ) -> EnvServerApp:
     """The environment server for one environment kind (a FastAPI application).
 
     `inline` runs environment calls on the event loop (default: for the sandbox, whose calls
     take microseconds); otherwise they run in the thread pool. `fast_path=False` serves every
-    endpoint through FastAPI routing (same behaviour, slower). An unknown kind raises ValueError.
+    endpoint through FastAPI routing (same behaviour, slower). `max_sessions_per_client`
+    (default: `max_sessions`) and `evict_idle_s` bound what one client holds; `tokens` requires
+    a bearer token on every request but `/health`. An unknown kind raises ValueError.
     """
-    if max_sessions < 1 or session_ttl_s <= 0 or max_body_bytes < 1:
-        raise ValueError("max_sessions, session_ttl_s and max_body_bytes must be positive")
+    if max_sessions < 1 or session_ttl_s <= 0 or max_body_bytes < 1 or evict_idle_s <= 0:
+        raise ValueError(
+            "max_sessions, session_ttl_s, max_body_bytes and evict_idle_s must be positive"
+        )
+    if max_sessions_per_client is not None and not 1 <= max_sessions_per_client <= max_sessions:
+        raise ValueError("max_sessions_per_client must be between 1 and max_sessions")
     # Fail fast on an unknown kind (ValueError) or bad options; warms the tool registries too.
     make_env(kind, **(env_options or {})).close()
     store = SessionStore(
-        kind, max_sessions=max_sessions, session_ttl_s=session_ttl_s, env_options=env_options
+        kind,
+        max_sessions=max_sessions,
+        session_ttl_s=session_ttl_s,
+        env_options=env_options,
+        max_sessions_per_client=max_sessions_per_client,
+        evict_idle_s=evict_idle_s,
+        bind_owner=tokens is not None,
     )
     service = EnvService(store, inline=kind in INLINE_KINDS if inline is None else inline)
     limit = max_body_bytes
@@ -713,7 +881,9 @@ def create_app(
     app.state.store = store
     app.state.service = service
     app.state.kind = kind
-    app.front = _FastPath(app.behind, service=service, max_body_bytes=limit, enabled=fast_path)
+    app.front = _FastPath(
+        app.behind, service=service, max_body_bytes=limit, enabled=fast_path, tokens=tokens
+    )
 
     @app.exception_handler(ServerError)
     async def _server_error(_: Request, exc: ServerError) -> Response:
@@ -747,32 +917,38 @@ def create_app(
     @app.post("/reset", openapi_extra=_body_doc(ResetRequest, "the task and optional session id"))
     async def reset(request: Request) -> Response:
         """Start an episode of `task` (in a new session, or restart the given one)."""
-        return _ok(await service.reset(await _read_body(request, limit)))
+        return _ok(await service.reset(await _read_body(request, limit), _client(request)))
 
     @app.post("/step", openapi_extra=_body_doc(StepRequest, "the session and one action"))
     async def step(request: Request) -> Response:
         """Apply one action; episode-level problems come back as error feedback (200)."""
-        return _ok(await service.step(await _read_body(request, limit)))
+        return _ok(await service.step(await _read_body(request, limit), _client(request)))
 
     @app.post("/verify", openapi_extra=_body_doc(SessionRequest, "the session"))
     async def verify(request: Request) -> Response:
         """Judge the session's current state against its task's verifier."""
-        return _ok(await service.verify(await _read_body(request, limit)))
+        return _ok(await service.verify(await _read_body(request, limit), _client(request)))
 
     @app.get("/state")
-    async def state(session_id: Annotated[str, Query(pattern=SESSION_ID_PATTERN)]) -> Response:
+    async def state(
+        request: Request, session_id: Annotated[str, Query(pattern=SESSION_ID_PATTERN)]
+    ) -> Response:
         """A detached snapshot of the session's environment state."""
-        return _ok(await service.state(session_id))
+        return _ok(await service.state(session_id, _client(request)))
 
     @app.get("/tools")
-    async def tools(session_id: Annotated[str, Query(pattern=SESSION_ID_PATTERN)]) -> Response:
+    async def tools(
+        request: Request, session_id: Annotated[str, Query(pattern=SESSION_ID_PATTERN)]
+    ) -> Response:
         """The tools of the session's current episode."""
-        return _ok(await service.tools(session_id))
+        return _ok(await service.tools(session_id, _client(request)))
 
     @app.delete("/sessions/{session_id}")
-    async def delete_session(session_id: str) -> Response:
+    async def delete_session(
+        request: Request, session_id: Annotated[str, Path(pattern=SESSION_ID_PATTERN)]
+    ) -> Response:
         """Close a session and free its slot."""
-        return _ok(await service.delete(session_id))
+        return _ok(await service.delete(session_id, _client(request)))
 
     @app.get("/health")
     async def health() -> Response:
@@ -780,6 +956,86 @@ def create_app(
         return _ok(service.health())
 
     return app
+
+
+_TIMEOUT_BODY = error_body(
+    "request_timeout", "the request was not received in time; the connection is closed"
+)
+
+
+def _timed_protocol(read_timeout_s: float) -> type[Any]:
+    """uvicorn's httptools protocol with a read deadline on every request (see module doc)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class TimedHttpToolsProtocol(HttpToolsProtocol):
+        _read_deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            if self._read_deadline is None:
+                self._read_deadline = self.loop.call_later(read_timeout_s, self._read_timed_out)
+
+        def _disarm(self) -> None:
+            if self._read_deadline is not None:
+                self._read_deadline.cancel()
+                self._read_deadline = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()  # a connection that sends nothing is cut off too
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+        def _read_timed_out(self) -> None:
+            self._read_deadline = None
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if cycle is None or not cycle.response_started:
+                self.transport.write(
+                    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                    % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
+                )
+            # connection_lost marks the cycle disconnected: the app's receive() answers
+            # http.disconnect and whatever it sends later is dropped.
+            self.transport.close()
+
+    return TimedHttpToolsProtocol
+
+
+def uvicorn_config(
+    app: ASGIApp,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "warning",
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+) -> Any:
+    """The uvicorn configuration `serve` runs `app` with (tests start servers with it too)."""
+    import uvicorn
+
+    if read_timeout_s <= 0:
+        raise ValueError("read_timeout_s must be positive")
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        server_header=False,
+        timeout_keep_alive=75,
+        http=_timed_protocol(read_timeout_s),
+    )
 
 
 def serve(
@@ -792,6 +1048,10 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "warning",
     env_options: dict[str, Any] | None = None,
+    max_sessions_per_client: int | None = None,
+    evict_idle_s: float = DEFAULT_EVICT_IDLE_S,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+    tokens: TokenTable | None = None,
 ) -> None:
     """Run the server with uvicorn until interrupted (one process: sessions live in memory)."""
     import uvicorn
@@ -802,13 +1062,11 @@ def serve(
         session_ttl_s=session_ttl_s,
         max_body_bytes=max_body_bytes,
         env_options=env_options,
+        max_sessions_per_client=max_sessions_per_client,
+        evict_idle_s=evict_idle_s,
+        tokens=tokens,
     )
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=False,
-        server_header=False,
-        timeout_keep_alive=75,
+    config = uvicorn_config(
+        app, host=host, port=port, log_level=log_level, read_timeout_s=read_timeout_s
     )
+    uvicorn.Server(config).run()

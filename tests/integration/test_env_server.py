@@ -33,6 +33,7 @@ from qpa.harness.planners import NoopPlanner, OraclePlanner
 from qpa.harness.runner import run_episode
 
 MAX_BODY = 256 * 1024
+GHOST = "ghost-session-0000000000000000000000000000"  # well-formed, never created
 
 
 @contextlib.contextmanager
@@ -420,12 +421,14 @@ def test_request_errors_are_structured(any_url: str, messaging_task: Task) -> No
         )
         expect(post("/verify", b"{}"), 422, "invalid_request", "session_id")
         # unknown sessions: 404
-        unknown = post("/step", orjson.dumps({"session_id": "nope", "action": search}))
-        assert "'nope'" in expect(unknown, 404, "unknown_session", "session_id")
-        expect(post("/verify", orjson.dumps({"session_id": "nope"})), 404, "unknown_session")
-        expect(http.get("/state", params={"session_id": "nope"}), 404, "unknown_session")
-        expect(http.get("/tools", params={"session_id": "nope"}), 404, "unknown_session")
-        expect(http.delete("/sessions/nope"), 404, "unknown_session")
+        unknown = post("/step", orjson.dumps({"session_id": GHOST, "action": search}))
+        assert f"'{GHOST}'" in expect(unknown, 404, "unknown_session", "session_id")
+        expect(post("/verify", orjson.dumps({"session_id": GHOST})), 404, "unknown_session")
+        expect(http.get("/state", params={"session_id": GHOST}), 404, "unknown_session")
+        expect(http.get("/tools", params={"session_id": GHOST}), 404, "unknown_session")
+        expect(http.delete(f"/sessions/{GHOST}"), 404, "unknown_session")
+        # a short (guessable) id is refused before any lookup
+        expect(post("/verify", b'{"session_id": "nope"}'), 422, "invalid_request", "session_id")
         expect(http.get("/state"), 422, "invalid_request", "session_id")
         # oversized: 413, with a Content-Length and streamed (chunked) without one
         huge = b'{"session_id": "' + b"x" * (MAX_BODY + 10) + b'"}'

@@ -367,13 +367,18 @@ async def test_reports_are_read_from_s3(
     seaweed: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The operator's own credentials; the release names the endpoint (spec.store).
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
+    # The release names the store (spec.store); the operator reads with that Secret of the
+    # release's namespace, never with keys of its own (none in its environment).
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
     monkeypatch.delenv("QPA_S3_ENDPOINT", raising=False)
     root = seaweed.root("hr")
     body = release_body(f"{root}/")
     body["spec"]["store"] = {"endpoint": seaweed.endpoint, "secretRef": {"name": "qpa-s3"}}
+    kube_api.create({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "qpa-s3", "namespace": NS},
+        "stringData": {"accessKeyId": seaweed.access_key, "secretAccessKey": seaweed.secret_key},
+    })  # fmt: skip
     with operator():
         kube_api.create(body)
         await deployed(kube_api)

@@ -104,3 +104,16 @@ nodeAffinity:
           {{- toYaml $terms | nindent 10 }}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secrets the operator may read (store keys of a namespace), as a JSON array:
+objectStore.secretName and objectStore.readableSecrets, each once. */}}
+{{- define "qpa.readableSecrets" -}}
+{{- $names := list -}}
+{{- with .Values.objectStore.secretName -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- range .Values.objectStore.readableSecrets -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- $names | uniq | toJson -}}
+{{- end -}}

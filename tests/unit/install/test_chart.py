@@ -36,10 +36,8 @@ from helpers.chart import (
     set_args,
 )
 from qpa_operator.builders import Defaults
-from qpa_operator.builders.common import store_parts
 
 from qpa.api.v1alpha1 import DevicePoolSpec
-from qpa.store import StoreConfig
 
 K8S_VERSION = "1.37.0"
 
@@ -192,40 +190,24 @@ STORE_VALUES = [
 @pytest.mark.parametrize(
     ("values", "endpoint", "secret"), STORE_VALUES, ids=["bundled", "external"]
 )
-def test_operator_reads_reports_with_the_store_secret_as_files(
-    render: Render, values: dict[str, Any], endpoint: str, secret: str, tmp_path: Path
+def test_operator_reads_reports_with_the_namespaces_secret_not_its_own(
+    render: Render, values: dict[str, Any], endpoint: str, secret: str
 ) -> None:
-    """The release gate reads reports through qpa.store: endpoint and key files, no values."""
+    """The release gate reads reports with the Secret of the release's own namespace
+    (qpa_operator.storecreds, RBAC `get` on that name only): the operator mounts no store keys."""
     docs = render(values)
     container = operator_container(docs)
     pod = find(docs, "Deployment", f"{RELEASE}-operator")["spec"]["template"]["spec"]
     env = env_of(container)
-    config = StoreConfig.from_env(env)
-    store = Defaults.from_env(env).store
-    assert store is not None and store.secret_ref.name == secret
-    assert config.endpoint == store.endpoint == endpoint and config.region == store.region
-    # the same Secret volume, mount and QPA_S3_* variables as the pods the operator creates
-    # with the chart's store (store_parts): read-only, the keys as files
-    parts = store_parts(store)
-    (volume,) = [v for v in pod["volumes"] if v["name"] == "store-credentials"]
-    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "store-credentials"]
-    assert [volume] == list(parts.volumes) and [mount] == list(parts.mounts)
-    assert mount["readOnly"] is True and volume["secret"]["defaultMode"] == 0o440
-    assert [v for v in container["env"] if v["name"].startswith("QPA_S3_")] == list(parts.env)
-    paths = {f"{mount['mountPath']}/{item['path']}" for item in volume["secret"]["items"]}
-    assert paths == {str(config.access_key_file), str(config.secret_key_file)}
+    defaults = Defaults.from_env(env)
+    assert defaults.store is not None and defaults.store.secret_ref.name == secret
+    assert defaults.store.endpoint == endpoint
+    assert defaults.readable_secrets == (secret,)
+    assert defaults.prefix_for("team-a") == "s3://qpa/team-a/"
+    assert not [name for name in env if name.startswith(("QPA_S3_", "AWS_"))]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
     # nothing secret is inlined: no variable reads a Secret key
     assert not [v for v in container["env"] if "secretKeyRef" in (v.get("valueFrom") or {})]
-    # with files where the Secret mounts them, qpa.store finds the credentials
-    (tmp_path / "access-key-id").write_text("AKIA-TEST\n")
-    (tmp_path / "secret-access-key").write_text("s3cr3t\n")
-    local = config.model_copy(
-        update={
-            "access_key_file": tmp_path / "access-key-id",
-            "secret_key_file": tmp_path / "secret-access-key",
-        }
-    )
-    assert local.credentials({})[:2] == ("AKIA-TEST", "s3cr3t")
 
 
 def test_no_store_no_store_credentials(render: Render) -> None:
