@@ -76,7 +76,7 @@ def namespace_of(path: str) -> str | None:
     parts = path.split("?", 1)[0].split("/")
     for index, part in enumerate(parts[:-1]):
         # `/api/v1/namespaces/<ns>` (the Namespace itself) names it too
-        if part == "namespaces" and index in (2, 3):
+        if part == "namespaces" and index in (3, 4):
             return unquote(parts[index + 1])
     return None
 
