@@ -117,3 +117,14 @@ objectStore.secretName and objectStore.readableSecrets, each once. */}}
 {{- end -}}
 {{- $names | uniq | toJson -}}
 {{- end -}}
+
+{{/* The operator's network-policy settings (QPA_OPERATOR_NETWORK_POLICY): the values, with the
+bundled store's pods added to the in-cluster Services (so its rule names them and its port). */}}
+{{- define "qpa.networkPolicy" -}}
+{{- $np := deepCopy .Values.networkPolicy -}}
+{{- if .Values.objectStore.bundled.enabled -}}
+{{- $store := dict "host" (printf "%s.%s" (include "qpa.storeName" .) .Release.Namespace) "podLabels" (include "qpa.selectorLabels" (list . "object-store") | fromYaml) "ports" (list (int .Values.objectStore.bundled.port)) -}}
+{{- $_ := set $np.egress "services" (append ($np.egress.services | default list) $store) -}}
+{{- end -}}
+{{- toJson $np -}}
+{{- end -}}

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fakes.kube_builtin import check
+from helpers import chart
+from helpers.chart import HelmRun, Render
 from helpers.podsecurity import violations
 from pydantic import BaseModel
 from qpa_operator import release
@@ -668,3 +671,43 @@ def test_the_api_server_defaults_to_the_kubernetes_service_the_operator_sees() -
              '{"egress": {"apiServer": [{"cidr": "172.18.0.2/32", "ports": [6443]}]}}'}  # fmt: skip
     (entry,) = Defaults.from_env(given).network.egress.api_server
     assert (entry.cidr, entry.ports) == ("172.18.0.2/32", (6443,))
+
+
+def test_the_chart_passes_its_settings_and_names_the_bundled_store(render: Render) -> None:
+    docs = render(
+        {
+            **chart.FULL,
+            "networkPolicy.egress.external": [{"cidr": "203.0.113.0/24", "ports": [443]}],
+            "networkPolicy.dns.nodeLocalCidrs": ["169.254.25.10/32"],
+        }
+    )
+    env = chart.env_of(chart.operator_container(docs))
+    defaults = Defaults.from_env(env)
+    network = defaults.network
+    assert [(e.cidr, e.ports) for e in network.egress.external] == [("203.0.113.0/24", (443,))]
+    assert network.dns.node_local_cidrs == ("169.254.25.10/32",)
+    store = chart.find(docs, "Deployment", f"{chart.RELEASE}-store")
+    store_labels = store["spec"]["template"]["metadata"]["labels"]
+    assert defaults.store is not None
+    rules, blocked = netpol.endpoint_rules(defaults.store.endpoint, NS, defaults)
+    (rule,) = rules
+    assert blocked == [] and rule["ports"] == [{"protocol": "TCP", "port": 8333}]
+    assert rule["to"][0]["namespaceSelector"]["matchLabels"] == {
+        netpol.NAMESPACE_LABEL: chart.NAMESPACE
+    }
+    assert selects(rule["to"][0]["podSelector"], store_labels)
+
+
+SETTING = "networkPolicy.egress.external"
+
+
+def test_the_chart_refuses_an_allowlist_of_everything(helm_run: HelmRun) -> None:
+    for cidr in ("0.0.0.0/0", "::/0"):
+        value = json.dumps([{"cidr": cidr, "ports": [443]}])
+        result = helm_run(
+            "template",
+            chart.RELEASE,
+            str(chart.CHART),
+            f"--set-json=networkPolicy.egress.external={value}",
+        )
+        assert result.returncode != 0 and "networkPolicy/egress/external/0/cidr" in result.stderr

@@ -86,9 +86,17 @@ def test_every_builder_pod_is_restricted_but_the_device_bridge() -> None:
     assert "bridge: privileged" in problems and "hostPath volume usb" in problems
 
 
+READ = {"get", "list", "watch"}
+
+
 def test_only_pods_that_hold_leases_get_a_token() -> None:
     children = list(built())
     roles = {c["metadata"]["name"]: c for _, c in children if c["kind"] == "Role"}
+    bound: dict[str, list[str]] = {}  # service account -> the Roles bound to it
+    for _, binding in children:
+        if binding["kind"] == "RoleBinding":
+            for subject in binding["subjects"]:
+                bound.setdefault(subject["name"], []).append(binding["roleRef"]["name"])
     with_token = []
     for kind, child in children:
         for pod in pod_specs(child):
@@ -96,9 +104,15 @@ def test_only_pods_that_hold_leases_get_a_token() -> None:
                 continue  # KServe's predictor: its own service account, set by KServe
             if pod.get("automountServiceAccountToken") is not False:
                 account = pod.get("serviceAccountName")
-                assert account in roles, f"{child['metadata']['name']}: token without a Role"
-                for rule in roles[account]["rules"]:  # Leases, or the pod's own objects
-                    assert rule["resources"] == ["leases"] or rule.get("resourceNames"), rule
+                names = bound.get(account) or []
+                assert names, f"{child['metadata']['name']}: token without a Role"
+                for rule in (r for name in names for r in roles[name]["rules"]):
+                    # Leases, the pod's own objects by name, or reading pods (the bridge's
+                    # proxy checks who connects)
+                    reads_pods = rule["resources"] == ["pods"] and set(rule["verbs"]) <= READ
+                    assert (
+                        rule["resources"] == ["leases"] or rule.get("resourceNames") or reads_pods
+                    ), rule
                 with_token.append((kind, child["metadata"]["name"]))
     assert sorted(with_token) == [
         ("DevicePool", "lab-phones-bridge"),
