@@ -376,7 +376,6 @@ def kinds() -> list[KindWalk]:
             bridge_pod,
             devicepool.children,
             fills={
-                "spec.bridgeImage": {"spec.bridgeImage": "registry.example/bridge:2"},
                 "spec.selector.serials": {"spec.selector.serials": ["R5CT1"]},
                 "spec.selector.maxAndroidVersion": {"spec.selector.maxAndroidVersion": 15},
             },

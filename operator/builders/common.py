@@ -103,6 +103,9 @@ class Defaults:
     #: added to the pods that request GPUs (the chart's `gpu.nodeSelector`/`gpu.tolerations`)
     gpu_node_selector: tuple[tuple[str, str], ...] = ()
     gpu_tolerations: tuple[JsonDict, ...] = ()
+    #: the labels of device nodes (the chart's `devices.nodeSelector`): every bridge DaemonSet
+    #: selects them, whatever its DevicePool's `nodeSelector` adds (never empty)
+    device_node_selector: tuple[tuple[str, str], ...] = (("qpa.ai/device-node", "true"),)
     #: the admin's network-policy settings (the chart's `networkPolicy`; `builders.netpol`)
     network: NetworkSettings = field(default_factory=NetworkSettings)
     #: the namespaces the operator serves (the chart's `operator.watchNamespaces`); () = all
@@ -132,6 +135,7 @@ class Defaults:
                 sorted(_json_env(env, "QPA_OPERATOR_GPU_NODE_SELECTOR", dict).items())
             ),
             gpu_tolerations=tuple(_json_env(env, "QPA_OPERATOR_GPU_TOLERATIONS", list)),
+            device_node_selector=_device_node_selector(env) or base.device_node_selector,
             network=NetworkSettings.from_env(env),
             namespaces=_names_env(env, "QPA_OPERATOR_NAMESPACES"),
             store_prefix=(env.get("QPA_OPERATOR_STORE_PREFIX") or "").strip(),
@@ -157,6 +161,20 @@ def _names_env(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     """A comma-separated list of names (blanks dropped, order kept, duplicates removed)."""
     names = [part.strip() for part in (env.get(name) or "").split(",")]
     return tuple(dict.fromkeys(n for n in names if n))
+
+
+def _device_node_selector(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """`QPA_OPERATOR_DEVICE_NODE_SELECTOR` (a JSON object of label values); `{}` is refused:
+    it would let bridges run on every node."""
+    name = "QPA_OPERATOR_DEVICE_NODE_SELECTOR"
+    if name not in env:
+        return ()
+    value = _json_env(env, name, dict)
+    if not value:
+        raise ValueError(f"{name}: at least one device-node label is needed ({{}} = every node)")
+    if not all(isinstance(k, str) and isinstance(v, str) and k for k, v in value.items()):
+        raise ValueError(f"{name}: label keys and values must be strings")
+    return tuple(sorted(value.items()))
 
 
 def _json_env(env: Mapping[str, str], name: str, kind: type) -> Any:
@@ -537,41 +555,45 @@ def summary_wrapper(program: str) -> list[str]:
     return ["sh", "-c", script, program]
 
 
-def lease_rbac(
+def service_account(
     owner: CustomResource, name: str, component: str, defaults: Defaults
-) -> list[JsonDict]:
-    """ServiceAccount + Role + RoleBinding letting a pod manage `coordination.k8s.io` Leases.
-
-    Only the device bridge (phone Leases) and device-backed environment servers (leasing a
-    phone) talk to the API; the Role names exact verbs on one resource, no wildcards.
-    """
-    meta = lambda: metadata(owner, name, component, defaults)  # noqa: E731
-    account = {
+) -> JsonDict:
+    """A ServiceAccount whose token pods mount only where they ask (`automount...: false`)."""
+    return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": meta(),
+        "metadata": metadata(owner, name, component, defaults),
         "automountServiceAccountToken": False,
     }
-    role = {
+
+
+def role(
+    owner: CustomResource, name: str, component: str, defaults: Defaults, rules: list[JsonDict]
+) -> JsonDict:
+    """A namespaced Role: exact verbs on named resources, no wildcards.
+
+    Only the device bridge and device-backed environment servers talk to the API (phone
+    Leases); their rules are built in `builders.devicepool`.
+    """
+    return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": meta(),
-        "rules": [
-            {
-                "apiGroups": ["coordination.k8s.io"],
-                "resources": ["leases"],
-                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-            }
-        ],
+        "metadata": metadata(owner, name, component, defaults),
+        "rules": rules,
     }
-    binding = {
+
+
+def role_binding(
+    owner: CustomResource, name: str, component: str, defaults: Defaults, role_name: str
+) -> JsonDict:
+    """Binds the ServiceAccount `name` of the owner's namespace to the Role `role_name`."""
+    return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": meta(),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "metadata": metadata(owner, name, component, defaults),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner_namespace(owner)}],
     }
-    return [account, role, binding]
 
 
 def terminated_container(pod: Mapping[str, Any], container: str) -> JsonDict | None:

@@ -1,44 +1,74 @@
 """DevicePool -> a DaemonSet of the device bridge on the device nodes, and what it needs.
 
-On every node matching `nodeSelector` one bridge pod (`bridgeImage`, else the operator's
-default bridge image) runs
+On every device node one bridge pod runs
 
     qpa device bridge --spec /etc/qpa/order/workorder.yaml
 
 with the node's `/dev/bus/usb` mounted (hostPath). It is the only privileged pod qpa runs:
-adb needs the raw USB devices. The pool itself (filters, health checks, lease duration, adb
-port) reaches it as its work order (ConfigMap `<pool>-order`), read by
-`BridgeSettings.from_devicepool`; the pod template carries the work order's hash, so a spec
-change rolls the bridges. A headless
-Service `<pool>-bridge` lists the bridges for device-backed RolloutPools, and a ServiceAccount
-with a Role on `coordination.k8s.io` Leases (and on its own DevicePool's status) lets the
-bridge publish phones.
+adb needs the raw USB devices. So **nothing a DevicePool says reaches its privileges**:
+
+- the image is the operator's setting (`Defaults.bridge_image`: the chart's
+  `images.deviceBridge`), as are the security context, the volumes and the command; a
+  DevicePool has no image field (`spec.bridgeImage` is refused by the CRD and by `qpa.api`);
+- the nodes: the DaemonSet's `nodeSelector` is the pool's `nodeSelector` with the cluster
+  admin's device-node labels (`Defaults.device_node_selector`: the chart's
+  `devices.nodeSelector`) laid over it: a pool can only narrow the device nodes, never widen
+  them (a conflicting value is the admin's; `{}` still means the device nodes only);
+- `adbPort` is a container port (no hostPort), bounded to 1024-65535 by the CRD; the health
+  checks, filters and lease duration reach the pod only as its work order (ConfigMap
+  `<pool>-order`, read by `BridgeSettings.from_devicepool`), never as pod fields; the pod
+  template carries the work order's hash, so a spec change rolls the bridges.
+
+**Who reaches adb.** The bridge's adb server listens on the pod's loopback only; `qpa device
+bridge` proxies `<pod IP>:adbPort` to it and admits only peers whose address is a running pod
+labelled `qpa.ai/devicepool-client=<pool>` (the env servers of RolloutPools whose
+`devicePoolRef` is this pool, see `builders.rolloutpool`), which it lists through its own Role.
+The NetworkPolicy `<pool>-bridge-ingress` says the same to the CNI (the adb port, from those
+pods, nothing else), so the rule holds with or without a CNI that enforces policies.
 
 **Phone Leases** are the contract between the bridge and the operator: one Lease per phone,
-labelled `qpa.ai/devicepool=<pool>`, owned by the DevicePool, carrying the phone in
-annotations (`qpa.ai/serial`, `qpa.ai/node`, `qpa.ai/model`, `qpa.ai/android-version`,
-`qpa.ai/state`, `qpa.ai/reason`, `qpa.ai/last-seen`) and its holder in
+named `<pool>-<phone slug>` (`lease_name`), labelled `qpa.ai/devicepool=<pool>`, owned by the
+DevicePool, carrying the phone in annotations (`qpa.ai/serial`, `qpa.ai/node`, `qpa.ai/model`,
+`qpa.ai/android-version`, `qpa.ai/state`, `qpa.ai/reason`, `qpa.ai/last-seen`) and its holder in
 `spec.holderIdentity` while a rollout leases it. `devicepool_status` turns them into
 `status.phones`.
+
+**RBAC by name.** `get`/`update` on Leases are granted on `resourceNames`: the pool's phone
+Leases the operator has seen (names derived from pool and serial, so nothing else in the
+namespace is ever named), kept in step as the bridge publishes phones; `list` and `create`
+cannot be scoped by name in Kubernetes RBAC, so the bridge gets `list` + `create` and the env
+servers `list` only (both read, neither can then write a Lease that is not a phone of the pool).
+The bridge's Role `<pool>-bridge` adds reading its own DevicePool, patching its status and
+listing pods (the proxy's allowlist); the Role `<pool>-phones` is what device-backed
+RolloutPools bind their env servers' ServiceAccount to.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from qpa_operator.builders.common import (
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
     Defaults,
     JsonDict,
+    MissingSetting,
     child_name,
+    empty_dir,
+    env_var,
     field_env,
     labels,
-    lease_rbac,
     metadata,
     owner_namespace,
+    role,
+    role_binding,
     selector_labels,
-    setting,
+    service_account,
     with_spec_hash,
     work_order_config_map,
     work_order_hash,
@@ -58,8 +88,12 @@ COMPONENT: Final = "device-bridge"
 CONTAINER: Final = "bridge"
 USB_PATH: Final = "/dev/bus/usb"
 SERVICE_PORT: Final = 5037
+#: The component label of the pods allowed to reach a pool's adb (`builders.rolloutpool`).
+CLIENT_COMPONENT: Final = "env-server"
 
 POOL_LABEL: Final = "qpa.ai/devicepool"
+#: On the pods of a pool's env servers: the one label the bridge's proxy and NetworkPolicy admit.
+CLIENT_LABEL: Final = "qpa.ai/devicepool-client"
 PHONE_LABEL: Final = "qpa.ai/phone"
 ROLLOUT_POOL_LABEL: Final = "qpa.ai/rolloutpool"
 SERIAL_ANNOTATION: Final = "qpa.ai/serial"
@@ -70,6 +104,7 @@ STATE_ANNOTATION: Final = "qpa.ai/state"
 REASON_ANNOTATION: Final = "qpa.ai/reason"
 LAST_SEEN_ANNOTATION: Final = "qpa.ai/last-seen"
 PHONE_STATES: Final = ("available", "leased", "quarantined", "offline")
+LEASES: Final = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
 
 
 def daemonset_name(pool: DevicePool) -> str:
@@ -84,6 +119,66 @@ def account_name(pool: DevicePool) -> str:
     return child_name(pool, "bridge")
 
 
+def ingress_policy_name(pool: DevicePool) -> str:
+    return child_name(pool, "bridge-ingress")
+
+
+def phones_role_name(device_pool: str) -> str:
+    """The Role env servers of device-backed RolloutPools are bound to (`<pool>-phones`)."""
+    return f"{device_pool}-phones"
+
+
+def client_labels(device_pool: str) -> dict[str, str]:
+    """Labels of the pods allowed to reach a DevicePool's adb servers (its env servers)."""
+    return {CLIENT_LABEL: device_pool, LABEL_COMPONENT: CLIENT_COMPONENT,
+            LABEL_MANAGED_BY: MANAGED_BY}  # fmt: skip
+
+
+# The phone-Lease names, as `qpa.device.names` writes them (a unit test keeps both in step).
+_UNSAFE: Final = re.compile(r"[^a-z0-9]+")
+
+
+def phone_slug(serial: str) -> str:
+    lowered = serial.lower()
+    slug = _UNSAFE.sub("-", lowered).strip("-") or "phone"
+    if slug == lowered and len(slug) <= 63:
+        return slug
+    digest = hashlib.sha256(serial.encode()).hexdigest()[:8]
+    return f"{slug[:54].rstrip('-')}-{digest}"
+
+
+def lease_name(pool: str, serial: str) -> str:
+    return f"{pool}-{phone_slug(serial)}"[:253]
+
+
+def phone_lease_names(pool: DevicePool, leases: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Names of the pool's phone Leases: those whose name is `lease_name(pool, serial)` of the
+    serial they carry. A Lease merely labelled with the pool (any other name) is never granted."""
+    found = set()
+    for lease in leases:
+        meta = lease.get("metadata") or {}
+        serial = (meta.get("annotations") or {}).get(SERIAL_ANNOTATION)
+        if (
+            serial
+            and (meta.get("labels") or {}).get(POOL_LABEL) == pool.metadata.name
+            and meta.get("name") == lease_name(pool.metadata.name or "", str(serial))
+        ):
+            found.add(str(meta["name"]))
+    return sorted(found)
+
+
+def lease_rules(verbs: Iterable[str], names: Iterable[str]) -> list[JsonDict]:
+    """`verbs` (list, create: never scoped by name) on Leases, and get + update on `names`.
+
+    No names, no get/update rule: a rule with an empty `resourceNames` would mean every Lease.
+    """
+    rules: list[JsonDict] = [{**LEASES, "verbs": sorted(verbs)}]
+    named = sorted(set(names))
+    if named:
+        rules.append({**LEASES, "resourceNames": named, "verbs": ["get", "update"]})
+    return rules
+
+
 def config_map(pool: DevicePool, defaults: Defaults) -> JsonDict:
     """The bridge's work order: the DevicePool itself and its namespace."""
     return work_order_config_map(
@@ -91,21 +186,32 @@ def config_map(pool: DevicePool, defaults: Defaults) -> JsonDict:
     )
 
 
-#: The bridge reads its pool from the work order; `$(POD_IP)` (for the Leases) and the node
-#: come from the pod's own environment.
+#: The bridge reads its pool from the work order; `$(POD_IP)` (the proxy's address, written into
+#: the Leases) and the node come from the pod's own environment.
 BRIDGE_ARGS: Final = ("qpa", "device", "bridge", "--spec", WORK_ORDER_PATH)
 
 
 def bridge_image(pool: DevicePool, defaults: Defaults) -> str:
-    """The pool's `bridgeImage`, else the operator's (the chart's `images.deviceBridge`)."""
-    image: str = setting(
-        pool,
-        "spec.bridgeImage",
-        pool.spec.bridge_image,
-        defaults.bridge_image,
-        "QPA_OPERATOR_BRIDGE_IMAGE, the chart's images.deviceBridge",
-    )
-    return image
+    """The operator's bridge image (the chart's `images.deviceBridge`): never the pool's."""
+    if not defaults.bridge_image:
+        where = f"{owner_namespace(pool)}/{pool.metadata.name}"
+        raise MissingSetting(
+            f"DevicePool {where}: the operator has no device-bridge image "
+            "(QPA_OPERATOR_BRIDGE_IMAGE, the chart's images.deviceBridge)"
+        )
+    return defaults.bridge_image
+
+
+def node_selector(pool: DevicePool, defaults: Defaults) -> dict[str, str]:
+    """The pool's node labels with the admin's device-node labels over them (never fewer)."""
+    admin = dict(defaults.device_node_selector)
+    if not admin:
+        raise MissingSetting(
+            f"DevicePool {owner_namespace(pool)}/{pool.metadata.name}: the operator has no "
+            "device-node labels (QPA_OPERATOR_DEVICE_NODE_SELECTOR, the chart's "
+            "devices.nodeSelector)"
+        )
+    return dict(sorted({**pool.spec.node_selector, **admin}.items()))
 
 
 def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
@@ -120,9 +226,11 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
             field_env("POD_IP", "status.podIP"),
+            env_var("HOME", "/tmp"),  # adb keeps its keys under $HOME/.android
         ],
         "volumeMounts": [
             {"name": "usb", "mountPath": USB_PATH},
+            {"name": "tmp", "mountPath": "/tmp"},
             *work_order_parts(pool).mounts,
         ],
         # The one privileged container of qpa: adb opens the node's raw USB devices.
@@ -131,6 +239,7 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
             "runAsUser": 0,
             "runAsNonRoot": False,
             "allowPrivilegeEscalation": True,
+            "readOnlyRootFilesystem": True,
         },
     }
     manifest = {
@@ -149,10 +258,14 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
                     "serviceAccountName": account_name(pool),
                     "automountServiceAccountToken": True,
                     "enableServiceLinks": False,
-                    "nodeSelector": dict(sorted(spec.node_selector.items())),
+                    "hostNetwork": False,
+                    "hostPID": False,
+                    "hostIPC": False,
+                    "nodeSelector": node_selector(pool, defaults),
                     "containers": [container],
                     "volumes": [
                         {"name": "usb", "hostPath": {"path": USB_PATH, "type": "Directory"}},
+                        empty_dir("tmp", size_limit="64Mi"),
                         *work_order_parts(pool).volumes,
                     ],
                 },
@@ -178,22 +291,75 @@ def service(pool: DevicePool, defaults: Defaults) -> JsonDict:
     return with_spec_hash(manifest)
 
 
-def bridge_rbac(pool: DevicePool, defaults: Defaults) -> list[JsonDict]:
-    """Lease RBAC, plus reading its own DevicePool and patching its status (the phone list)."""
-    account, role, binding = lease_rbac(pool, account_name(pool), COMPONENT, defaults)
+def ingress_policy(pool: DevicePool, defaults: Defaults) -> JsonDict:
+    """The bridge pods accept the adb port from the pool's env servers, nothing else."""
+    manifest = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(pool, ingress_policy_name(pool), COMPONENT, defaults),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(pool, COMPONENT)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": client_labels(pool.metadata.name or "")}}
+                    ],
+                    "ports": [{"protocol": "TCP", "port": pool.spec.adb_port}],
+                }
+            ],
+        },
+    }
+    return with_spec_hash(manifest)
+
+
+def bridge_rbac(
+    pool: DevicePool, defaults: Defaults, leases: Iterable[Mapping[str, Any]] = ()
+) -> list[JsonDict]:
+    """The bridge's ServiceAccount, Role and RoleBinding: its pool's phone Leases by name (plus
+    list and create), its own DevicePool and status, and listing pods (the proxy's allowlist)."""
+    name = account_name(pool)
     own = [pool.metadata.name or ""]
-    role["rules"] += [
+    rules = [
+        *lease_rules(["create", "list"], phone_lease_names(pool, leases)),
         {"apiGroups": [GROUP], "resources": ["devicepools"], "resourceNames": own,
          "verbs": ["get"]},
         {"apiGroups": [GROUP], "resources": ["devicepools/status"], "resourceNames": own,
          "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     ]  # fmt: skip
-    return [with_spec_hash(o) for o in (account, role, binding)]
+    objects = [
+        service_account(pool, name, COMPONENT, defaults),
+        role(pool, name, COMPONENT, defaults, rules),
+        role_binding(pool, name, COMPONENT, defaults, name),
+    ]
+    return [with_spec_hash(o) for o in objects]
 
 
-def children(pool: DevicePool, defaults: Defaults) -> list[JsonDict]:
-    rbac = bridge_rbac(pool, defaults)
-    return [*rbac, config_map(pool, defaults), daemonset(pool, defaults), service(pool, defaults)]
+def phones_role(
+    pool: DevicePool, defaults: Defaults, leases: Iterable[Mapping[str, Any]] = ()
+) -> JsonDict:
+    """What a device env server may do: list the Leases, get and update the pool's phones."""
+    rules = lease_rules(["list"], phone_lease_names(pool, leases))
+    return with_spec_hash(
+        role(pool, phones_role_name(pool.metadata.name or ""), COMPONENT, defaults, rules)
+    )
+
+
+def children(
+    pool: DevicePool, defaults: Defaults, leases: Iterable[Mapping[str, Any]] = ()
+) -> list[JsonDict]:
+    """Every child, in order; `leases` are the pool's phone Leases the operator has seen (they
+    name the Roles' `resourceNames`)."""
+    seen = list(leases)
+    return [
+        ingress_policy(pool, defaults),
+        *bridge_rbac(pool, defaults, seen),
+        phones_role(pool, defaults, seen),
+        config_map(pool, defaults),
+        daemonset(pool, defaults),
+        service(pool, defaults),
+    ]
 
 
 def lease_selector(pool: DevicePool) -> str:

@@ -10,8 +10,11 @@ TaskBatch and TrainingRun pass `--env-url http://<pool>-env.<ns>.svc.<domain>`).
 scales on CPU between the two and owns the Deployment's `replicas`.
 
 For `environment: device` the pods are wired to their DevicePool: they get the bridge Service
-(`<devicepool>-bridge:5037`), the pool's name and a ServiceAccount allowed to take and renew
-`coordination.k8s.io` Leases (one per phone), since a device session leases a phone.
+(`<devicepool>-bridge:5037`), the pool's name, the label `qpa.ai/devicepool-client=<devicepool>`
+(the only pods the bridges' adb proxy and ingress policy admit; adb connections leave from the
+pod's own IP, `QPA_ADB_SOURCE_ADDRESS`) and a ServiceAccount bound to the DevicePool's Role
+`<devicepool>-phones` (list the Leases, get and update the pool's phone Leases by name), since a
+device session leases a phone.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
+from qpa_operator.builders import devicepool as device_builder
 from qpa_operator.builders import netpol
 from qpa_operator.builders.common import (
     Defaults,
@@ -32,15 +36,16 @@ from qpa_operator.builders.common import (
     env_var,
     field_env,
     labels,
-    lease_rbac,
     metadata,
     owner_namespace,
     resources,
     restricted_container_security,
     restricted_pod_security,
+    role_binding,
     rollout_pool_service,
     rollout_pool_url,
     selector_labels,
+    service_account,
     service_host,
     with_spec_hash,
     work_order_config_map,
@@ -98,6 +103,27 @@ def work_order(pool: RolloutPool, defaults: Defaults) -> JsonDict:
 SERVE_ARGS: Final = ("qpa", "env", "serve", "--spec", WORK_ORDER_PATH)
 
 
+def pod_labels(pool: RolloutPool, defaults: Defaults) -> dict[str, str]:
+    """The pods' labels; a device pool's carry the DevicePool's client label too."""
+    result = labels(pool, COMPONENT, defaults)
+    if pool.spec.device_pool_ref is not None:
+        result[device_builder.CLIENT_LABEL] = pool.spec.device_pool_ref.name
+    return result
+
+
+def device_rbac(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
+    """ServiceAccount + RoleBinding to the DevicePool's `<devicepool>-phones` Role."""
+    if pool.spec.device_pool_ref is None:
+        return []
+    name = account_name(pool)
+    phones = device_builder.phones_role_name(pool.spec.device_pool_ref.name)
+    objects = [
+        service_account(pool, name, COMPONENT, defaults),
+        role_binding(pool, name, COMPONENT, defaults, phones),
+    ]
+    return [with_spec_hash(o) for o in objects]
+
+
 def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     spec = pool.spec
     extra = PodParts(
@@ -111,6 +137,8 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
             env=(
                 field_env("POD_NAME", "metadata.name"),
                 field_env("POD_NAMESPACE", "metadata.namespace"),
+                field_env("POD_IP", "status.podIP"),
+                env_var("QPA_ADB_SOURCE_ADDRESS", "$(POD_IP)"),
             )
         )
     llm = api_key_parts(spec.llm_sim.api_key_secret_ref if spec.llm_sim else None)
@@ -152,7 +180,7 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
             },
             "template": {
                 "metadata": {
-                    "labels": labels(pool, COMPONENT, defaults),
+                    "labels": pod_labels(pool, defaults),
                     "annotations": work_order_hash(work_order(pool, defaults)),
                 },
                 "spec": pod_spec,
@@ -244,10 +272,7 @@ def ingress_policy(pool: RolloutPool, defaults: Defaults) -> JsonDict:
 
 def children(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
     result: list[JsonDict] = [egress_policy(pool, defaults), ingress_policy(pool, defaults)]
-    if pool.spec.device_pool_ref is not None:
-        result += [
-            with_spec_hash(obj) for obj in lease_rbac(pool, account_name(pool), COMPONENT, defaults)
-        ]
+    result += device_rbac(pool, defaults)
     result += [work_order(pool, defaults), deployment(pool, defaults), service(pool, defaults)]
     if autoscaled(pool):
         result.append(autoscaler(pool, defaults))

@@ -1,5 +1,6 @@
-"""DevicePool handlers: the bridge DaemonSet (with its ConfigMap, Service and lease RBAC);
-DaemonSet and phone-Lease events refresh `status.phones`.
+"""DevicePool handlers: the bridge DaemonSet (with its ConfigMap, Service, ingress policy and
+lease RBAC); DaemonSet and phone-Lease events refresh `status.phones`, and a phone Lease that
+appears or goes brings the Roles' `resourceNames` (the pool's phone Leases) in step.
 
 Deletion: the children go with their owner references; phone Leases a bridge left without an
 owner reference are deleted when the pool's deletion is seen, and any such Lease of a pool
@@ -63,7 +64,10 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     if resource is None:
         return
     rt = await runtime()
-    live = await ensure_all(builder.children(resource, rt.defaults), views, resource)
+    leases = views.values(
+        "qpa_phone_leases", (resource.metadata.namespace or "", resource.metadata.name or "")
+    )
+    live = await ensure_all(builder.children(resource, rt.defaults, leases), views, resource)
     daemonset = live.get(("DaemonSet", builder.daemonset_name(resource)))
     await refresh_status(obj, views, daemonset=daemonset, generation=generation_of(obj))
 
@@ -93,7 +97,9 @@ async def devicepool_lease_event(type: str | None, body: Any, **kwargs: Any) -> 
     parent = views.parent(KIND, namespace, pool)
     try:
         async with measured(KIND, "lease"):
-            if parent is not None:
+            if parent is not None and type in ("ADDED", "DELETED", None):
+                await reconcile(parent, views, "lease")  # the Roles name the pool's Leases
+            elif parent is not None:
                 await refresh_status(parent, views)
             elif type != "DELETED" and not meta.get("ownerReferences"):
                 rt = await runtime()

@@ -1,7 +1,8 @@
 """`qpa device`: the DevicePool bridge and phone discovery; device options of other commands.
 
     qpa device list --adb 127.0.0.1:5037          # attached phones: serial, state, model, Android
-    qpa device bridge --pool lab-phones --config /etc/qpa/bridge/devicepool.yaml --adb-port 5037
+    qpa device bridge --spec /etc/qpa/order/workorder.yaml   # what a DevicePool's bridge pod runs
+    qpa device bridge --pool lab-phones --config devicepool.yaml --adb-port 5037  # by hand
 
 `device_env_options` turns `--serial/--adb` or `--device-pool` into the options of a device
 environment (`qpa run --env device`, `qpa env serve --kind device`).
@@ -137,8 +138,8 @@ def bridge_command(
         typer.Option(
             "--spec",
             help="The DevicePool's work order (what the bridge pods run): pool, spec and adb "
-            "port come from it, the pod's address from $POD_IP, and the adb server accepts "
-            "other pods.",
+            "port come from it, the pod's address from $POD_IP; other pods reach the adb server "
+            "only through the adb gate on $POD_IP, which admits the pool's env servers.",
         ),
     ] = None,
     pool: Annotated[
@@ -163,9 +164,6 @@ def bridge_command(
     start_adb: Annotated[
         bool, typer.Option(help="Start the adb server when none answers on the port.")
     ] = True,
-    adb_listen_all: Annotated[
-        bool, typer.Option(help="A started adb server accepts other pods (adb -a).")
-    ] = False,
     scan_seconds: Annotated[float, typer.Option(min=0.05, help="Seconds between scans.")] = 5.0,
     once: Annotated[bool, typer.Option(help="Scan once, print the phones as JSON, exit.")] = False,
     kubeconfig: Annotated[
@@ -176,6 +174,7 @@ def bridge_command(
     from qpa.api.v1alpha1 import DevicePool, WorkOrder, WorkOrderError
     from qpa.device.bridge import AdbServerProcess, Bridge, BridgeSettings
     from qpa.device.kube import Kube, KubeError
+    from qpa.device.proxy import AdbGate, AllowedPeers, client_selector, pod_addresses
     from qpa.envs.device import DeviceError, parse_address
 
     if spec_file is not None:
@@ -185,7 +184,6 @@ def bridge_command(
             die(str(exc))
         base = BridgeSettings.from_devicepool(order, node=node, pod_ip=os.environ.get("POD_IP"))
         settings = dataclasses.replace(base, connect=tuple(connect or ()))
-        adb_listen_all = True
     else:
         if pool is None or config is None:
             die("give --spec (a DevicePool work order), or --pool and --config")
@@ -212,8 +210,16 @@ def bridge_command(
     except KubeError as exc:
         die(str(exc))
     adb_port, pool = settings.adb_port, settings.pool
-    server = AdbServerProcess(adb_port, listen_all=adb_listen_all) if start_adb else None
+    server = AdbServerProcess(adb_port) if start_adb else None
     bridge = Bridge(settings, kube)
+    gate = None
+    if settings.gate is not None:
+        selector = client_selector(pool)
+        allowed = AllowedPeers(lambda: pod_addresses(kube.list_pods(selector)))
+        try:
+            gate = AdbGate(settings.gate, (adb_host, adb_port), allowed).start()
+        except OSError as exc:
+            die(f"adb gate on {settings.gate[0]}:{settings.gate[1]}: {exc}", code=1)
     try:
         if once:
             if server is not None:
@@ -236,6 +242,8 @@ def bridge_command(
     except (KubeError, DeviceError) as exc:
         die(str(exc), code=1)
     finally:
+        if gate is not None:
+            gate.close()
         if server is not None:
             server.stop()
         kube.close()

@@ -2,8 +2,10 @@
 
 Every `scan_seconds` the bridge:
 
-1. makes sure the node's adb server runs (`AdbServerProcess`, over the node's `/dev/bus/usb`)
-   and `adb connect`s the network phones it was given (again after they drop off);
+1. makes sure the node's adb server runs (`AdbServerProcess`, over the node's `/dev/bus/usb`,
+   on the pod's loopback only: other pods reach it through the adb gate, `qpa.device.proxy`,
+   which admits only the pool's env servers) and `adb connect`s the network phones it was
+   given (again after they drop off);
 2. lists the attached phones (serial, adb state) and reads each new one's model and Android
    version (`getprop`); phones outside the pool's `selector` are left alone;
 3. probes each phone every `healthCheck.intervalSeconds` (`qpa.device.health.probe`); after
@@ -65,19 +67,19 @@ def _now() -> datetime:
 class AdbServerProcess:
     """The node's adb server, started by the bridge when nothing answers on its port.
 
-    `listen_all` makes it accept connections from other pods (`adb -a`): the RolloutPool's
-    environment servers reach the phones through it. Restarted when it exits.
+    It listens on 127.0.0.1 only (never `adb -a`: the server has no authentication); the
+    RolloutPool's environment servers reach it through the bridge's adb gate. Restarted when
+    it exits.
     """
 
-    def __init__(self, port: int, *, listen_all: bool = False, adb: str | None = None) -> None:
+    def __init__(self, port: int, *, adb: str | None = None) -> None:
         self.port = port
-        self.listen_all = listen_all
         self.adb = adb or shutil.which("adb") or "adb"
         self.process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
-        return [self.adb, *(["-a"] if self.listen_all else []), "-P", str(self.port),
-                "server", "nodaemon"]  # fmt: skip
+        # `tcp:PORT` is the loopback address only (this adb takes no host name in -L)
+        return [self.adb, "-L", f"tcp:{self.port}", "server", "nodaemon"]
 
     def reachable(self) -> bool:
         with (
@@ -241,7 +243,8 @@ class BridgeSettings:
     spec: DevicePoolSpec
     adb_host: str = "127.0.0.1"
     adb_port: int = 5037
-    advertise: str | None = None  # HOST:PORT other pods reach this adb server at
+    advertise: str | None = None  # HOST:PORT other pods reach this adb server at (the gate)
+    gate: tuple[str, int] | None = None  # where the adb gate listens (the pod IP, adbPort)
     connect: tuple[str, ...] = ()  # network phones (`adb connect`)
     command_timeout: float | None = None  # defaults to healthCheck.timeoutSeconds
     namespace: str | None = None  # the pool's namespace (default: the client's)
@@ -251,14 +254,18 @@ class BridgeSettings:
         cls, order: WorkOrder[DevicePool], *, node: str, pod_ip: str | None
     ) -> BridgeSettings:
         """A bridge pod's settings: the pool's spec and name from its work order, the node and
-        the pod's address (what other pods dial, written into each phone Lease) from the pod."""
+        the pod's address from the pod. The adb server listens on the pod's loopback at
+        `adbPort`; the adb gate on `<pod IP>:adbPort` (what other pods dial, written into each
+        phone Lease)."""
         spec = order.resource.spec
+        host = f"[{pod_ip}]" if pod_ip and ":" in pod_ip else pod_ip
         return cls(
             pool=order.name,
             node=node,
             spec=spec,
             adb_port=spec.adb_port,
-            advertise=f"{pod_ip}:{spec.adb_port}" if pod_ip else None,
+            advertise=f"{host}:{spec.adb_port}" if pod_ip else None,
+            gate=(pod_ip, spec.adb_port) if pod_ip else None,
             namespace=order.resolved.namespace,
         )
 

@@ -1,8 +1,9 @@
 """The few Kubernetes calls the device layer makes, on plain dicts, through the `kubernetes` client.
 
 Leases (`coordination.k8s.io/v1`): list by label, get, create, replace (with the read
-`resourceVersion`, so a concurrent writer answers 409 `Conflict`), delete; DevicePools: get and
-merge-patch the `status` subresource. Errors become `NotFound`, `Conflict` or `KubeError` with
+`resourceVersion`, so a concurrent writer answers 409 `Conflict`); DevicePools: get and
+merge-patch the `status` subresource; Pods: list by label (the adb gate's allowlist). Errors
+become `NotFound`, `Conflict` or `KubeError` with
 the server's message. In a pod the service account is used; elsewhere the kubeconfig.
 """
 
@@ -74,6 +75,7 @@ class Kube:
         self.namespace = namespace
         self._leases = k8s.CoordinationV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
+        self._core = k8s.CoreV1Api(api_client)
 
     @classmethod
     def connect(cls, namespace: str | None = None, kubeconfig: str | None = None) -> Kube:
@@ -137,6 +139,16 @@ class Kube:
             body,
         )
         return replaced
+
+    # ------------------------------------------------------------------ pods
+    def list_pods(self, selector: str) -> list[dict[str, Any]]:
+        body = self._json(
+            self._core.list_namespaced_pod,
+            f"list pods {selector}",
+            self.namespace,
+            label_selector=selector,
+        )
+        return list(body.get("items") or [])
 
     # ------------------------------------------------------------------ device pools
     def get_devicepool(self, name: str) -> dict[str, Any]:

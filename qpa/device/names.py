@@ -17,6 +17,8 @@ from typing import Final
 POOL_LABEL: Final = "qpa.ai/devicepool"
 PHONE_LABEL: Final = "qpa.ai/phone"
 ROLLOUT_POOL_LABEL: Final = "qpa.ai/rolloutpool"
+#: On a pool's env-server pods: the only pods the bridge's adb gate admits (`qpa.device.proxy`).
+CLIENT_LABEL: Final = "qpa.ai/devicepool-client"
 PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
 SERIAL_ANNOTATION: Final = "qpa.ai/serial"
 NODE_ANNOTATION: Final = "qpa.ai/node"

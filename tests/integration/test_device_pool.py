@@ -50,7 +50,6 @@ def devicepool(**spec: Any) -> dict[str, Any]:
         "kind": "DevicePool",
         "metadata": {"name": POOL, "namespace": NS},
         "spec": {
-            "bridgeImage": "ghcr.io/qpa-ai/qpa-device-bridge:0.1.0",
             "leaseDurationSeconds": 10,
             "healthCheck": {
                 "intervalSeconds": 2,

@@ -9,11 +9,14 @@ there but did not answer in time. Callers turn both into `environment_failure` f
 adbutils starts an adb server of its own (`adb start-server`, on the default port) when it cannot
 reach one; `AdbServerClient` never does: a missing server is a failure to report, not something
 to paper over on another port. It also asks the server's version once per client instead of
-before every command.
+before every command. `$QPA_ADB_SOURCE_ADDRESS` (set on a device RolloutPool's pods to their pod
+IP) is the local address connections leave from: the DevicePool bridge's adb gate admits peers
+by pod IP.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +28,7 @@ from adbutils.errors import AdbConnectionError, AdbError, AdbTimeout
 DEFAULT_ADB_HOST = "127.0.0.1"
 DEFAULT_ADB_PORT = 5037
 DEFAULT_TIMEOUT_S = 20.0
+SOURCE_ADDRESS_ENV = "QPA_ADB_SOURCE_ADDRESS"
 _GONE_MARKERS = ("not found", "offline", "unauthorized", "no devices", "closed", "broken pipe")
 
 
@@ -66,23 +70,46 @@ def parse_address(address: str, *, default_port: int = DEFAULT_ADB_PORT) -> tupl
 class _NoSpawnConnection(AdbConnection):
     """An adb server connection that fails instead of starting a server."""
 
+    source: str | None = None
+    target: tuple[str, int] = (DEFAULT_ADB_HOST, DEFAULT_ADB_PORT)
+
+    def __init__(self, host: str, port: int, source: str | None = None) -> None:
+        self.source, self.target = source, (host, port)
+        super().__init__(host, port)
+
     def _safe_connect(self) -> Any:
-        return self._create_socket()
+        if not self.source:
+            return self._create_socket()
+        try:
+            sock = socket.create_connection(self.target, timeout=3, source_address=(self.source, 0))
+        except TimeoutError:
+            raise AdbTimeout("connect to adb server timeout") from None
+        except OSError as exc:
+            raise AdbConnectionError(f"connect to adb server failed: {exc}") from exc
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.settimeout(None)
+        return sock
 
 
 class AdbServerClient(adbutils.AdbClient):
     """An adbutils client for one adb server that it never starts itself."""
 
     def __init__(
-        self, host: str = DEFAULT_ADB_HOST, port: int = DEFAULT_ADB_PORT, timeout: float = 10.0
+        self,
+        host: str = DEFAULT_ADB_HOST,
+        port: int = DEFAULT_ADB_PORT,
+        timeout: float = 10.0,
+        *,
+        source: str | None = None,
     ) -> None:
         super().__init__(host=host, port=port, socket_timeout=timeout)
         self._timeout = timeout
         self._version: int | None = None
+        self.source = source if source is not None else os.environ.get(SOURCE_ADDRESS_ENV) or None
 
     def make_connection(self, timeout: float | None = None) -> AdbConnection:
         try:
-            connection = _NoSpawnConnection(self.host, self.port)
+            connection = _NoSpawnConnection(self.host, self.port, self.source)
         except TimeoutError:
             raise AdbTimeout("connect to adb server timeout") from None
         connection.conn.settimeout(timeout or self._timeout)

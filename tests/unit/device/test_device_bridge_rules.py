@@ -19,8 +19,7 @@ from qpa.device.leases import expired_holder, held
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 SPEC = DevicePoolSpec.model_validate(
-    {"bridgeImage": "ghcr.io/qpa-ai/qpa-device-bridge:0.1.0",
-     "healthCheck": {"intervalSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 3,
+    {"healthCheck": {"intervalSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 3,
                      "quarantineSeconds": 600}}
 )  # fmt: skip
 HEALTHY = Health(attached=True, failures=0)
@@ -159,10 +158,10 @@ def test_the_daemonset_runs_the_real_bridge_command(tmp_path: Path) -> None:
         "default",
     )
     assert (settings.adb_port, settings.advertise) == (5037, "10.1.2.3:5037")
+    assert settings.gate == ("10.1.2.3", 5037)
 
 
-def test_adb_server_command_line() -> None:
+def test_adb_server_command_line_listens_on_loopback_only() -> None:
     assert AdbServerProcess(5037, adb="adb").command() == [
-        "adb", "-P", "5037", "server", "nodaemon",
+        "adb", "-L", "tcp:5037", "server", "nodaemon",
     ]  # fmt: skip
-    assert "-a" in AdbServerProcess(5037, listen_all=True, adb="adb").command()

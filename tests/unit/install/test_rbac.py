@@ -272,6 +272,13 @@ def _examples(name: str) -> Iterator[Any]:
         yield parse_resource(doc)
 
 
+def _phone_lease(pool: Any) -> list[dict[str, Any]]:
+    name = pool.metadata.name
+    return [{"metadata": {"name": devicepool.lease_name(name, "R5CT1"),
+                          "labels": {devicepool.POOL_LABEL: name},
+                          "annotations": {devicepool.SERIAL_ANNOTATION: "R5CT1"}}}]  # fmt: skip
+
+
 def built_children() -> list[tuple[str, dict[str, Any]]]:
     """(builder, child) for the examples whose builders build every child in one call."""
     built: list[tuple[str, dict[str, Any]]] = []
@@ -279,7 +286,9 @@ def built_children() -> list[tuple[str, dict[str, Any]]]:
                             (taskbatch, "taskbatch.yaml")):  # fmt: skip
         for resource in _examples(example):
             source = short(module.__name__, "children")
-            built += [(source, child) for child in module.children(resource, Defaults())]
+            # a DevicePool with a phone: its Roles name the phone's Lease (get/update)
+            extra = [_phone_lease(resource)] if module is devicepool else []
+            built += [(source, child) for child in module.children(resource, Defaults(), *extra)]
     return built
 
 

@@ -319,18 +319,13 @@ def test_rolloutpool_autoscales_between_min_and_max_and_wires_devices() -> None:
     assert rolloutpool.unmanaged_fields(sandbox) == ("spec.replicas",)
     phone_kinds = [c["kind"] for c in rolloutpool.children(phones, D)]
     assert phone_kinds == [
-        "NetworkPolicy", "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
+        "NetworkPolicy", "NetworkPolicy", "ServiceAccount", "RoleBinding", "ConfigMap",
         "Deployment", "Service",
     ]  # fmt: skip
     assert rolloutpool.unmanaged_fields(phones) == ()
-    (role,) = [c for c in rolloutpool.children(phones, D) if c["kind"] == "Role"]
-    assert role["rules"] == [
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-        }
-    ]
+    # the env servers' rights are the DevicePool's `<pool>-phones` Role (leases by name)
+    (binding,) = [c for c in rolloutpool.children(phones, D) if c["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == devicepool.phones_role_name("lab-phones")
 
 
 def test_training_pods_get_gpus_shared_memory_and_a_rendezvous() -> None:

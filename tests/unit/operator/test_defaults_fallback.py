@@ -42,7 +42,6 @@ def example(file: str) -> dict[str, Any]:
 
 def pool(**spec: Any) -> DevicePool:
     body = example("devicepool.yaml")
-    body["spec"].pop("bridgeImage")
     body["spec"].update(spec)
     resource = parse_resource(body)
     assert isinstance(resource, DevicePool)
@@ -74,13 +73,11 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 # --------------------------------------------------------------------------- DevicePool
 
 
-def test_a_devicepool_without_bridge_image_runs_the_operators() -> None:
+def test_a_devicepool_runs_the_operators_bridge_image_only() -> None:
     (bridge,) = containers(devicepool.daemonset(pool(), CHART))
     assert bridge["image"] == "registry.example/qpa-device-bridge:7"
-    own = pool(bridgeImage="lab.example/bridge:9")
-    (bridge,) = containers(devicepool.daemonset(own, CHART))
-    assert bridge["image"] == "lab.example/bridge:9"  # the resource's own wins
-    # the bridge still reads the pool's spec (its ConfigMap) without the field
+    with pytest.raises(ValueError, match=r"spec\.bridgeImage is no longer accepted"):
+        pool(bridgeImage="lab.example/bridge:9")  # a pool never picks the privileged image
     config = devicepool.config_map(pool(), CHART)["data"][WORK_ORDER_KEY]
     assert "bridgeImage" not in yaml.safe_load(config)["spec"]
 
@@ -91,8 +88,8 @@ def test_a_new_default_bridge_image_rolls_the_bridges() -> None:
     assert spec_hash_of(before) != spec_hash_of(after)
 
 
-def test_no_bridge_image_anywhere_names_the_field() -> None:
-    with pytest.raises(MissingSetting, match=r"DevicePool team-a/lab-phones: spec\.bridgeImage"):
+def test_no_bridge_image_names_the_operator_setting() -> None:
+    with pytest.raises(MissingSetting, match=r"DevicePool team-a/lab-phones: the operator has no"):
         devicepool.children(pool(), Defaults(bridge_image=""))
     with pytest.raises(MissingSetting, match="QPA_OPERATOR_BRIDGE_IMAGE"):
         devicepool.daemonset(pool(), Defaults(bridge_image=""))
@@ -185,8 +182,7 @@ def test_the_crds_leave_images_and_the_store_to_the_operator() -> None:
         return dict(schema["properties"]["spec"])
 
     pools = spec_schema("devicepools")
-    assert "bridgeImage" in pools["properties"]
-    assert "bridgeImage" not in pools.get("required", [])
+    assert "bridgeImage" not in pools["properties"]  # the admin's setting, never a pool's
     releases = spec_schema("harnessreleases")
     harness = releases["properties"]["harness"]
     assert "image" in harness["properties"] and "image" not in harness["required"]
