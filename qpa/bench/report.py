@@ -154,6 +154,8 @@ def render_markdown(report: Report, *, plots: Sequence[str] = ()) -> str:
         f"| output cost per 1K tasks ({report.currency}) "
         f"| {_num(report.output_cost_per_1k_tasks, 3)} |",
         f"| episodes ended by an error | {report.errors} |",
+        f"| collateral writes (records changed unasked) | {report.collateral_writes} "
+        f"in {report.episodes_with_collateral} episodes |",
         "",
         "## By capability",
         "",
@@ -177,6 +179,25 @@ def render_markdown(report: Report, *, plots: Sequence[str] = ()) -> str:
         *_group_rows({str(k): v for k, v in report.by_difficulty.items()}),
         "",
     ]
+    if report.collateral_writes:
+        lines += [
+            "## Collateral writes",
+            "",
+            "State changes the task's verifier does not expect; such an episode is a failure.",
+            "",
+            "| capability | records | episodes |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {name} | {group.collateral_writes} | {group.episodes_with_collateral} |"
+            for name, group in report.by_capability.items()
+            if group.collateral_writes
+        ]
+        lines += ["", "| app.collection | records |", "|---|---:|"]
+        lines += [
+            f"| {target} | {count} |" for target, count in report.collateral_by_target.items()
+        ]
+        lines.append("")
     if report.errors_by_side:
         lines += ["## Errors by side", "", "| side | episodes |", "|---|---:|"]
         lines += [f"| {side} | {count} |" for side, count in report.errors_by_side.items()]
@@ -509,6 +530,18 @@ def compare(
         notes.append(f"costs are in different currencies: {a.currency} vs {b.currency}")
     plain("cost_per_1k_tasks", a.cost_per_1k_tasks, b.cost_per_1k_tasks, higher_is_better=False)
     plain("errors", float(a.errors), float(b.errors), higher_is_better=False)
+    plain(
+        "collateral_writes",
+        float(a.collateral_writes),
+        float(b.collateral_writes),
+        higher_is_better=False,
+    )
+    plain(
+        "episodes_with_collateral",
+        float(a.episodes_with_collateral),
+        float(b.episodes_with_collateral),
+        higher_is_better=False,
+    )
     return ComparisonTable(
         a_label=a_label,
         b_label=b_label,

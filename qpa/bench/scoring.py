@@ -22,6 +22,11 @@ Definitions (all computed in `score`, the one place they are):
 - `errors`: episodes that ended with `trajectory.error` (a cut budget, a dead server, ...),
   also counted by the side the error names (`environment`, `harness`, ...).
 - `complete`: every expected task has its k samples (no episode missing).
+- Collateral writes (state changes the task's verifier does not expect, from
+  `Verification.collateral`; such an episode is never a success): `collateral_writes` counts
+  the changed records over all episodes, `episodes_with_collateral` the episodes with at least
+  one, `collateral_by_target` the records by `app.collection`; each group score and task
+  outcome has both counts too. Environments that cannot tell (LLM-judged, device) count 0.
 
 Only samples `0..k-1` count, and a (task, sample) pair counts once (the last one seen).
 """
@@ -142,6 +147,8 @@ class GroupScore(_Strict):
     tasks: int = Field(ge=0)
     episodes: int = Field(ge=0)
     output_tokens: float = Field(default=0.0, ge=0.0, description="mean per episode")
+    collateral_writes: int = Field(default=0, ge=0, description="records, all episodes")
+    episodes_with_collateral: int = Field(default=0, ge=0)
 
 
 class Interval(_Strict):
@@ -170,11 +177,18 @@ class TaskOutcome(_Strict):
     successes: int = Field(ge=0)
     progress: float = Field(ge=0.0, le=1.0, description="mean over samples")
     output_tokens: float = Field(default=0.0, ge=0.0, description="mean over samples")
+    collateral_writes: int = Field(default=0, ge=0, description="records, all samples")
+    episodes_with_collateral: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskOutcome:
         if self.successes > self.samples:
             raise ValueError(f"successes ({self.successes}) exceed samples ({self.samples})")
+        if self.episodes_with_collateral > self.samples:
+            raise ValueError(
+                f"episodes_with_collateral ({self.episodes_with_collateral}) exceed samples "
+                f"({self.samples})"
+            )
         return self
 
     @property
@@ -214,6 +228,11 @@ class Report(_Strict):
     ci: dict[str, Interval]
     errors: int = Field(ge=0)
     errors_by_side: dict[str, int] = Field(default_factory=dict)
+    collateral_writes: int = Field(
+        default=0, ge=0, description="records changed outside what the verifiers expect"
+    )
+    episodes_with_collateral: int = Field(default=0, ge=0)
+    collateral_by_target: dict[str, int] = Field(default_factory=dict)
     per_task: dict[str, TaskOutcome]
     created_at: datetime
 
@@ -229,6 +248,16 @@ class Report(_Strict):
             raise ValueError("complete is true but fewer tasks than expected were scored")
         if self.errors > self.episodes:
             raise ValueError(f"errors ({self.errors}) exceed episodes ({self.episodes})")
+        if self.episodes_with_collateral > self.episodes:
+            raise ValueError(
+                f"episodes_with_collateral ({self.episodes_with_collateral}) exceed episodes "
+                f"({self.episodes})"
+            )
+        if self.episodes_with_collateral > self.collateral_writes:
+            raise ValueError(
+                f"episodes_with_collateral ({self.episodes_with_collateral}) exceed "
+                f"collateral_writes ({self.collateral_writes})"
+            )
         for name, table in (("pass_at_k", self.pass_at_k), ("pass_hat_k", self.pass_hat_k)):
             for k, value in table.items():
                 if not 1 <= k <= self.samples:
@@ -262,6 +291,8 @@ class EpisodeRecord:
     prompt_tokens: int
     completion_tokens: int
     error: str | None
+    # `app.collection` of each collateral write (one per changed record).
+    collateral: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, trajectory: Trajectory) -> EpisodeRecord:
@@ -282,6 +313,9 @@ class EpisodeRecord:
             prompt_tokens=totals.prompt_tokens,
             completion_tokens=totals.completion_tokens,
             error=trajectory.error,
+            collateral=tuple(c.target for c in verification.collateral)
+            if verification is not None
+            else (),
         )
 
     @property
@@ -384,6 +418,8 @@ def _group_score(outcomes: list[TaskOutcome]) -> GroupScore:
         output_tokens=sum(o.output_tokens * o.samples for o in outcomes) / episodes
         if episodes
         else 0.0,
+        collateral_writes=sum(o.collateral_writes for o in outcomes),
+        episodes_with_collateral=sum(o.episodes_with_collateral for o in outcomes),
     )
 
 
@@ -441,6 +477,8 @@ def score(
             successes=sum(r.success for r in group),
             progress=min(1.0, max(0.0, _mean(r.progress for r in group))),
             output_tokens=_mean(r.completion_tokens for r in group),
+            collateral_writes=sum(len(r.collateral) for r in group),
+            episodes_with_collateral=sum(bool(r.collateral) for r in group),
         )
 
     wanted = expected if expected is not None else set(outcomes)
@@ -481,6 +519,7 @@ def score(
             pass_hat[j] = _mean(pass_hat_k(o.samples, o.successes, j) for o in eligible)
 
     errors = [r.error for r in records if r.error]
+    collateral = Counter(target for r in records for target in r.collateral)
     return Report(
         suite=first.suite,
         split=first.split,
@@ -510,6 +549,9 @@ def score(
         ci=ci,
         errors=len(errors),
         errors_by_side=dict(sorted(Counter(error_side(e) for e in errors).items())),
+        collateral_writes=sum(collateral.values()),
+        episodes_with_collateral=sum(bool(r.collateral) for r in records),
+        collateral_by_target=dict(sorted(collateral.items())),
         per_task=outcomes,
         created_at=datetime.now(UTC),
     )
