@@ -1836,6 +1836,12 @@ class KubeAPI(kmock.KubernetesEmulator):
         params: Mapping[str, str],
     ) -> dict[str, str]:
         """Prune, default and validate `obj` in place; returns warning headers; raises 400/422."""
+        if rtype.kind == "Secret" and obj.get("stringData"):
+            # as a real API server: stringData is write-only, merged into data (base64)
+            data = dict(obj.get("data") or {})
+            for key, value in obj.pop("stringData").items():
+                data[key] = base64.b64encode(str(value).encode()).decode()
+            obj["data"] = data
         headers: dict[str, str] = {}
         errors: list[FieldError] = []
         meta = obj.get("metadata", {})
