@@ -17,8 +17,9 @@ policy `<server>-ingress`, each selecting exactly its pods. Egress is denied but
     port `http`), else the pods of that namespace on the URL's port only;
   - any other host name: only the CIDRs of `networkPolicy.egress.external` entries that cover
     the host and port. None covering it: the endpoint is **not opened** and is listed in the
-    policy's `qpa.ai/egress-blocked` annotation, which the handlers turn into an
-    `EgressAllowed=False` condition and a Warning naming the endpoint and the setting;
+    policy's `qpa.ai/egress-blocked` annotation (empty when nothing is blocked), which the
+    handlers turn into an `EgressAllowed=False` condition and a Warning naming the endpoint
+    and the setting;
     `svc.ns` hosts are tried as both;
 - pods of other qpa objects they talk to, by those pods' labels and ports;
 - for pods that hold Leases: the API server (`networkPolicy.egress.apiServer`, by default the
@@ -237,7 +238,8 @@ def egress_policy(
             egress += [rule for rule in found if rule not in egress]
             closed += [m for m in missing if m not in closed]
     egress += [rule for rule in rules if rule not in egress]
-    annotations = {BLOCKED_ANNOTATION: "\n".join(closed)} if closed else None
+    # always written (empty when nothing is blocked): a merge patch never removes a key
+    annotations = {BLOCKED_ANNOTATION: "\n".join(closed)}
     selector = dict(pod_selector) if pod_selector else selector_labels(owner, component)
     manifest = {
         "apiVersion": "networking.k8s.io/v1",
