@@ -281,7 +281,8 @@ class Verification(_Model):
     did not ask for). An environment that cannot tell leaves it empty (LLM-judged apps, devices,
     trajectories written before the field existed). A verification with collateral writes is
     never a success: the model refuses `success=True` with a non-empty `collateral`, so every
-    reader (scoring, diagnosis, curation, rewards) sees the episode as failed.
+    reader (scoring, diagnosis, curation, rewards) sees the episode as failed; the sandbox also
+    gives it progress 0, so partial-credit rewards do not pay for the damage.
     """
 
     done: bool

@@ -77,9 +77,14 @@ Model side (everything it needed was there; it acted wrongly):
     tool in the plan step's place (`wrong_tool`); unparsable output (`malformed_output`);
     nothing or a message to the user (`gave_up`).
 13. The plan was followed to the end: the verifier's `answer` check failed (`wrong_answer`, or
-    `ignored_memory` when the expected answer is a remembered value); a state-changing call
-    outside the plan succeeded (`extra_action`); a budget cut a wandering model (`looping`);
-    otherwise `failed_checks`, naming the failed checks.
+    `ignored_memory` when the expected answer is a remembered value); the verification lists
+    collateral writes (`Verification.collateral`: state changes the task's verifier does not
+    expect, such as an event deleted or a message sent that nobody asked for):
+    `collateral_write`, at the last successful call of the tool that made the first one; a
+    state-changing call outside the plan succeeded (`extra_action`); a budget cut a wandering
+    model (`looping`); otherwise `failed_checks`, naming the failed checks. (A wrong write at the
+    divergence is also collateral in the environment's terms, but rule 12 names it more
+    precisely: `wrong_arguments`, `wrong_tool`.)
 
 **Which Skills a task needs** (`skills_needed`): only tasks with the `skills` capability need
 Skills. Among the Skills of the task's apps, each is scored by the plan's state-changing tools
@@ -145,6 +150,7 @@ CAUSES: dict[str, Side] = {
     "budget_cut": "harness",
     # model
     "model_error": "model",
+    "collateral_write": "model",
     "ignored_feedback": "model",
     "gave_up": "model",
     "skipped_step": "model",
@@ -714,6 +720,32 @@ def _rule_model_error(ctx: _Context) -> Diagnosis | None:
     return _verdict(ctx, "model_error", f"the planner's model raised: {error}", ctx.where())
 
 
+def _rule_collateral_write(ctx: _Context) -> Diagnosis | None:
+    verification = ctx.trajectory.verification
+    if verification is None or not verification.collateral:
+        return None
+    first = verification.collateral[0]
+    step = next(
+        (
+            i
+            for i in range(len(ctx.steps) - 1, -1, -1)
+            if _tool(ctx.steps[i]) == first.tool and not _failed(ctx.steps[i])
+        ),
+        None,
+    )
+    record = f"[{first.record_id}]" if first.record_id is not None else ""
+    more = len(verification.collateral) - 1
+    return _verdict(
+        ctx,
+        "collateral_write",
+        f"unrequested write: {first.change} {first.target}{record}"
+        + (f" by {first.tool}" if first.tool else "")
+        + (f" ({_clip(first.detail)})" if first.detail else "")
+        + (f", and {more} more" if more > 0 else ""),
+        step,
+    )
+
+
 def _rule_harness_error(ctx: _Context) -> Diagnosis | None:
     error = ctx.trajectory.error or ""
     if not error.startswith("harness:") or _BUDGET.match(error):
@@ -1253,6 +1285,9 @@ def _rule_outcome(ctx: _Context) -> Diagnosis:
             finish,
             plan_finish.index if plan_finish else None,
         )
+    collateral = _rule_collateral_write(ctx)
+    if collateral is not None:
+        return collateral
     matched = set(ctx.matched.values())
     extra = next(
         (

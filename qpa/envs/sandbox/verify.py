@@ -107,8 +107,9 @@ def verify_state(
     finished: bool,
     collateral: list[CollateralWrite] | None = None,
 ) -> Verification:
-    """Run the checks; `collateral` (the writes the checks do not explain) fails the task and
-    adds a failed `collateral` check naming them, so progress counts it too."""
+    """Run the checks; `collateral` (the writes the checks do not explain) fails the task: a
+    failed `no_collateral_writes` check names them, and progress is 0 (no partial credit, in
+    scores or rewards, for an episode that did what nobody asked)."""
     results = [run_check(state, check) for check in spec.checks]
     if spec.answer is not None:
         ok = answer_matches(answer, spec.answer, spec.answer_match)
@@ -123,7 +124,7 @@ def verify_state(
             CheckResult(name=COLLATERAL_CHECK, passed=False, detail=describe_collateral(collateral))
         )
     passed = sum(r.passed for r in results)
-    progress = passed / len(results) if results else 0.0
+    progress = passed / len(results) if results and not collateral else 0.0
     success = finished and bool(results) and passed == len(results)
     return Verification(
         done=finished, success=success, progress=progress, checks=results, collateral=collateral

@@ -29,6 +29,7 @@ from qpa.contract import (
     Trajectory,
     Verification,
 )
+from qpa.diagnose import diagnose
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.collateral import ORDER, Expectation, changes
 from qpa.envs.sandbox.suite import generate_suite
@@ -292,6 +293,7 @@ def _assert_caught(
         for app, coll, rid, change in injection.expect
     }
     assert not trajectory.success, task.id
+    assert verification.progress == 0.0, task.id
     ours = [c for c in verification.collateral if c.tool == injection.call.tool]
     got = {(c.app, c.collection, c.record_id, c.change) for c in ours}
     assert all(injection.detail in c.detail for c in ours), task.id
@@ -378,6 +380,22 @@ def test_replay_reproduces_a_verification_with_collateral() -> None:
             fresh.step(step.action)
     assert fresh.verify() == trajectory.verification
     assert trajectory.verification.collateral
+
+
+def test_diagnosis_names_the_unrequested_write_as_the_models() -> None:
+    for index, task in enumerate(SAMPLE[:40]):
+        trajectory, planner = _run_injected(task, index, "after")
+        if planner.injection is None:
+            continue
+        found = diagnose(trajectory)
+        assert found is not None, task.id
+        assert (found.side, found.cause) == ("model", "collateral_write"), (task.id, found)
+        assert found.step is not None
+        step = trajectory.steps[found.step]
+        assert step.annotations.get("injected") and step.action == planner.injection.call
+        assert planner.injection.call.tool in found.reason
+    clean = run_episode(SandboxEnv(), SAMPLE[0], make_planner("oracle"))
+    assert diagnose(clean) is None
 
 
 def test_read_tools_and_messages_to_the_user_are_never_collateral() -> None:
