@@ -148,6 +148,21 @@ def predictor_rule(isvc: str, defaults: Defaults, namespace: str | None = None) 
     return pods_rule(predictor_pods(isvc), defaults.network.kserve_ports, namespace)
 
 
+#: Where an `hf://` model comes from (opened only through `networkPolicy.egress.external`).
+HUGGING_FACE: Final = "https://huggingface.co"
+
+
+def model_source(uri: str | None) -> str | None:
+    """The endpoint a pod downloads a model URI from: `hf://` is Hugging Face, http(s) itself;
+    None for the object store (its own rule) and volumes (`pvc://`)."""
+    if not uri or "://" not in uri:
+        return None
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme in ("http", "https"):
+        return uri
+    return HUGGING_FACE if scheme == "hf" else None
+
+
 def api_server_rules(defaults: Defaults) -> tuple[list[JsonDict], list[str]]:
     """(rules to the API server, blocked) from `networkPolicy.egress.apiServer`."""
     entries = defaults.network.egress.api_server

@@ -177,7 +177,8 @@ def job(tb: TaskBatch, defaults: Defaults) -> JsonDict:
 
 
 def egress_policy(tb: TaskBatch, defaults: Defaults) -> JsonDict:
-    """Collectors reach DNS, the model, the object store and their RolloutPool's servers only."""
+    """Collectors reach DNS, the model (its endpoint, or where a local planner's weights come
+    from), the object store and their RolloutPool's servers only."""
     spec = tb.spec
     store = spec.store or defaults.store
     rules = []
@@ -187,7 +188,11 @@ def egress_policy(tb: TaskBatch, defaults: Defaults) -> JsonDict:
         tb,
         COMPONENT,
         defaults,
-        endpoints=[spec.policy.model_url, store.endpoint if store else None],
+        endpoints=[
+            spec.policy.model_url,
+            netpol.model_source(spec.policy.model_uri),
+            store.endpoint if store else None,
+        ],
         rules=rules,
     )
 

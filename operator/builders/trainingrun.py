@@ -345,20 +345,6 @@ def service(tr: TrainingRun, defaults: Defaults) -> JsonDict:
     return with_spec_hash(manifest)
 
 
-#: Where an `hf://` model comes from (opened only through `networkPolicy.egress.external`).
-HUGGING_FACE: Final = "https://huggingface.co"
-
-
-def _model_endpoint(uri: str) -> str | None:
-    """The host a rank downloads its base model from (None: the store or a local path)."""
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if scheme in ("http", "https"):
-        return uri
-    if scheme == "hf":
-        return HUGGING_FACE
-    return None
-
-
 def egress_policy(tr: TrainingRun, defaults: Defaults) -> JsonDict:
     """Ranks reach DNS, the store, the base model's host, their RolloutPool (RL) and each
     other (every port: NCCL opens ephemeral ones)."""
@@ -372,7 +358,7 @@ def egress_policy(tr: TrainingRun, defaults: Defaults) -> JsonDict:
         tr,
         COMPONENT,
         defaults,
-        endpoints=[store.endpoint if store else None, _model_endpoint(spec.base_model_uri)],
+        endpoints=[store.endpoint if store else None, netpol.model_source(spec.base_model_uri)],
         rules=rules,
     )
 

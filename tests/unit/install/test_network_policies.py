@@ -711,3 +711,19 @@ def test_the_chart_refuses_an_allowlist_of_everything(helm_run: HelmRun) -> None
             f"--set-json=networkPolicy.egress.external={value}",
         )
         assert result.returncode != 0 and "networkPolicy/egress/external/0/cidr" in result.stderr
+
+
+def test_a_local_planner_from_hugging_face_goes_out_through_the_allowlist() -> None:
+    spec = copy.deepcopy(TASKBATCH)
+    spec["policy"] = {**POLICY, "planner": "local", "modelUri": "hf://org/planner"}
+    del spec["policy"]["modelUrl"]
+    tb = resource("TaskBatch", "local-planner", spec)
+    hf = _ip("198.51.100.0/24", 443)[0]
+    assert hf in _egress_of(taskbatch.egress_policy(tb, D))
+    assert netpol.model_source("pvc://models/planner") is None
+    assert netpol.model_source("s3://qpa/models/x/") is None
+    assert netpol.model_source("https://models.example/x") == "https://models.example/x"
+
+
+def _egress_of(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(policy["spec"]["egress"])
