@@ -963,7 +963,7 @@ _TIMEOUT_BODY = error_body(
 )
 
 
-def _timed_protocol(read_timeout_s: float) -> type[Any]:
+def timed_protocol(read_timeout_s: float) -> type[Any]:
     """uvicorn's httptools protocol with a read deadline on every request (see module doc)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -1034,7 +1034,7 @@ def uvicorn_config(
         access_log=False,
         server_header=False,
         timeout_keep_alive=75,
-        http=_timed_protocol(read_timeout_s),
+        http=timed_protocol(read_timeout_s),
     )
 
 

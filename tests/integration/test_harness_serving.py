@@ -145,6 +145,14 @@ def test_harness_served_as_a_kserve_predictor(harness_server: tuple[str, FakeOpe
     assert [a["type"] for a in body["actions"]] == ["tool_call", "finish"]
     assert body["usage"]["completion_tokens"] > 0
     assert body["harness_version"] == "harness-v1"
+    # no authentication configured: anonymous callers, memory thrown away after the episode
+    assert body["user_id"] == "u-42" and body["memory"] == "ephemeral"
+    ssrf = httpx.post(
+        f"{url}/v1/models/harness:predict",
+        json={"user_id": "u-42", "task_id": TASK.id, "env_url": "http://127.0.0.1:1/"},
+        timeout=10,
+    )
+    assert ssrf.status_code == 400 and ssrf.json()["field"] == "env_url"
     bad = httpx.post(f"{url}/v1/models/harness:predict", json={"query": "hi"}, timeout=10)
     assert bad.status_code == 400 and "user_id" in bad.text
     unknown = httpx.post(
