@@ -74,6 +74,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(
     expected = {
         "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
         "Deployment", "Service", "ClusterKopfPeering",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     }  # fmt: skip
     if values:
         expected |= {"PersistentVolumeClaim", "ServiceMonitor"}
