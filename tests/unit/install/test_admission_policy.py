@@ -254,3 +254,17 @@ def test_what_only_looks_like_the_bridge_is_refused(docs: list[dict[str, Any]]) 
     edited = copy.deepcopy(daemonset)
     edited["spec"]["template"]["metadata"]["labels"]["x"] = "y"
     assert not admit(policy, edited, USER, old=daemonset)
+
+
+def test_the_charts_device_labels_reach_the_operator_and_never_empty(
+    render: Render, helm_run: Any, tmp_path: Path
+) -> None:
+    docs = render({"devices.nodeSelector": {"lab.example/phones": "usb"}})
+    defaults = Defaults.from_env(env_of(operator_container(docs)))
+    assert defaults.device_node_selector == (  # helm merges maps: the default label stays
+        ("lab.example/phones", "usb"), ("qpa.ai/device-node", "true"),
+    )  # fmt: skip
+    emptied = tmp_path / "values.yaml"
+    emptied.write_text("devices:\n  nodeSelector:\n    qpa.ai/device-node: null\n")
+    refused = helm_run("template", RELEASE, "charts/qpa", "--namespace", NAMESPACE, "-f", emptied)
+    assert refused.returncode != 0 and "nodeSelector" in refused.stderr, refused.stderr
