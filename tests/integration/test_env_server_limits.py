@@ -284,6 +284,7 @@ MALFORMED: list[tuple[str, str, str, bytes | None, int, str | None]] = [
     ("invalid UTF-8", "POST", "/step", b'{"session_id": "\xff\xfe"}', 400, None),
     ("NaN literal", "POST", "/step", b'{"session_id": NaN}', 422, "session_id"),
     ("binary junk", "POST", "/verify", b"\x00\x01\x02\x03", 400, None),
+    ("lone surrogate", "POST", "/verify", b'{"session_id": "\\ud800"}', 400, None),
     ("null body", "POST", "/reset", b"null", 422, None),
     ("array body", "POST", "/reset", b"[]", 422, None),
     ("string body", "POST", "/step", b'"step"', 422, None),

@@ -221,6 +221,7 @@ ABUSE: list[tuple[str, str, bytes | None, dict[str, Any], int, str | None]] = [
     ("truncated JSON", PREDICT, b'{"query": ', ALICE, 400, "body"),
     ("invalid UTF-8", PREDICT, b'{"query": "\xff\xfe"}', ALICE, 400, "body"),
     ("binary junk", PREDICT, b"\x00\x01\x02", ALICE, 400, "body"),
+    ("lone surrogate", PREDICT, b'{"query": "\\ud800"}', ALICE, 400, "body"),
     ("deep nesting", PREDICT, b'{"task": ' + b"[" * 5000 + b"]" * 5000 + b"}", ALICE, 400, "body"),
     ("null body", PREDICT, b"null", ALICE, 400, "body"),
     ("array body", PREDICT, b"[]", ALICE, 400, "body"),
