@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel
 from qpa_operator.builders.common import Defaults, owner_namespace
 
 from qpa.api import HarnessRelease
+from qpa.api.v1alpha1 import CustomResource
 
 #: Schemes of qpa's store (`file://` and plain paths too: a pod or the operator would read
 #: them); other schemes (e.g. `hf://`, `pvc://`) are not in the store and not checked here.
@@ -52,31 +54,54 @@ def uri_refusal(field: str, uri: str | None, namespace: str, defaults: Defaults)
     return None
 
 
-def harnessrelease_uris(hr: HarnessRelease) -> Iterator[tuple[str, str | None]]:
-    """(field path, URI) of every store URI a HarnessRelease makes the operator or a pod use."""
-    yield "spec.reportUri", hr.spec.report_uri
-    yield "spec.model.uri", hr.spec.model.uri
-    status = hr.status
-    if status is not None:
-        for name, version in (("stable", status.stable), ("previous", status.previous)):
+def spec_uris(model: BaseModel, path: str = "spec") -> Iterator[tuple[str, str]]:
+    """(field path, value) of every URI field (`uri`, `*Uri`) anywhere under a spec model."""
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        field = f"{path}.{info.alias or name}"
+        if isinstance(value, str) and (name == "uri" or name.endswith("_uri")):
+            yield field, value
+        elif isinstance(value, BaseModel):
+            yield from spec_uris(value, field)
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from spec_uris(item, f"{field}[{index}]")
+
+
+def store_uris(resource: CustomResource) -> Iterator[tuple[str, str | None]]:
+    """(field path, URI) of every store URI a resource makes the operator or its pods use: its
+    spec's, and for a HarnessRelease the stable and previous versions' it deploys again."""
+    spec = getattr(resource, "spec", None)
+    if isinstance(spec, BaseModel):
+        yield from spec_uris(spec)
+    if isinstance(resource, HarnessRelease) and resource.status is not None:
+        for name, version in (("stable", resource.status.stable),
+                              ("previous", resource.status.previous)):  # fmt: skip
             if version is not None:
                 yield f"status.{name}.reportUri", version.report_uri
                 yield f"status.{name}.modelUri", version.model_uri
 
 
-def harnessrelease_refusal(hr: HarnessRelease, defaults: Defaults) -> str | None:
-    """The first reason the release names a URI outside its namespace's prefix, or None."""
-    namespace = owner_namespace(hr)
-    for field, uri in harnessrelease_uris(hr):
+def refusal(resource: CustomResource, defaults: Defaults) -> str | None:
+    """The first reason the resource names a URI outside its namespace's prefix, or None."""
+    namespace = owner_namespace(resource)
+    for field, uri in store_uris(resource):
         problem = uri_refusal(field, uri, namespace, defaults)
         if problem is not None:
             return problem
     return None
 
 
-def check_harnessrelease(hr: HarnessRelease, defaults: Defaults) -> None:
-    """Raise `OutsideStorePrefix` when the release names a URI outside its prefix."""
-    problem = harnessrelease_refusal(hr, defaults)
+def check(resource: CustomResource, defaults: Defaults) -> None:
+    """Raise `OutsideStorePrefix` when the resource names a URI outside its prefix: builders
+    call it before building any pod of the resource."""
+    problem = refusal(resource, defaults)
     if problem is not None:
-        where = f"{owner_namespace(hr)}/{hr.metadata.name}"
-        raise OutsideStorePrefix(f"HarnessRelease {where}: {problem}")
+        where = f"{owner_namespace(resource)}/{resource.metadata.name}"
+        raise OutsideStorePrefix(f"{resource.kind} {where}: {problem}")
+
+
+#: The HarnessRelease's names for the same checks (the release state machine's vocabulary).
+harnessrelease_refusal = refusal
+check_harnessrelease = check

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from qpa_operator.builders import netpol
+from qpa_operator.builders import netpol, storeaccess
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
@@ -207,7 +207,8 @@ def pod_labels(tb: TaskBatch, defaults: Defaults) -> dict[str, str]:
 
 def children(tb: TaskBatch, defaults: Defaults) -> list[JsonDict]:
     """Every child of a TaskBatch, in creation order (the egress policy and the ConfigMap the
-    pods need come before the Job)."""
+    pods need come before the Job). None for a URI outside the namespace's store prefix."""
+    storeaccess.check(tb, defaults)
     return [egress_policy(tb, defaults), config_map(tb, defaults), job(tb, defaults)]
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from qpa_operator.builders import netpol
+from qpa_operator.builders import netpol, storeaccess
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
@@ -404,7 +404,9 @@ def children(
     plan: DataPlan,
     data_ready: bool,
 ) -> list[JsonDict]:
-    """The run's children for `attempt`; the ranks' Job only once the data is ready."""
+    """The run's children for `attempt`; the ranks' Job only once the data is ready; none
+    for a URI outside the namespace's store prefix (`storeaccess.check` raises)."""
+    storeaccess.check(tr, defaults)
     result = [
         *network_policies(tr, defaults),
         config_map(tr, plan, defaults, attempt),
