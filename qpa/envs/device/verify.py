@@ -13,7 +13,8 @@ A check's `target` names a query; `#field` after it picks a value for `op: equal
 `__contains`, `__icontains`, `__in`, `__ne`, `__gte`, `__lte`); `equals` compares the first
 row's field (`content://...#body`, `foreground#package`, `prop/x#value`) with `expect`. Provider
 values are strings, as `content query` prints them. A query the phone cannot answer fails its
-check with the reason; nothing raises.
+check with the reason; nothing raises. `Verification.collateral` stays empty: the phone is asked
+only what the checks name, so a write anywhere else cannot be seen.
 """
 
 from __future__ import annotations

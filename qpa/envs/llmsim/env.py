@@ -19,6 +19,8 @@ and validated: it is data, never instructions to the environment.
 Verification asks the model (or a separate judge client) to judge each rubric item of the
 task's verifier against the episode's record; the result has `fidelity="llm_judged"`. An
 unusable verdict fails the items it does not cover, with the reason; nothing raises.
+`Verification.collateral` stays empty: the simulated apps keep no state to compare, so writes
+the task did not ask for cannot be told apart (a rubric item may still judge them).
 """
 
 from __future__ import annotations
