@@ -9,16 +9,20 @@ phone's Lease and the DevicePool's status appear. Then `examples/rolloutpool.yam
 pool: its `qpa env serve` pod leases the phone for one episode driven through the pool's
 Service (`qpa.envs.remote`) and gives it back when the session closes.
 
+Who reaches adb: the bridge's adb gate (its own proxy, `qpa.device.proxy`) listens on the
+bridge pod's IP and forwards to the node's adb server only connections from running pods
+labelled `qpa.ai/devicepool-client=<pool>` (the device RolloutPool's env server, which dials
+from its pod IP); a stranger's connection is closed before adb sees a byte. And a DevicePool
+that still names `spec.bridgeImage` is refused by `kubectl apply` (strict field validation).
+
 Simplifications, all about the one privileged pod on one shared machine:
 
 - the bridge's hostPath `/dev/bus/usb` is an empty temporary folder (`host_paths`): the phone
   is a network phone the node's adb server has `adb connect`ed, as a USB one would be listed;
-- the node's adb server listens on 127.0.0.1 only. The bridge starts one with `adb -a` (all
-  interfaces, so other pods reach it) only when nothing answers on `adbPort`; this workplace
-  forbids listening beyond loopback, so the test starts the adb server first
-  (`adb -L tcp:PORT server nodaemon`, loopback) and the bridge uses it. The env server dials the
-  address the Lease advertises (the bridge pod's IP, 127.1.x.y here), which `adb -a` would
-  answer on: a loopback relay from that address to the adb server stands in for it.
+- the node's adb server is started by the test (`adb -L tcp:PORT server nodaemon`, loopback,
+  as the bridge would start it): the bridge finds it answering on 127.0.0.1 and starts none.
+  Pods share the host's network here, each with its own loopback address as pod IP, so the
+  gate's peer check sees each pod's own address.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,24 +65,16 @@ def device_kubelet(kube_api: KubeAPIServer, tmp_path: Path) -> Iterator[TestKube
     assert not node.errors, node.errors
 
 
-@contextlib.asynccontextmanager
-async def relay(listen: tuple[str, int], target: tuple[str, int]) -> AsyncIterator[None]:
-    """TCP from `listen` to `target` (what `adb -a` would answer on the pod's address)."""
+STRANGER = "127.0.0.3"
 
-    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        dst.close()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*target)
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    server = await asyncio.start_server(handle, *listen)
-    async with server:
-        yield
+def adb_version(gate: tuple[str, int]) -> bytes:
+    """`host:version` to the adb gate from a pod that is not the pool's env server."""
+    with socket.create_connection(gate, timeout=5, source_address=(STRANGER, 0)) as sock:
+        sock.sendall(b"000chost:version")
+        with contextlib.suppress(ConnectionResetError):
+            return sock.recv(64)
+    return b""
 
 
 def free_port() -> int:
@@ -114,6 +110,12 @@ async def test_bridge_pod_publishes_the_phone_and_a_device_pool_leases_it(
     manifest = tmp_path / "devicepool.yaml"
     manifest.write_text(yaml.safe_dump(pool))
     with operator():
+        legacy = tmp_path / "legacy.yaml"
+        legacy.write_text(
+            yaml.safe_dump({**pool, "spec": {**pool["spec"], "bridgeImage": "evil.example/x:1"}})
+        )
+        refused = kubectl("apply", "-f", legacy, check=False)  # a pool names no image
+        assert refused.returncode != 0 and 'unknown field "spec.bridgeImage"' in refused.stderr
         kubectl("apply", "-f", manifest)
         found = await kubelet.eventually(lambda: phones(kube_api, name), timeout=60)
         assert [(p["serial"], p["node"], p["state"]) for p in found] == [
@@ -122,14 +124,28 @@ async def test_bridge_pod_publishes_the_phone_and_a_device_pool_leases_it(
         lease_name = names.lease_name(name, adbd.address)
         lease = kube_api.get("leases", NS, lease_name)
         assert lease is not None
+
+        def named_leases(role: str) -> list[str]:
+            rules = (kube_api.get("roles", NS, role) or {}).get("rules") or []
+            return [
+                n for r in rules for n in r.get("resourceNames") or [] if "leases" in r["resources"]
+            ]
+
+        # the operator grants get/update on the new phone's Lease by name, to bridge and env servers
+        for role in (f"{name}-bridge", f"{name}-phones"):
+            assert await kubelet.eventually(lambda r=role: named_leases(r), timeout=30) == [
+                lease_name
+            ]
         (bridge,) = [
             p for p in kube_api.list_objects("pods", NS) if p["spec"].get("nodeName") == NODE
         ]
         bridge_ip = bridge["status"]["podIP"]
-        # the bridge found the node's adb server (loopback only) and started none with -a
+        # the bridge found the node's adb server (loopback only) and started none
         assert "starting the adb server" not in kubelet.logs(bridge["metadata"]["name"], NS)
         advertised = lease["metadata"]["annotations"][names.ADB_SERVER_ANNOTATION]
         assert advertised == f"{bridge_ip}:{adb_server.port}"
+        # before any env server exists, the gate admits nobody (this test is a stranger)
+        assert await asyncio.to_thread(adb_version, (bridge_ip, adb_server.port)) == b""
 
         manifest.write_text(yaml.safe_dump(phone_pool))
         kubectl("apply", "-f", manifest)
@@ -151,8 +167,10 @@ async def test_bridge_pod_publishes_the_phone_and_a_device_pool_leases_it(
                 holders.append(str(held["spec"].get("holderIdentity") or ""))
                 return run_episode(remote, task, OraclePlanner()).success
 
-        async with relay((bridge_ip, adb_server.port), ("127.0.0.1", adb_server.port)):
-            assert await asyncio.to_thread(episode)
+        assert await asyncio.to_thread(episode)  # the env pod went through the bridge's gate
+        # a stranger still gets nothing, while the env pod is admitted
+        assert await asyncio.to_thread(adb_version, (bridge_ip, adb_server.port)) == b""
+        assert "refused adb from 127.0.0.3" in kubelet.logs(bridge["metadata"]["name"], NS)
         assert holders and holders[0].startswith(f"{pool_name}-env-"), holders
         freed = kube_api.get("leases", NS, lease_name) or {}
         assert not freed["spec"].get("holderIdentity"), freed
