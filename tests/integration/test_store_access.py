@@ -53,7 +53,7 @@ def release_in(namespace: str, report_uri: str, endpoint: str) -> Any:
     body["metadata"] = {"name": "planner", "namespace": namespace, "uid": "uid-1", "generation": 1}
     spec = body["spec"]
     spec["reportUri"] = report_uri
-    spec["model"]["uri"] = report_uri.rstrip("/") + "/model/"
+    spec["model"]["uri"] = f"s3://{report_uri.split('/')[2]}/{namespace}/models/a/"
     spec["store"] = {"endpoint": endpoint, "secretRef": {"name": "qpa-store"}}
     spec["gate"] = {"minOverall": 0.5, "minSamples": 1, "minTasks": 10}
     return parse_resource(body)
