@@ -23,7 +23,8 @@ Every bad request gets a 4xx JSON answer `{"error": message, "kind": kind, "fiel
 credentials, 403 another user's id, 404 an unknown route or model, 413 a body over the limit
 (`max_body_bytes`); requests must arrive within `read_timeout_seconds` (else 408 and the
 connection is closed). The predict route is answered in front of KServe's stack, so no input can
-reach a code path that answers 500; other inference routes (`:explain`, v2 `infer`) answer 404.
+reach a code path that answers 500; every other non-GET route (`:explain`, v2 `infer`, the model
+repository's `load`/`unload`) answers 404.
 """
 
 from __future__ import annotations
@@ -402,8 +403,10 @@ async def _send(
 
 
 class HarnessFront:
-    """ASGI front of KServe's app: answers the predict route itself, refuses the other
-    inference routes, and passes everything else (health, readiness, metrics) through."""
+    """ASGI front of KServe's app: answers the predict route itself, refuses every other
+    request that is not a GET (explain, v2 infer, the model repository's load and unload, which
+    would let any caller unload the model), and passes GETs (health, readiness, metrics)
+    through."""
 
     def __init__(self, app: ASGIApp, model: HarnessModel) -> None:
         self.app = app
@@ -416,9 +419,8 @@ class HarnessFront:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        inference = path.startswith(("/v1/models/", "/v2/models/")) and scope["method"] != "GET"
-        if path != self.predict_path and not inference:
-            await self.app(scope, receive, send)
+        if path != self.predict_path and scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)  # health, readiness, metadata, metrics
             return
         try:
             if path != self.predict_path:
@@ -426,7 +428,7 @@ class HarnessFront:
                     404,
                     "not_found",
                     f"{scope['method']} {path}: this predictor answers only "
-                    f"POST {self.predict_path}",
+                    f"POST {self.predict_path} (and GET health, readiness and metrics)",
                 )
             if scope["method"] != "POST":
                 raise RequestRefused(405, "method_not_allowed", f"use POST {self.predict_path}")

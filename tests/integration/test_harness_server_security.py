@@ -281,6 +281,8 @@ ABUSE: list[tuple[str, str, bytes | None, dict[str, Any], int, str | None]] = [
     ("explain route", "/v1/models/harness:explain", _b(GOOD), ALICE, 404, None),
     ("v2 infer route", "/v2/models/harness/infer", _b(GOOD), ALICE, 404, None),
     ("another model", "/v1/models/other:predict", _b(GOOD), ALICE, 404, None),
+    ("repository unload", "/v2/repository/models/harness/unload", b"", {}, 404, None),
+    ("repository index", "/v2/repository/index", b"{}", {}, 404, None),
 ]
 
 
