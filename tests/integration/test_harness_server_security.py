@@ -4,7 +4,7 @@ memory store on disk the test reads.
 
 What is checked: a request cannot choose the environment (`env_url` is refused and episodes run
 in the configured server), memory writes land only in the authenticated caller's memory, and
-48 malformed or abusive requests each get a 4xx JSON answer naming the field, never a 5xx, with
+53 malformed or abusive requests each get a 4xx JSON answer naming the field, never a 5xx, with
 the server still serving a good request afterwards.
 """
 
