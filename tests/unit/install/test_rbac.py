@@ -40,7 +40,7 @@ from typing import Any
 import kopf
 import pytest
 import yaml
-from helpers.chart import NAMESPACE, ROOT, Render, find
+from helpers.chart import CHART, NAMESPACE, RELEASE, ROOT, Render, find, set_args
 from qpa_operator import main as operator_main  # registers every handler
 from qpa_operator.builders import Defaults, devicepool, rolloutpool, taskbatch
 from qpa_operator.builders.common import owner_references
@@ -506,3 +506,14 @@ def test_the_derivation_sees_what_it_must() -> None:
     assert needed["", "secrets", "get"] == {"storecreds:namespace_store_config"}
     assert ("qpa.ai", "harnessreleases/finalizers", "update") in needed  # blockOwnerDeletion
     assert any(re.match(r"^handlers\.\w+:\w+$", s) for s in needed["", "pods", "list"])
+
+
+def test_values_schema_refuses_bad_namespaces_and_prefixes(helm_run: Any) -> None:
+    for values, field in (
+        ({"operator.watchNamespaces": ["Team_A"]}, "watchNamespaces"),
+        ({"operator.watchNamespaces": ["a", "a"]}, "watchNamespaces"),
+        ({"objectStore.namespacePrefix": "s3://key:secret@qpa/{namespace}/"}, "namespacePrefix"),
+        ({"objectStore.namespacePrefixes": {"team-a": "s3://qpa/team-a"}}, "namespacePrefixes"),
+    ):
+        result = helm_run("template", RELEASE, str(CHART), *set_args(values))
+        assert result.returncode != 0 and field in result.stderr, (values, result.stderr)
