@@ -324,9 +324,10 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         device = await served_config(kube_api, "phones")
         assert (device.kind, device.device_pool) == ("device", "lab-phones")
         assert device.adb == "lab-phones-bridge.default.svc.cluster.local:5037"
-        role = await exists(kube_api, "roles", "phones-env")
-        assert role["rules"][0]["resources"] == ["leases"]
-        await exists(kube_api, "rolebindings", "phones-env")
+        # the env servers are bound to the DevicePool's Role (phone Leases by name), own none
+        binding = await exists(kube_api, "rolebindings", "phones-env")
+        assert binding["roleRef"]["name"] == "lab-phones-phones"
+        assert kube_api.get("roles", NS, "phones-env") is None
         assert kube_api.get("horizontalpodautoscalers", NS, "phones-env") is None
         await kube_api.eventually(
             lambda: (
@@ -463,6 +464,17 @@ async def test_devicepool_bridges_phones_from_device_nodes(
             ("R5CT2", "lab-node-2", "leased"),
         ]
         assert ready["phones"][1]["leasedBy"] == "phones-env-abc"
+        # the Roles now grant get/update on exactly these two Leases
+        names = ["lab-phones-r5ct1", "lab-phones-r5ct2"]
+        for role in ("lab-phones-bridge", "lab-phones-phones"):
+            await kube_api.eventually(
+                lambda r=role: [
+                    rule.get("resourceNames")
+                    for rule in (kube_api.get("roles", NS, r) or {}).get("rules", [])
+                    if rule["resources"] == ["leases"] and "resourceNames" in rule
+                ]
+                == [names]
+            )
 
         kube_api.create(
             phone_lease("R5CT3", "lab-node-1", state="quarantined", reason="adb timeout")
