@@ -353,6 +353,22 @@ class ScenarioAdapter:
 
         return self._budget(ranked, tool_score, dropped, ranked_skills, skill_score, withheld)
 
+    def relevance(
+        self, task_instruction: str, tools: list[ToolSpec]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """BM25 relevance of each app (its docs, tools and Skills) and of each tool alone (no
+        app lift) to the instruction: what the Harness's guard reads as the request's scope."""
+        unique = list({spec.name: spec for spec in tools}.values())
+        apps_of = {s.name: self.app_of(s) for s in unique}
+        apps = list(dict.fromkeys(a for a in apps_of.values() if a))
+        if not unique:
+            return {}, {}
+        app_index, tool_index = self._indices(unique, apps_of, apps)
+        query = terms(task_instruction)
+        app_score = dict(zip(apps, app_index.scores(query), strict=True)) if apps else {}
+        tool_score = dict(zip([s.name for s in unique], tool_index.scores(query), strict=True))
+        return app_score, tool_score
+
     def _indices(
         self, specs: list[ToolSpec], apps_of: dict[str, str], apps: list[str]
     ) -> tuple[BM25, BM25]:

@@ -124,15 +124,16 @@ class HarnessPlanner:
         if task.memory:
             self.memory.seed(user, task.memory)
         self._retrieved = self.memory.retrieve(user, task.instruction, k=self.config.memory_k)
-        # The guard's scope: the apps the adapter found relevant to the user's instruction; its
-        # trusted memory: what the user stated or confirmed (never what a tool once showed).
-        app_of = {t.name: self.adapter.app_of(t) for t in tools}
-        relevant = {app_of[name] for name, score in exposure.tool_scores.items() if score > 0}
+        # The guard's scope: the apps and tools the adapter finds relevant to the user's
+        # instruction; its trusted memory: what the user stated or confirmed (never what a tool
+        # once showed).
+        app_scores, tool_scores = self.adapter.relevance(task.instruction, tools)
         self.guard = ProvenanceGuard(
             task,
             tools,
-            relevant_apps=relevant - {""},
-            app_of=app_of,
+            app_scores=app_scores,
+            tool_scores=tool_scores,
+            app_of={t.name: self.adapter.app_of(t) for t in tools},
             memory=[(r.item.key, r.item.value, r.item.evidence) for r in self._retrieved],
         )
         lines = [r.describe() for r in self._retrieved]

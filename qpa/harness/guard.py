@@ -50,7 +50,8 @@ class ProvenanceGuard:
         task: Task,
         tools: list[ToolSpec],
         *,
-        relevant_apps: Iterable[str] = (),
+        app_scores: dict[str, float] | None = None,
+        tool_scores: dict[str, float] | None = None,
         app_of: dict[str, str] | None = None,
         memory: Iterable[tuple[str, str, str]] = (),
     ) -> None:
@@ -58,7 +59,12 @@ class ProvenanceGuard:
         self.tools = {t.name: t for t in tools}
         self.app_of = {t.name: (app_of or {}).get(t.name, t.app) for t in tools}
         self.ledger = ProvenanceLedger(task, extra_memory=list(memory))
-        self.scope = RequestScope.of(task, relevant_apps)
+        self.scope = RequestScope.of(
+            task,
+            [(t, self.app_of.get(t.name, t.app)) for t in tools],
+            app_scores or {},
+            tool_scores or {},
+        )
         # (effect class, argument) -> the distinct targets acted on so far in the episode
         self._targets: dict[tuple[str, str], set[str]] = {}
         self._steps = 0
@@ -93,7 +99,7 @@ class ProvenanceGuard:
         effect = effect_of(spec, app)
         strict = effect in ("send", "delete")
         for key, value in self._target_values(call.arguments):
-            reason = self._untraceable(value, strict=strict)
+            reason = self._untraceable(call, value, strict=strict)
             if reason:
                 return _deny(
                     f"argument '{key}' ({value!r}) of '{call.tool}' {reason}; tool output is "
@@ -111,14 +117,22 @@ class ProvenanceGuard:
                     )
         return None
 
-    def _untraceable(self, value: str, *, strict: bool) -> str | None:
+    def _untraceable(self, call: ToolCall, value: str, *, strict: bool) -> str | None:
         origin = self.ledger.trace(value)
-        if origin is None or origin.trusted:
-            return None  # the user's, or the agent's own: nothing it read put it there
-        if origin.selected and (origin.picked or not strict):
+        if origin is not None and (origin.trusted or (origin.selected and origin.picked)):
             return None
+        core = call.tool in self.scope.core
+        if origin is None:
+            if core:
+                return None  # the agent's own value for a tool the request is squarely about
+            return (
+                "is a value nothing the user said explains, for a tool the request is not "
+                "squarely about"
+            )
         if not origin.selected:
             return f"comes from {origin.describe()}, not from the user's request"
+        if not strict and core:
+            return None  # a listed record, changed by a tool the request is about
         mention = self.ledger.mentioned_in_free_text(value)
         return f"comes from {origin.describe()}, a record the user's request did not pick" + (
             f" (it is also named inside {mention.detail})" if mention else ""

@@ -127,6 +127,8 @@ TARGET_KEYS = frozenset(
     }
 )
 
+# Fields that say when, not what: a record is not chosen by sharing a date with the request.
+_NOT_NAMING = frozenset({"time", "date", "start", "end", "created", "updated", "due"})
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 _DIGIT_RUN = re.compile(r"\+?\d[\d\s().-]{5,}\d")
 
@@ -229,6 +231,10 @@ class ProvenanceLedger:
         for key, value, evidence in extra_memory:
             if evidence in TRUSTED_MEMORY:
                 self.add_trusted(f"{key} {value}", Origin("memory", key))
+        # the words that choose records: the instruction's and the user's own memory's
+        self.request_terms = self.instruction_terms | frozenset(
+            t for item in task.memory if item.evidence in TRUSTED_MEMORY for t in terms(item.value)
+        )
         for field, value in task.user.model_dump().items():
             if field != "user_id":
                 self.add_trusted(str(value), Origin("profile", field))
@@ -265,11 +271,13 @@ class ProvenanceLedger:
                 full = f"{record_path}.{path}" if record_path else path
                 key = _leaf_key(full) or _leaf_key(record_path)
                 detail = f"step {step} {call.tool} → {full or 'result'}"
-                if is_free_text(key, value):
-                    origin = Origin("tool", detail, False, False)
-                    self._free.append((squash(value), re.sub(r"\D", "", value), origin))
-                    continue
-                self.add_value(value, Origin("tool", detail, selected, selected and record_picked))
+                # every tool string is text a value may be cut or reformatted from; only a
+                # short, non-prose field's whole value is a value in its own right
+                inside = Origin("tool", f"text of {detail}", False, False)
+                self._free.append((squash(value), re.sub(r"\D", "", value), inside))
+                if not is_free_text(key, value):
+                    origin = Origin("tool", detail, selected, selected and record_picked)
+                    self.add_value(value, origin)
 
     def read_selection(self, call: ToolCall) -> tuple[bool, bool]:
         """(selected, picked) for the records a read returns, from its arguments' origins: an
@@ -296,12 +304,12 @@ class ProvenanceLedger:
         instruction: the user's words chose it even though the read listed everything."""
         for key, value in record.items():
             if value is True and set(terms(key.replace("_", " "))) & self.instruction_terms:
-                return True
+                return True  # a flag the request names ("played", "unread")
         for path, value in strings(record):
             key = _leaf_key(path)
-            if is_target_key(key) or key in ("time", "date", "start", "end", "created", "updated"):
+            if is_target_key(key) or is_free_text(key, value) or key in _NOT_NAMING:
                 continue
-            if set(terms(value)) & self.instruction_terms:
+            if set(terms(value)) & self.request_terms:
                 return True
         return False
 

@@ -7,7 +7,7 @@ the app's prefix): `send` (it delivers something to someone: send, reply, forwar
 create, add, set, update, move...). The request's scope is:
 
 - the apps it is about: the apps of the tools the Scenario Adapter found relevant to the
-  instruction (BM25 relevance > 0) together with the task's declared apps;
+  instruction (BM25 relevance > 0); an app merely installed on the phone is not in scope;
 - the effect classes its words ask for: a `send` or `delete` needs the instruction to say so
   (text, email, reply, tell... / delete, cancel, remove, clear...); `change` and `payment` are
   what every other task does, so they are in scope for the apps in scope (payments still need
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from qpa.contract import Task, ToolSpec
@@ -45,25 +45,22 @@ DELETE_VERBS = frozenset(
         "uncheck",
     }
 )
-# Words in an instruction that ask for a send / a destructive change.
+# Words in an instruction that ask for a send / a destructive change (measured on the mobilepa
+# suite: every reference plan's sends and deletions are asked for with one of these).
 SEND_WORDS = (
-    r"send|sent|text|texts|texting|message|messages|email|e-mail|mail|reply|replies|respond|"
-    r"answer|forward|tell|let \w+ know|notify|inform|share|invite|ask|write to|ping|"
-    r"hear about|say|thank|wish|congratulate|remind \w+ to|contact|spam|reach out|"
-    r"sign(?:ed)? off"
+    r"send|text|message|e-?mail|reply|respond|forward|tell|let \w+ know|share|invite|ask|"
+    r"notify|inform|write to"
 )
 DELETE_WORDS = (
-    r"delete|remove|cancel|clear|revoke|unsubscribe|forget|unpair|decline|call off|"
-    r"get rid|drop|erase|trash|archive|stop|end|unlike|unfavorite|untag|uncheck|disconnect|"
-    r"spam|block|off|no longer|don't need|do not need|won't|can't make|skip|return|refund|"
-    r"exchange|replace|instead|clean|tidy|purge|undo|unfollow|swap|move"
+    r"delete|remove|cancel|clear|revoke|unsubscribe|forget|unpair|decline|call off|get rid of|"
+    r"drop|erase|trash|unlike|untag|uncheck|spam"
 )
 BULK_WORDS = (
     r"all|every|each|both|everything|everyone|anything|any|them|those|these|"
     r"two|three|four|five|six|several|many|multiple|\d+"
 )
-_SEND = re.compile(rf"\b(?:{SEND_WORDS})\b", re.I)
-_DELETE = re.compile(rf"\b(?:{DELETE_WORDS})\b", re.I)
+_SEND = re.compile(rf"\b(?:{SEND_WORDS})(?:s|ed|ing)?\b", re.I)
+_DELETE = re.compile(rf"\b(?:{DELETE_WORDS})(?:s|d|ed|ing)?\b", re.I)
 _BULK = re.compile(rf"\b(?:{BULK_WORDS})\b", re.I)
 _PLURAL = re.compile(r"\b[a-z]{3,}[^s']s\b", re.I)
 
@@ -84,17 +81,30 @@ def effect_of(spec: ToolSpec, app: str = "") -> Effect:
     return "change"
 
 
+APP_SHARE = 0.5  # an app is in scope when its relevance is at least this share of the top app's
+
+
 @dataclass(frozen=True)
 class RequestScope:
-    """What the user's request asks to change: apps, effect classes, and whether in bulk."""
+    """What the user's request asks to change: tools, effect classes, and whether in bulk."""
 
+    tools: frozenset[str]
     apps: frozenset[str]
     effects: frozenset[Effect]
     bulk: bool
-    reasons: dict[str, str] = field(default_factory=dict)
+    core: frozenset[str] = frozenset()  # tools squarely on the request: its top app's, or named
 
     @classmethod
-    def of(cls, task: Task, relevant_apps: Iterable[str]) -> RequestScope:
+    def of(
+        cls,
+        task: Task,
+        tools: Iterable[tuple[ToolSpec, str]],
+        app_scores: dict[str, float],
+        tool_scores: dict[str, float],
+    ) -> RequestScope:
+        """The scope from the instruction and the Scenario Adapter's relevance scores: a tool
+        is in scope when its app is among the instruction's apps (relevance at least
+        `APP_SHARE` of the top app's) or the tool itself matches the instruction's words."""
         text = " ".join([task.instruction, *task.confirmations])
         effects: set[Effect] = {"read", "change", "payment"}
         if _SEND.search(text):
@@ -102,17 +112,46 @@ class RequestScope:
         if _DELETE.search(text):
             effects.add("delete")
         bulk = bool(_BULK.search(task.instruction) or _PLURAL.search(task.instruction))
-        apps = frozenset({*task.apps, *relevant_apps})
-        return cls(apps=apps, effects=frozenset(effects), bulk=bulk)
+        top = max(app_scores.values(), default=0.0)
+        pairs = list(tools)
+        if top <= 0:  # the adapter cannot tell what the request is about: no app is ruled out
+            apps = {app for _, app in pairs}
+        else:
+            apps = {a for a, score in app_scores.items() if score >= APP_SHARE * top}
+        named = {spec.name for spec, _ in pairs if tool_scores.get(spec.name, 0.0) > 0}
+        names = {spec.name for spec, app in pairs if app in apps or not app} | named
+        leading = {a for a, score in app_scores.items() if top <= 0 or score >= top}
+        core = {spec.name for spec, app in pairs if app in leading or not app} | named
+        # A send goes through the request's own apps ("email my manager" is no text message,
+        # whatever word matches); failing those, through a tool the instruction names; failing
+        # that ("let my manager know ..."), through any app's (its recipient must still trace
+        # to the user).
+        senders = {spec.name: app for spec, app in pairs if effect_of(spec, app) == "send"}
+        names -= set(senders)
+        core -= set(senders)
+        if "send" in effects:
+            best = max((tool_scores.get(n, 0.0) for n in senders), default=0.0)
+            chosen = {n for n, app in senders.items() if app in apps}
+            chosen |= {n for n in senders if n in named and tool_scores[n] >= APP_SHARE * best}
+            chosen = chosen or set(senders)
+            names |= chosen
+            core |= chosen
+        return cls(
+            tools=frozenset(names),
+            apps=frozenset(apps),
+            effects=frozenset(effects),
+            bulk=bulk,
+            core=frozenset(core),
+        )
 
     def refuses(self, spec: ToolSpec, app: str) -> str | None:
         """Why the request does not cover this tool (None when it does)."""
-        if app and self.apps and app not in self.apps:
-            return (
-                f"'{spec.name}' changes the {app} app, which the user's request is not about "
-                f"(it concerns: {', '.join(sorted(self.apps))})"
-            )
         effect = effect_of(spec, app)
+        if spec.name not in self.tools:
+            return (
+                f"'{spec.name}' changes the {app or 'unknown'} app, which the user's request is "
+                f"not about (it concerns: {', '.join(sorted(self.apps)) or 'no app'})"
+            )
         if effect not in self.effects:
             what = "sends something to someone" if effect == "send" else "deletes or cancels"
             return f"'{spec.name}' {what}, and the user's request asks for no such thing"
