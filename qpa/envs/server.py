@@ -995,6 +995,10 @@ def timed_protocol(read_timeout_s: float) -> type[Any]:
             self._disarm()
             super().on_message_complete()
 
+        def handle_websocket_upgrade(self) -> None:
+            self._disarm()  # the connection now belongs to the WebSocket protocol
+            super().handle_websocket_upgrade()
+
         def _read_timed_out(self) -> None:
             self._read_deadline = None
             if self.transport.is_closing():
