@@ -42,12 +42,14 @@ import pytest
 import yaml
 from helpers.chart import CHART, NAMESPACE, RELEASE, ROOT, Render, find, set_args
 from qpa_operator import main as operator_main  # registers every handler
-from qpa_operator.builders import Defaults, devicepool, rolloutpool, taskbatch
+from qpa_operator import release
+from qpa_operator.builders import Defaults, devicepool, rolloutpool, taskbatch, trainingrun
 from qpa_operator.builders.common import owner_references
 from qpa_operator.handlers.views import CHILD_INDEXES
 from qpa_operator.kube import plural_of
 
 from qpa.api import GROUP, RESOURCES, parse_resource
+from qpa.api.v1alpha1 import HarnessReleaseStatus
 
 Permission = tuple[str, str, str]  # (API group, resource[/subresource], verb)
 Sources = dict[Permission, set[str]]  # permission -> the code that needs it
@@ -280,7 +282,7 @@ def _phone_lease(pool: Any) -> list[dict[str, Any]]:
 
 
 def built_children() -> list[tuple[str, dict[str, Any]]]:
-    """(builder, child) for the examples whose builders build every child in one call."""
+    """(builder, child) for every example: all children each kind's builders make."""
     built: list[tuple[str, dict[str, Any]]] = []
     for module, example in ((rolloutpool, "rolloutpool.yaml"), (devicepool, "devicepool.yaml"),
                             (taskbatch, "taskbatch.yaml")):  # fmt: skip
@@ -289,6 +291,14 @@ def built_children() -> list[tuple[str, dict[str, Any]]]:
             # a DevicePool with a phone: its Roles name the phone's Lease (get/update)
             extra = [_phone_lease(resource)] if module is devicepool else []
             built += [(source, child) for child in module.children(resource, Defaults(), *extra)]
+    for tr in _examples("trainingrun.yaml"):
+        done = {r.task_batch_ref.name: "s3://qpa/tb/" for r in tr.spec.datasets if r.task_batch_ref}
+        plan = trainingrun.data_plan(tr, done)
+        children = trainingrun.children(tr, Defaults(), attempt=0, plan=plan, data_ready=True)
+        built += [("builders.trainingrun:children", child) for child in children]
+    for hr in _examples("harnessrelease.yaml"):
+        desired = release.children(hr, HarnessReleaseStatus(phase="Benchmarking"), Defaults())
+        built += [("release:children", child) for child in desired.apply]
     return built
 
 
@@ -308,9 +318,12 @@ def owner_needs() -> Sources:
     needs: Sources = {}
     children = built_children()
     assert children
+    owners = set()
     for _, child in children:
         (ref,) = child["metadata"]["ownerReferences"]
         assert ref["blockOwnerDeletion"] is True and ref["controller"] is True, child["kind"]
+        owners.add(ref["kind"])
+    assert owners == {cls.info.kind for cls in RESOURCES}, "a kind's children were not built"
     kinds = set()
     for example in ("rolloutpool", "devicepool", "taskbatch", "trainingrun", "harnessrelease"):
         for owner in _examples(f"{example}.yaml"):
