@@ -220,6 +220,19 @@ def _refusal(exc: ValidationError) -> RequestRefused:
     return RequestRefused(400, "invalid_input", f"field '{path}': {first['msg']}", field=path)
 
 
+def _task_refused(trajectory: Any) -> str | None:
+    """Why the environment refused a caller's own task at reset (its content, not an outage)."""
+    if trajectory.steps:
+        return None
+    error: str = trajectory.error or ""
+    abort = trajectory.metadata.get("abort", {})
+    if error.startswith("environment: reset failed:") and "server busy" not in error:
+        return error.removeprefix("environment: reset failed:").strip()
+    if abort.get("component") == "env.reset" and abort.get("exception") != "RemoteEnvError":
+        return error.removeprefix("environment:").strip()
+    return None
+
+
 def adhoc_task(user_id: str, query: str) -> Task:
     """A free-form query on a fresh phone with every sandbox app installed."""
     digest = hashlib.sha256(f"{user_id}|{query}".encode()).hexdigest()[:12]
@@ -320,6 +333,14 @@ class HarnessModel(kserve.Model):  # type: ignore[name-defined]
             env.close()
             if ephemeral is not None:
                 ephemeral.close()
+        refused = _task_refused(trajectory) if request.task is not None else None
+        if refused is not None:
+            raise RequestRefused(
+                400,
+                "invalid_input",
+                f"field 'task': the environment cannot start this task: {refused}",
+                field="task",
+            )
         totals = trajectory.totals
         return HarnessResponse(
             answer=trajectory.answer,

@@ -4,7 +4,7 @@ memory store on disk the test reads.
 
 What is checked: a request cannot choose the environment (`env_url` is refused and episodes run
 in the configured server), memory writes land only in the authenticated caller's memory, and
-53 malformed or abusive requests each get a 4xx JSON answer naming the field, never a 5xx, with
+54 malformed or abusive requests each get a 4xx JSON answer naming the field, never a 5xx, with
 the server still serving a good request afterwards.
 """
 
@@ -270,6 +270,14 @@ ABUSE: list[tuple[str, str, bytes | None, dict[str, Any], int, str | None]] = [
         ALICE,
         400,
         "task.x",
+    ),
+    (
+        "task with unknown apps",
+        PREDICT,
+        _b({"task": {**TASK.model_dump(mode="json"), "apps": ["nope"]}}),
+        ALICE,
+        400,
+        "task",
     ),
     ("suite with spaces", PREDICT, _b({**GOOD, "suite": "no such suite"}), ALICE, 400, "suite"),
     ("unknown suite", PREDICT, _b({**GOOD, "suite": "nosuchsuite"}), ALICE, 400, "suite"),
