@@ -3,7 +3,7 @@
     next_step(hr, observed, defaults) -> Decision     # the new status, Events, when to look again
     children(hr, status, defaults, bench) -> Desired  # the objects that status calls for
 
-A release moves through phases, all visible in `status.phase` (and `kubectl get hr`):
+A release moves through phases, all visible in `status.phase` (and `kubectl get qhr`):
 
     Deploying -> Benchmarking -> [AwaitingPromotion] -> Canary -> Promoted
          \\              \\                  \\             \\

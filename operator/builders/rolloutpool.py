@@ -367,4 +367,7 @@ def rolloutpool_status(
         capacity=capacity,
         leased=leased,
         service_url=service_url(pool, defaults),
+        label_selector=",".join(
+            f"{key}={value}" for key, value in sorted(selector_labels(pool, COMPONENT).items())
+        ),
     )

@@ -5,7 +5,9 @@
 and on 409 reads the object again and recomputes: two writers (the resource's handler and a
 child's event) never overwrite each other with stale data. The newest version this operator
 wrote is remembered (`STATE.written`, cleared by `forget`), since an index can lag behind it. A
-phase change posts a Kubernetes Event (`announce`; Warning for `WARNING_PHASES`).
+phase change posts a Kubernetes Event (`announce`; Warning for `WARNING_PHASES`). Every
+write carries `Ready` and kstatus' `Reconciling`/`Stalled`, derived from the phase
+(`with_kstatus`, `builders.readiness`).
 `child_event` is how a child's watch event reaches its owner: a deleted child is re-created by
 the owner's reconcile, any other change refreshes the owner's status.
 """
@@ -23,7 +25,8 @@ import kopf
 from pydantic import BaseModel
 from qpa_operator import metrics
 from qpa_operator.builders.common import JsonDict, kind_label
-from qpa_operator.handlers.runtime import STATE, measured, retry_delay, runtime
+from qpa_operator.builders.readiness import kstatus_conditions
+from qpa_operator.handlers.runtime import STATE, measured, now, retry_delay, runtime
 from qpa_operator.handlers.views import R, Views, controller_uid, parse, resource_version
 from qpa_operator.kube import ApiError, plural_of
 
@@ -100,7 +103,7 @@ async def write_status(
         old_phase = old_wire.get("phase")
         if desired is None:
             return StatusChange(False, old_phase, old_phase, dict(current))
-        new_wire = _wire(desired)
+        new_wire = _wire(with_kstatus(info.kind, desired, resource))
         if new_wire == old_wire:
             return StatusChange(False, old_phase, old_phase, dict(current))
         raw_old = current.get("status") or {}
@@ -144,6 +147,19 @@ async def write_status(
             announce(written, old_phase, new_phase, new_wire)
         return StatusChange(True, old_phase, new_phase, written)
     raise kopf.TemporaryError(f"status of {info.kind} kept conflicting", delay=retry_delay(2))
+
+
+def with_kstatus(kind: str, status: BaseModel, resource: CustomResource) -> BaseModel:
+    """`status` with Ready (and Reconciling/Stalled) derived from its phase: every write
+    carries them, whichever handler computed the status (`builders.readiness`)."""
+    conditions = getattr(status, "conditions", None)
+    if conditions is None:
+        return status
+    generation = getattr(status, "observed_generation", None) or resource.metadata.generation
+    updated = kstatus_conditions(
+        kind, getattr(status, "phase", None), list(conditions), generation=generation, now=now()
+    )
+    return status.model_copy(update={"conditions": updated})
 
 
 def _key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -254,5 +270,6 @@ __all__ = [
     "forget",
     "merge_diff",
     "observed",
+    "with_kstatus",
     "write_status",
 ]

@@ -161,7 +161,7 @@ async def test_release_promotes_through_the_canary_and_rolls_back_a_worse_candid
         kubectl(
             "apply", "-f", str(release_yaml(tmp_path, seaweed, model_uri, reports, "harness-v3"))
         )
-        v3 = await phase(kube_api, "hr", NAME, "Promoted", timeout=150)
+        v3 = await phase(kube_api, "qhr", NAME, "Promoted", timeout=150)
         assert v3["stable"]["harnessVersion"] == "harness-v3"
         assert any("first release" in r for r in v3["reasons"])
         report = report_of(seaweed, v3["stable"]["reportUri"])
@@ -204,7 +204,7 @@ async def test_release_promotes_through_the_canary_and_rolls_back_a_worse_candid
                 percents.append(int(latest[0]["percent"]))
             if latest and latest[0]["percent"] in (10, 50):
                 split_routes.add(frozenset(serving_versions(kube_api)))
-            hr = kube_api.get("hr", NS, NAME) or {}
+            hr = kube_api.get("qhr", NS, NAME) or {}
             status = hr.get("status") or {}
             return (
                 status.get("phase") == "Promoted"
@@ -219,7 +219,7 @@ async def test_release_promotes_through_the_canary_and_rolls_back_a_worse_candid
         assert percents[0] in (0, 10), percents  # no traffic before its benchmark passed
         both = frozenset({"harness-v3", "harness-v4"})
         assert both in split_routes, split_routes  # the Service routed to both revisions
-        v4 = await phase(kube_api, "hr", NAME, "Promoted")
+        v4 = await phase(kube_api, "qhr", NAME, "Promoted")
         assert v4["previous"]["harnessVersion"] == "harness-v3"
         report_of(seaweed, v4["stable"]["reportUri"])  # its own report, in S3
         await kube_api.eventually(lambda: serving_versions(kube_api) == {"harness-v4"})
@@ -228,7 +228,7 @@ async def test_release_promotes_through_the_canary_and_rolls_back_a_worse_candid
         # ---- harness-v5 with a gate the untrained model cannot pass: rolled back
         worse = release_yaml(tmp_path, seaweed, model_uri, reports, "harness-v5", minOverall=0.9)
         kubectl("apply", "-f", str(worse))
-        v5 = await phase(kube_api, "hr", NAME, "RolledBack", timeout=150)
+        v5 = await phase(kube_api, "qhr", NAME, "RolledBack", timeout=150)
         assert v5["decision"] == "rollback" and v5["stable"]["harnessVersion"] == "harness-v4"
         rejected = {c["type"]: c for c in v5["conditions"]}["Rejected"]
         assert rejected["reason"] == "GateFailed" and "overall" in rejected["message"]

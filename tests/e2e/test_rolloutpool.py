@@ -96,7 +96,7 @@ async def test_collectors_run_on_the_pool_and_survive_its_pod_dying_mid_episode(
     out = seaweed.root("e2e-rolloutpool")
     with operator():
         kubectl("apply", "-f", str(pool_yaml(tmp_path)))
-        pool = await phase(kube_api, "rp", POOL, "Ready", timeout=60)
+        pool = await phase(kube_api, "qrp", POOL, "Ready", timeout=60)
         (first,) = pool_pods(kube_api)
         assert ready(first)  # through the readiness probe on /health
         assert pool["readyReplicas"] == 1
@@ -106,7 +106,7 @@ async def test_collectors_run_on_the_pool_and_survive_its_pod_dying_mid_episode(
         await kubelet.eventually(lambda: live_sessions(kubelet) > 0, timeout=60)
         kubelet.kill(first["metadata"]["name"])  # the collector holds sessions on it now
 
-        done = await phase(kube_api, "tb", BATCH, "Succeeded", timeout=120)
+        done = await phase(kube_api, "qtb", BATCH, "Succeeded", timeout=120)
         (collector,) = kube_api.list_objects("pods", NS, f"qpa.ai/taskbatch={BATCH}")
         order = kube_api.get("configmaps", NS, f"{BATCH}-order")["data"]["workorder.yaml"]
         assert f"http://{POOL}-env.{NS}.svc.cluster.local" in order  # resolved.rolloutPoolUrl
@@ -124,7 +124,7 @@ async def test_collectors_run_on_the_pool_and_survive_its_pod_dying_mid_episode(
             return None
 
         await kubelet.eventually(serving_again, timeout=30)
-        await phase(kube_api, "rp", POOL, "Ready", timeout=30)
+        await phase(kube_api, "qrp", POOL, "Ready", timeout=30)
 
     trajectories = read_collected(out, seaweed.store_config())
     pairs = [(t.task.id, t.sample) for t in trajectories]

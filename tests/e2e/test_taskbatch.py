@@ -112,14 +112,14 @@ async def test_three_shards_write_what_the_status_counts(
     out = seaweed.root("e2e-taskbatch")
     with operator():
         kubectl("apply", "-f", str(batch_yaml(tmp_path, seaweed, out)))
-        done = await phase(kube_api, "tb", NAME, "Succeeded", timeout=90)
+        done = await phase(kube_api, "qtb", NAME, "Succeeded", timeout=90)
         pods = shard_pods(kube_api)
         assert len(pods) == SHARDS  # one pod per shard, none retried
         assert all(p["status"]["phase"] == "Succeeded" for p in pods)
         await kubelet.eventually(
-            lambda: kube_api.get("tb", NS, NAME)["status"]["trajectories"] == TASKS * SAMPLES
+            lambda: kube_api.get("qtb", NS, NAME)["status"]["trajectories"] == TASKS * SAMPLES
         )
-        done = kube_api.get("tb", NS, NAME)["status"]
+        done = kube_api.get("qtb", NS, NAME)["status"]
     assert_status_matches_bucket(done, seaweed, out)
 
 
@@ -147,7 +147,7 @@ async def test_a_shard_killed_mid_run_is_retried_with_nothing_lost_or_duplicated
 
         victim = await kubelet.eventually(running_shard_1)
         kubelet.kill(victim)
-        done = await phase(kube_api, "tb", NAME, "Succeeded", timeout=90)
+        done = await phase(kube_api, "qtb", NAME, "Succeeded", timeout=90)
         killed = kube_api.get("pods", NS, victim)
         terminated = killed["status"]["containerStatuses"][0]["state"]["terminated"]
         assert killed["status"]["phase"] == "Failed" and terminated["exitCode"] == 137
@@ -161,7 +161,7 @@ async def test_a_shard_killed_mid_run_is_retried_with_nothing_lost_or_duplicated
         job = kube_api.get("jobs", NS, f"{NAME}-collect")
         assert job["status"]["failed"] == 1 and job["status"]["completedIndexes"] == "0-2"
         await kubelet.eventually(
-            lambda: kube_api.get("tb", NS, NAME)["status"]["trajectories"] == TASKS * SAMPLES
+            lambda: kube_api.get("qtb", NS, NAME)["status"]["trajectories"] == TASKS * SAMPLES
         )
-        done = kube_api.get("tb", NS, NAME)["status"]
+        done = kube_api.get("qtb", NS, NAME)["status"]
     assert_status_matches_bucket(done, seaweed, out)

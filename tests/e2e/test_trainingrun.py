@@ -198,7 +198,7 @@ async def test_sft_on_two_ranks_resumes_after_a_killed_rank_and_its_model_loads(
         # checkpoints complete now are all that r0 left.
         resumer = await kubelet.eventually(lambda: rank_pod(kube_api, f"{SFT}-r1", 0), timeout=90)
         left = complete_checkpoints(seaweed, out)
-        done = await phase(kube_api, "tr", SFT, "Succeeded", timeout=200)
+        done = await phase(kube_api, "qtr", SFT, "Succeeded", timeout=200)
         resumed = re.search(r'"resumed_step": (\d+)', kubelet.logs(resumer))
     assert left and left[-1] < SFT_STEPS, left  # killed mid-run
     assert resumed is not None and int(resumed.group(1)) == left[-1]  # the last complete one
@@ -241,7 +241,7 @@ async def test_rl_on_two_ranks_with_rollouts_on_the_pool(
     out = f"{root}/trainingruns/{RL}/"
     with operator(timeout=120), reported(kubelet):
         kubectl("apply", "-f", str(rl_yaml(tmp_path, seaweed, model, out)))
-        done = await phase(kube_api, "tr", RL, "Succeeded", timeout=200)
+        done = await phase(kube_api, "qtr", RL, "Succeeded", timeout=200)
         ranks = kube_api.list_objects("pods", NS, f"job-name={RL}-r0")
         assert sorted(p["metadata"]["labels"][INDEX_LABEL] for p in ranks) == ["0", "1"]
         assert all(p["status"]["phase"] == "Succeeded" for p in ranks)

@@ -51,8 +51,9 @@ parts"); `KubeAPI` subclasses it and serves, on 127.0.0.1 only:
 
 Simplifications (documented, not hidden): one stored version per resource (no conversion),
 garbage collection runs synchronously right after the owner is gone, namespaces need no
-`kubernetes` finalizer, no authentication or RBAC, no `pods/log` or `scale` subresources,
-no `/openapi/v2` (kubectl reads v3), watch bookmarks are sent only for `sendInitialEvents`.
+`kubernetes` finalizer, no authentication or RBAC, no `pods/log` subresource (`scale` is
+served for custom resources only), no `/openapi/v2` (kubectl reads v3), watch bookmarks
+are sent only for `sendInitialEvents`.
 
 Use it three ways:
 
@@ -67,7 +68,7 @@ Use it three ways:
     def test_it(kube_api, kube_config):
         kube_api.create({"apiVersion": "qpa.ai/v1alpha1", "kind": "TrainingRun", ...})
         kube_api.faults.fail_fraction(0.2, status=500, methods={"PATCH"})
-        assert kube_api.get("tr", "default", "demo")["status"]["phase"] == "Running"
+        assert kube_api.get("qtr", "default", "demo")["status"]["phase"] == "Running"
 """
 
 from __future__ import annotations
@@ -192,6 +193,7 @@ class ResourceType:
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
     schema: CustomResourceSchema | None = None
     crd: str | None = None  # name of the defining CRD, None for built-ins
+    scale: Mapping[str, str] | None = None  # a CRD's scale subresource paths
     field_selectors: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -1417,6 +1419,8 @@ class KubeAPI(kmock.KubernetesEmulator):
                 return self._watch(request, rtype, namespace, params)
             if rtype.namespaced and namespace is None and (name or method not in ("GET",)):
                 raise ApiError.no_resource()
+            if sub == "scale" and name and rtype.scale is not None:
+                return self._scale(rtype, namespace, name, request, method, params)
             headers: dict[str, str] = {}
             if "protobuf" in self._header(request, "Content-Type"):
                 raise ApiError(
@@ -1468,6 +1472,91 @@ class KubeAPI(kmock.KubernetesEmulator):
         if not isinstance(request.data, dict):
             raise ApiError.bad_request("the body of the request must be a JSON object")
         return copy.deepcopy(request.data)
+
+    # ------------------------------------------------------------------ scale
+
+    def _scale_of(self, rtype: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The autoscaling/v1 Scale of a custom resource, read through its CRD's paths."""
+        paths = rtype.scale or {}
+        meta = obj["metadata"]
+        status: dict[str, Any] = {
+            "replicas": _jsonpath(obj, paths.get("statusReplicasPath", "")) or 0
+        }
+        if paths.get("labelSelectorPath"):
+            selector = _jsonpath(obj, paths["labelSelectorPath"])
+            if selector:
+                status["selector"] = selector
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if key in meta
+            },
+            "spec": {"replicas": _jsonpath(obj, paths.get("specReplicasPath", "")) or 0},
+            "status": status,
+        }
+
+    def _scale(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        request: rendering.Request,
+        method: str,
+        params: Mapping[str, str],
+    ) -> kmock.Response:
+        """GET/PUT/PATCH `<plural>/<name>/scale`: a Scale whose `spec.replicas` is written to
+        the CRD's specReplicasPath (the object is then validated like any update)."""
+        current = self._load(rtype, namespace, name)
+        if current is None:
+            raise ApiError.not_found(rtype, name)
+        scale = self._scale_of(rtype, current)
+        if method == "GET":
+            return kmock.Response(status=200, payload=scale)
+        if method == "PUT":
+            desired = self._body(request)
+            version = (desired.get("metadata") or {}).get("resourceVersion")
+            if version and version != current["metadata"]["resourceVersion"]:
+                raise ApiError.conflict(rtype, name)
+        elif method == "PATCH":
+            content_type = self._header(request, "Content-Type").split(";")[0].strip().lower()
+            try:
+                if content_type == "application/json-patch+json":
+                    desired = json_patch(scale, request.data)
+                elif isinstance(request.data, dict):  # merge or strategic: Scale has no lists
+                    desired = merge_patch(scale, request.data)
+                else:
+                    raise PatchError("a merge patch must be a JSON object")
+            except PatchError as exc:
+                raise ApiError(422, "Invalid", f"the server rejected our request: {exc}") from exc
+        else:
+            raise ApiError(
+                405, "MethodNotAllowed", "the server does not allow this method on scale"
+            )
+        replicas = (desired.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ApiError.invalid(
+                rtype,
+                name,
+                [
+                    FieldError(
+                        "spec.replicas",
+                        "FieldValueInvalid",
+                        f"Invalid value: {replicas!r}: must be greater than or equal to 0",
+                    )
+                ],
+            )
+        new = copy.deepcopy(current)
+        path = (rtype.scale or {})["specReplicasPath"]
+        *parents, leaf = [part for part in path.split(".") if part]
+        target = new
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = replicas
+        stored, _ = self._commit(rtype, current, new, params, subresource=None)
+        return kmock.Response(status=200, payload=self._scale_of(rtype, stored))
 
     # ------------------------------------------------------------------ reads
 
@@ -2395,6 +2484,7 @@ class KubeAPI(kmock.KubernetesEmulator):
                     short_names=tuple(names.get("shortNames") or ()),
                     categories=tuple(names.get("categories") or ()),
                     subresources=frozenset((version.get("subresources") or {}).keys()),
+                    scale=(version.get("subresources") or {}).get("scale"),
                     printer_columns=list(version.get("additionalPrinterColumns") or []),
                     schema=compiled_schema(schema),
                     crd=obj["metadata"]["name"],
@@ -2511,6 +2601,16 @@ class KubeAPI(kmock.KubernetesEmulator):
                         "singularName": "",
                         "namespaced": rtype.namespaced,
                         "kind": rtype.kind,
+                        "verbs": list(SUBRESOURCE_VERBS),
+                    }
+                    if sub != "scale"
+                    else {  # how the scale client finds the Scale's group and version
+                        "name": f"{rtype.plural}/scale",
+                        "singularName": "",
+                        "namespaced": rtype.namespaced,
+                        "group": "autoscaling",
+                        "version": "v1",
+                        "kind": "Scale",
                         "verbs": list(SUBRESOURCE_VERBS),
                     }
                 )

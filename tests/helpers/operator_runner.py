@@ -10,7 +10,7 @@ and the operator live in other threads.
     async def test_it(kube_api, operator_env):
         with operator():
             kube_api.create(example("harnessrelease.yaml"))
-            await phase(kube_api, "hr", "planner", "Deploying")
+            await phase(kube_api, "qhr", "planner", "Deploying")
 
 `operator_env` is a fixture: import it into the test module so pytest finds it.
 """

@@ -107,19 +107,19 @@ def serve_all(kube: KubeAPIServer, rolled_out: list[int] | None = None) -> bool:
 
 async def deployed(kube: KubeAPIServer) -> dict[str, Any]:
     """KServe's part while the candidate deploys: Ready, generation after generation."""
-    await phase(kube, "hr", NAME, "Deploying")
+    await phase(kube, "qhr", NAME, "Deploying")
 
     def moved_on() -> bool:
         serve_all(kube)
-        return status(kube, "hr", NAME).get("phase") != "Deploying"
+        return status(kube, "qhr", NAME).get("phase") != "Deploying"
 
     await kube.eventually(moved_on, timeout=15, interval=0.1)
-    return await phase(kube, "hr", NAME, "Benchmarking")
+    return await phase(kube, "qhr", NAME, "Benchmarking")
 
 
 async def benchmark(kube: KubeAPIServer, report: bytes | None, *, fails: bool = False) -> str:
     """The benchmark Job's part: write the report where it is told, then finish."""
-    current = await phase(kube, "hr", NAME, "Benchmarking")
+    current = await phase(kube, "qhr", NAME, "Benchmarking")
     job = await exists(kube, "jobs", current["benchmarkJob"])
     uri = await report_folder(kube, job)
     if report is not None:
@@ -145,7 +145,7 @@ async def walk_canary(kube: KubeAPIServer) -> list[int]:
     seen: list[int] = []
 
     def step() -> bool:
-        if status(kube, "hr", NAME).get("phase") == "Promoted":
+        if status(kube, "qhr", NAME).get("phase") == "Promoted":
             return True
         serve_all(kube, seen)
         return False
@@ -158,12 +158,12 @@ async def first_release(kube: KubeAPIServer, kubectl: Kubectl, tmp_path: Path, u
     apply(kubectl, tmp_path, release_body(uri))
     await deployed(kube)
     await benchmark(kube, GOOD)
-    return await phase(kube, "hr", NAME, "Promoted")
+    return await phase(kube, "qhr", NAME, "Promoted")
 
 
 def new_candidate(kubectl: Kubectl, harness: str, model: str) -> None:
     patch = {"spec": {"harness": {"version": harness}, "model": {"uri": model}}}
-    kubectl("patch", "hr", NAME, "--type=merge", "-p", json.dumps(patch))
+    kubectl("patch", "qhr", NAME, "--type=merge", "-p", json.dumps(patch))
 
 
 def conditions(current: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
@@ -191,17 +191,17 @@ async def test_a_candidate_that_beats_stable_is_promoted_through_the_canary(
         (v3_model,) = models(kube_api)
 
         new_candidate(kubectl, "harness-v4", "s3://qpa/models/b/")
-        await phase(kube_api, "hr", NAME, "Deploying")
+        await phase(kube_api, "qhr", NAME, "Deploying")
         await kube_api.eventually(lambda: len(models(kube_api)) == 2)
         assert set(models(kube_api).values()) == {"s3://qpa/models/a/", "s3://qpa/models/b/"}
         await kube_api.eventually(lambda: traffic(kube_api) == 0)  # no traffic for it yet
         await deployed(kube_api)
         uri = await benchmark(kube_api, BETTER)
         assert uri.startswith(reports + "planner/")
-        await phase(kube_api, "hr", NAME, "Canary")
+        await phase(kube_api, "qhr", NAME, "Canary")
         assert await walk_canary(kube_api) == [10, 50, 100]
 
-        done = await phase(kube_api, "hr", NAME, "Promoted")
+        done = await phase(kube_api, "qhr", NAME, "Promoted")
         assert done["decision"] == "promote" and done["trafficPercent"] == 100
         assert done["stable"]["harnessVersion"] == "harness-v4"
         assert done["stable"]["reportUri"] == uri + "report.json"
@@ -215,12 +215,12 @@ async def test_a_candidate_that_beats_stable_is_promoted_through_the_canary(
         # The previous model stays for a rollback.
         assert v3_model in models(kube_api) and len(models(kube_api)) == 2
 
-        rows = [line.split() for line in kubectl("get", "hr").stdout.splitlines()]
+        rows = [line.split() for line in kubectl("get", "qhr").stdout.splitlines()]
         assert rows[0] == ["NAME", "HARNESS", "PHASE", "DECISION", "SCORE", "DELTA", "STABLE",
                            "TRAFFIC", "AGE"]  # fmt: skip
         assert rows[1][:8] == ["planner", "harness-v4", "Promoted", "promote", "0.85", "0.05",
                                "harness-v4", "100"]  # fmt: skip
-        wide = [line.split() for line in kubectl("get", "hr", "-o", "wide").stdout.splitlines()]
+        wide = [line.split() for line in kubectl("get", "qhr", "-o", "wide").stdout.splitlines()]
         assert wide[0][8:13] == ["MODEL", "TOOLUSE", "MEMORY", "SKILLS", "SUBAGENT"]
         assert wide[1][8:13] == ["s3://qpa/models/b/", "0.9", "0.9", "0.8", "0.8"]
         await kube_api.eventually(lambda: event_reasons(kube_api).count("Promoted") == 2)
@@ -240,7 +240,7 @@ async def test_a_capability_regression_beyond_the_margin_is_rolled_back(
         await deployed(kube_api)
         assert len(models(kube_api)) == 2
         await benchmark(kube_api, REGRESSED)
-        rolled = await phase(kube_api, "hr", NAME, "RolledBack")
+        rolled = await phase(kube_api, "qhr", NAME, "RolledBack")
         assert rolled["decision"] == "rollback" and rolled["trafficPercent"] == 0
         assert rolled["stable"]["harnessVersion"] == "harness-v3"
         (reason,) = rolled["reasons"]
@@ -268,7 +268,7 @@ async def test_without_a_good_report_nothing_is_promoted(
             await benchmark(kube_api, None)
         else:
             await benchmark(kube_api, GOOD[: len(GOOD) // 2])  # cut short while written
-        rolled = await phase(kube_api, "hr", NAME, "RolledBack")
+        rolled = await phase(kube_api, "qhr", NAME, "RolledBack")
         code = {"job-failed": "BenchmarkFailed", "report-missing": "ReportMissing",
                 "report-corrupt": "ReportCorrupt"}[case]  # fmt: skip
         assert conditions(rolled)["Rejected"][:2] == ("True", code)
@@ -295,7 +295,7 @@ async def test_an_operator_restart_mid_release_resumes_where_it_was(
     # While the operator is away the benchmark finishes and writes its report.
     await benchmark(kube_api, GOOD)
     with operator():
-        await phase(kube_api, "hr", NAME, "Promoted")
+        await phase(kube_api, "qhr", NAME, "Promoted")
     (only,) = owned(kube_api, "jobs", "HarnessRelease", NAME)
     assert only["metadata"]["uid"] == job["metadata"]["uid"]  # resumed, not benchmarked again
 
@@ -303,15 +303,15 @@ async def test_an_operator_restart_mid_release_resumes_where_it_was(
         new_candidate(kubectl, "harness-v4", "s3://qpa/models/b/")
         await deployed(kube_api)
         await benchmark(kube_api, BETTER)
-        await phase(kube_api, "hr", NAME, "Canary")
+        await phase(kube_api, "qhr", NAME, "Canary")
         await kube_api.eventually(lambda: traffic(kube_api) == 10)
     # Stopped in the middle of the canary; KServe rolls the step out meanwhile.
-    assert status(kube_api, "hr", NAME)["canaryStep"] == 0
+    assert status(kube_api, "qhr", NAME)["canaryStep"] == 0
     serve_all(kube_api)
     since = kube_api.request_count()
     with operator():
         assert await walk_canary(kube_api) == [50, 100]  # 10% was rolled out meanwhile
-        done = await phase(kube_api, "hr", NAME, "Promoted")
+        done = await phase(kube_api, "qhr", NAME, "Promoted")
     assert done["stable"]["harnessVersion"] == "harness-v4"
     jobs = owned(kube_api, "jobs", "HarnessRelease", NAME)
     assert len(jobs) == 1  # the finished benchmark of the current candidate, no second one
@@ -332,28 +332,28 @@ async def test_overrides_abort_and_force_promote(
     with operator():
         apply(kubectl, tmp_path, release_body(f"file://{tmp_path}/releases/"))
         await deployed(kube_api)
-        kubectl("annotate", "hr", NAME, "qpa.ai/override=abort")
-        rolled = await phase(kube_api, "hr", NAME, "RolledBack")
+        kubectl("annotate", "qhr", NAME, "qpa.ai/override=abort")
+        rolled = await phase(kube_api, "qhr", NAME, "RolledBack")
         assert rolled["override"]["action"] == "abort"
         assert conditions(rolled)["Rejected"][:2] == ("True", "Aborted")
         await kube_api.eventually(
             lambda: (
                 "qpa.ai/override"
-                not in (kube_api.get("hr", NS, NAME) or {})["metadata"].get("annotations", {})
+                not in (kube_api.get("qhr", NS, NAME) or {})["metadata"].get("annotations", {})
             )
         )
         await kube_api.eventually(lambda: not owned(kube_api, "jobs", "HarnessRelease", NAME))
 
         # A person overrules: the candidate comes back and is promoted without a benchmark.
-        kubectl("annotate", "hr", NAME, "qpa.ai/override=promote")
-        await phase(kube_api, "hr", NAME, "Deploying")
+        kubectl("annotate", "qhr", NAME, "qpa.ai/override=promote")
+        await phase(kube_api, "qhr", NAME, "Deploying")
 
         def promoted_by_hand() -> bool:
             serve_all(kube_api)  # KServe's part: the candidate's services come back Ready
-            return status(kube_api, "hr", NAME).get("phase") == "Promoted"
+            return status(kube_api, "qhr", NAME).get("phase") == "Promoted"
 
         await kube_api.eventually(promoted_by_hand, timeout=15, interval=0.1)
-        promoted = status(kube_api, "hr", NAME)
+        promoted = status(kube_api, "qhr", NAME)
         assert promoted["override"]["action"] == "promote"
         assert conditions(promoted)["Overridden"][:2] == ("True", "ForcePromote")
         assert any("override" in r for r in promoted["reasons"])
@@ -382,7 +382,7 @@ async def test_reports_are_read_from_s3(
     with operator():
         kube_api.create(body)
         await deployed(kube_api)
-        current = await phase(kube_api, "hr", NAME, "Benchmarking")
+        current = await phase(kube_api, "qhr", NAME, "Benchmarking")
         job = await exists(kube_api, "jobs", current["benchmarkJob"])
         env = {e["name"]: e.get("value") for e in container(job)["env"]}
         folder = await report_folder(kube_api, job)
@@ -390,6 +390,6 @@ async def test_reports_are_read_from_s3(
         assert env["QPA_S3_ENDPOINT"] == seaweed.endpoint
         open_store(folder, seaweed.store_config()).put_bytes("report.json", GOOD)
         job_complete(kube_api, job["metadata"]["name"])
-        done = await phase(kube_api, "hr", NAME, "Promoted")
+        done = await phase(kube_api, "qhr", NAME, "Promoted")
         assert done["stable"]["reportUri"] == folder + "report.json"
         assert done["scores"]["overall"] == 0.8

@@ -161,14 +161,14 @@ def test_generate_name_and_namespaces(kube_client: Any) -> None:
 def test_generation_and_resource_version_follow_real_rules(kube_api: KubeAPIServer) -> None:
     created = kube_api.create(example("TaskBatch"))
     rv0 = int(created["metadata"]["resourceVersion"])
-    spec = kube_api.patch("tb", NS, "nightly-tool-use", {"spec": {"parallelism": 8}})
+    spec = kube_api.patch("qtb", NS, "nightly-tool-use", {"spec": {"parallelism": 8}})
     assert spec["metadata"]["generation"] == 2 and int(spec["metadata"]["resourceVersion"]) > rv0
-    labels = kube_api.patch("tb", NS, "nightly-tool-use", {"metadata": {"labels": {"x": "y"}}})
+    labels = kube_api.patch("qtb", NS, "nightly-tool-use", {"metadata": {"labels": {"x": "y"}}})
     assert labels["metadata"]["generation"] == 2
     assert labels["metadata"]["resourceVersion"] != spec["metadata"]["resourceVersion"]
-    same = kube_api.patch("tb", NS, "nightly-tool-use", {"spec": {"parallelism": 8}})
+    same = kube_api.patch("qtb", NS, "nightly-tool-use", {"spec": {"parallelism": 8}})
     assert same["metadata"]["resourceVersion"] == labels["metadata"]["resourceVersion"]
-    status = kube_api.patch_status("tb", NS, "nightly-tool-use", {"phase": "Running"})
+    status = kube_api.patch_status("qtb", NS, "nightly-tool-use", {"phase": "Running"})
     assert status["metadata"]["generation"] == 2 and status["status"]["phase"] == "Running"
 
 
@@ -208,7 +208,7 @@ def test_stale_writes_conflict(kube_api: KubeAPIServer, kube_client: Any) -> Non
     old = api.create_namespaced_custom_object(
         GROUP, VERSION, NS, "devicepools", example("DevicePool")
     )
-    kube_api.patch("dp", NS, "lab-phones", {"spec": {"adbPort": 5038}})
+    kube_api.patch("qdp", NS, "lab-phones", {"spec": {"adbPort": 5038}})
     with pytest.raises(ApiException) as replace:
         api.replace_namespaced_custom_object(GROUP, VERSION, NS, "devicepools", "lab-phones", old)
     assert replace.value.status == 409 and error_of(replace)["reason"] == "Conflict"
@@ -229,7 +229,7 @@ def test_stale_writes_conflict(kube_api: KubeAPIServer, kube_client: Any) -> Non
         )
     assert json_patch.value.status == 422, "kopf needs 422 here, not 500"
     assert "testing value /metadata/resourceVersion failed" in error_of(json_patch)["message"]
-    current = kube_api.get("dp", NS, "lab-phones")
+    current = kube_api.get("qdp", NS, "lab-phones")
     assert current is not None
     test_op[0]["value"] = current["metadata"]["resourceVersion"]
     patched = api.patch_namespaced_custom_object(
@@ -354,11 +354,11 @@ def test_owner_references_are_garbage_collected(kube_api: KubeAPIServer) -> None
             "metadata": {"name": "shared", "ownerReferences": [ref(owner), ref(other)]},
         }
     )
-    kube_api.delete("tr", NS, "planner-sft")
+    kube_api.delete("qtr", NS, "planner-sft")
     assert kube_api.get("jobs", NS, "ranks") is None
     assert kube_api.get("pods", NS, "ranks-0") is None, "dependents of dependents go too"
     assert kube_api.get("cm", NS, "shared") is not None, "another owner is alive"
-    kube_api.delete("tr", NS, "planner-care-rl", propagation="Background")
+    kube_api.delete("qtr", NS, "planner-care-rl", propagation="Background")
     assert kube_api.get("cm", NS, "shared") is None
     # Orphan keeps the dependent and drops the reference.
     owner = kube_api.create(example("TrainingRun"))
@@ -369,7 +369,7 @@ def test_owner_references_are_garbage_collected(kube_api: KubeAPIServer) -> None
             "metadata": {"name": "rdzv", "ownerReferences": [ref(owner)]},
         }
     )
-    kube_api.delete("tr", NS, "planner-sft", propagation="Orphan")
+    kube_api.delete("qtr", NS, "planner-sft", propagation="Orphan")
     orphan = kube_api.get("svc", NS, "rdzv")
     assert orphan is not None and "ownerReferences" not in orphan["metadata"]
 
@@ -381,7 +381,7 @@ def test_finalizers_hold_deletion(kube_api: KubeAPIServer, kube_client: Any) -> 
     api = custom(kube_client)
     deleting = api.delete_namespaced_custom_object(GROUP, VERSION, NS, "harnessreleases", "planner")
     assert deleting["metadata"]["deletionTimestamp"]
-    assert kube_api.get("hr", NS, "planner") is not None
+    assert kube_api.get("qhr", NS, "planner") is not None
     with pytest.raises(ApiException) as new_finalizer:
         api.patch_namespaced_custom_object(
             GROUP,
@@ -396,8 +396,8 @@ def test_finalizers_hold_deletion(kube_api: KubeAPIServer, kube_client: Any) -> 
     api.patch_namespaced_custom_object(
         GROUP, VERSION, NS, "harnessreleases", "planner", {"metadata": {"finalizers": None}}
     )
-    assert kube_api.get("hr", NS, "planner") is None
-    events = [event_type for event_type, _ in kube_api.events_for("hr")]
+    assert kube_api.get("qhr", NS, "planner") is None
+    events = [event_type for event_type, _ in kube_api.events_for("qhr")]
     assert events == ["ADDED", "MODIFIED", "DELETED"]
 
 
@@ -408,10 +408,10 @@ def test_deleting_a_namespace_deletes_its_objects(kube_api: KubeAPIServer) -> No
     held["metadata"]["finalizers"] = ["qpa.ai/pool"]
     kube_api.create(held, namespace="team-a")
     kube_api.delete("ns", None, "team-a")
-    assert kube_api.get("tb", "team-a", "nightly-tool-use") is None
+    assert kube_api.get("qtb", "team-a", "nightly-tool-use") is None
     namespace = kube_api.get("ns", None, "team-a")
     assert namespace is not None and namespace["status"]["phase"] == "Terminating"
-    kube_api.patch("rp", "team-a", "sandbox", {"metadata": {"finalizers": None}})
+    kube_api.patch("qrp", "team-a", "sandbox", {"metadata": {"finalizers": None}})
     assert kube_api.get("ns", None, "team-a") is None
 
 
@@ -422,9 +422,9 @@ def test_watch_streams_events_as_json_lines(kube_api: KubeAPIServer, kube_client
     since = listing["metadata"]["resourceVersion"]
 
     def change() -> None:
-        kube_api.patch_status("tr", NS, "planner-sft", {"phase": "Running"})
+        kube_api.patch_status("qtr", NS, "planner-sft", {"phase": "Running"})
         kube_api.create(example("TrainingRun", 1))
-        kube_api.delete("tr", NS, "planner-care-rl")
+        kube_api.delete("qtr", NS, "planner-care-rl")
 
     threading.Timer(0.3, change).start()
     watch = kubernetes.watch.Watch()
@@ -459,12 +459,12 @@ def test_watch_follows_label_selectors_and_expires_old_versions() -> None:
     with KubeAPIServer(history_limit=4) as server:
         body = example("RolloutPool")
         server.create(body)
-        start = server.get("rp", NS, "sandbox")
+        start = server.get("qrp", NS, "sandbox")
         assert start is not None
 
         def change() -> None:
-            server.patch("rp", NS, "sandbox", {"metadata": {"labels": {"watched": "yes"}}})
-            server.patch("rp", NS, "sandbox", {"metadata": {"labels": {"watched": None}}})
+            server.patch("qrp", NS, "sandbox", {"metadata": {"labels": {"watched": "yes"}}})
+            server.patch("qrp", NS, "sandbox", {"metadata": {"labels": {"watched": None}}})
 
         threading.Timer(0.2, change).start()
         since = start["metadata"]["resourceVersion"]
@@ -476,7 +476,7 @@ def test_watch_follows_label_selectors_and_expires_old_versions() -> None:
             types = [json.loads(line)["type"] for line in response.read().splitlines() if line]
         assert types == ["ADDED", "DELETED"]
         for index in range(6):
-            server.patch("rp", NS, "sandbox", {"spec": {"sessionsPerPod": 10 + index}})
+            server.patch("qrp", NS, "sandbox", {"spec": {"sessionsPerPod": 10 + index}})
         with urllib.request.urlopen(
             server.url + f"/apis/qpa.ai/v1alpha1/rolloutpools?watch=true&resourceVersion={since}",
             timeout=10,
@@ -487,7 +487,7 @@ def test_watch_follows_label_selectors_and_expires_old_versions() -> None:
 
 def test_tables_carry_the_printer_columns(kube_api: KubeAPIServer) -> None:
     kube_api.create(example("TrainingRun"))
-    kube_api.patch_status("tr", NS, "planner-sft", {"phase": "Running", "step": 7})
+    kube_api.patch_status("qtr", NS, "planner-sft", {"phase": "Running", "step": 7})
     accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
     _, _, table = http(
         kube_api,
@@ -1075,31 +1075,31 @@ def test_immutable_fields_are_kept_as_created(shared_api: Any) -> None:
 def test_kubectl_drives_the_emulator(kubectl: Kubectl, kube_api: KubeAPIServer) -> None:
     applied = kubectl("apply", "-f", "examples/trainingrun.yaml")
     assert "trainingrun.qpa.ai/planner-sft created" in applied.stdout
-    kube_api.patch_status("tr", NS, "planner-sft", {"phase": "Running", "step": 42})
-    table = kubectl("get", "tr").stdout.splitlines()
+    kube_api.patch_status("qtr", NS, "planner-sft", {"phase": "Running", "step": 42})
+    table = kubectl("get", "qtr").stdout.splitlines()
     assert table[0].split() == ["NAME", "STAGE", "PHASE", "STEP", "NODES", "GPUS", "AGE"]
     assert table[2].split()[:6] == ["planner-sft", "sft", "Running", "42", "2", "8"]
-    assert "CHECKPOINT" in kubectl("get", "tr", "-o", "wide").stdout
+    assert "CHECKPOINT" in kubectl("get", "qtr", "-o", "wide").stdout
     assert "trainingrun.qpa.ai/planner-care-rl" in kubectl("get", "qpa").stdout
-    described = kubectl("describe", "tr", "planner-sft").stdout
+    described = kubectl("describe", "qtr", "planner-sft").stdout
     assert "Kind:         TrainingRun" in described and "Zero Stage:" in described
     assert "Phase:     Running" in described
-    kubectl("patch", "tr", "planner-sft", "--type=merge", "-p", '{"spec":{"nodes":3}}')
-    stored = kube_api.get("tr", NS, "planner-sft")
+    kubectl("patch", "qtr", "planner-sft", "--type=merge", "-p", '{"spec":{"nodes":3}}')
+    stored = kube_api.get("qtr", NS, "planner-sft")
     assert stored is not None and stored["spec"]["nodes"] == 3
     assert stored["metadata"]["generation"] == 2
     kubectl(
-        "patch", "tr", "planner-sft", "--subresource=status", "--type=merge",
+        "patch", "qtr", "planner-sft", "--subresource=status", "--type=merge",
         "-p", '{"status":{"step":43}}',
     )  # fmt: skip
-    assert "43" in kubectl("get", "tr", "planner-sft", "-o", "jsonpath={.status.step}").stdout
-    strategic = kubectl("patch", "tr", "planner-sft", "-p", '{"spec":{"nodes":4}}', check=False)
+    assert "43" in kubectl("get", "qtr", "planner-sft", "-o", "jsonpath={.status.step}").stdout
+    strategic = kubectl("patch", "qtr", "planner-sft", "-p", '{"spec":{"nodes":4}}', check=False)
     assert strategic.returncode != 0 and "merge-patch" in strategic.stderr
     again = kubectl("apply", "-f", "examples/trainingrun.yaml").stdout
     assert "planner-care-rl unchanged" in again
-    deleted = kubectl("delete", "tr", "planner-sft", "--wait=false")
+    deleted = kubectl("delete", "qtr", "planner-sft", "--wait=false")
     assert 'trainingrun.qpa.ai "planner-sft" deleted' in deleted.stdout
-    assert "planner-sft" not in kubectl("get", "tr").stdout
+    assert "planner-sft" not in kubectl("get", "qtr").stdout
 
 
 def test_kubectl_reports_validation_errors_with_the_field(kubectl: Kubectl, tmp_path: Path) -> None:
@@ -1119,10 +1119,10 @@ def test_kubectl_applies_crds_selects_labels_and_lists_resources(kubectl: Kubect
     for cls in RESOURCES:
         assert f"{cls.info.plural}" in resources and f" {cls.info.short_names[0]} " in resources
     kubectl("apply", "-f", "examples/rolloutpool.yaml")
-    kubectl("label", "rp", "sandbox", "tier=cpu")
-    selected = kubectl("get", "rp", "-l", "tier=cpu", "-o", "name").stdout.split()
+    kubectl("label", "qrp", "sandbox", "tier=cpu")
+    selected = kubectl("get", "qrp", "-l", "tier=cpu", "-o", "name").stdout.split()
     assert selected == ["rolloutpool.qpa.ai/sandbox"]
-    pods = kubectl("get", "rp", "-l", "tier!=cpu", "-o", "name").stdout.split()
+    pods = kubectl("get", "qrp", "-l", "tier!=cpu", "-o", "name").stdout.split()
     assert pods == ["rolloutpool.qpa.ai/phones"]
 
 
@@ -1178,17 +1178,19 @@ async def test_kopf_operator_runs_against_the_emulator(
         kube_api.create(example("TrainingRun"))
 
         def running() -> dict[str, Any] | None:
-            obj = kube_api.get("tr", NS, "planner-sft")
+            obj = kube_api.get("qtr", NS, "planner-sft")
             return obj if obj and obj.get("status", {}).get("phase") == "Running" else None
 
         obj = await kube_api.eventually(running)
         assert obj["metadata"]["finalizers"] == ["qpa.ai/test"]
-        kube_api.patch("tr", NS, "planner-sft", {"spec": {"nodes": 5}})
+        kube_api.patch("qtr", NS, "planner-sft", {"spec": {"nodes": 5}})
         await kube_api.eventually(
-            lambda: (kube_api.get("tr", NS, "planner-sft") or {}).get("status", {}).get("step") == 5
+            lambda: (
+                (kube_api.get("qtr", NS, "planner-sft") or {}).get("status", {}).get("step") == 5
+            )
         )
-        kube_api.delete("tr", NS, "planner-sft")
-        await kube_api.eventually(lambda: kube_api.get("tr", NS, "planner-sft") is None)
+        kube_api.delete("qtr", NS, "planner-sft")
+        await kube_api.eventually(lambda: kube_api.get("qtr", NS, "planner-sft") is None)
         events = await kube_api.eventually(lambda: kube_api.list_objects("events", NS))
     assert runner.exit_code == 0, runner.output
     assert runner.exception is None

@@ -177,7 +177,7 @@ def test_kubectl_validates_by_default_and_names_the_field(
     refused = kubectl("apply", "-f", str(tmp_path / "typo.yaml"), check=False)
     assert refused.returncode != 0
     assert 'unknown field "spec.checkpointEvry"' in refused.stderr
-    assert kube_api.get("tr", NS, "typo") is None
+    assert kube_api.get("qtr", NS, "typo") is None
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job(argz=["run"])))
     refused = kubectl("apply", "-f", str(tmp_path / "job.yaml"), check=False)
     assert refused.returncode != 0

@@ -163,10 +163,10 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
     monkeypatch.setenv("QPA_OPERATOR_METRICS_ADDRESS", "127.0.0.1")
     with operator():
         kubectl("apply", "-f", "examples/taskbatch.yaml")
-        tb = await exists(kube_api, "tb", "nightly-tool-use")
+        tb = await exists(kube_api, "qtb", "nightly-tool-use")
         job = await exists(kube_api, "jobs", "nightly-tool-use-collect")
         cm = await exists(kube_api, "configmaps", "nightly-tool-use-order")
-        pending = await phase(kube_api, "tb", "nightly-tool-use", "Pending")
+        pending = await phase(kube_api, "qtb", "nightly-tool-use", "Pending")
 
         # The Job: indexed, one shard per completion, per-shard retries, the spec's resources.
         spec = job["spec"]
@@ -199,13 +199,13 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
         assert pending["jobName"] == "nightly-tool-use-collect"
         assert pending["observedGeneration"] == 1
 
-        rows = table(kubectl, "tb")
+        rows = table(kubectl, "qtb")
         assert rows[0] == ["NAME", "PHASE", "POOL", "TASKS", "TRAJECTORIES", "SUCCESSES", "AGE"]
         assert rows[1][:6] == ["nightly-tool-use", "Pending", "sandbox", "0", "0", "0"]
 
         # The Job starts: Running. Two shards finish: their summaries add up.
         job_started(kube_api, "nightly-tool-use-collect", active=16)
-        await phase(kube_api, "tb", "nightly-tool-use", "Running")
+        await phase(kube_api, "qtb", "nightly-tool-use", "Running")
         labels = {
             "qpa.ai/taskbatch": "nightly-tool-use",
             "app.kubernetes.io/managed-by": "qpa-operator",
@@ -222,13 +222,13 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
                 summary,
             )
         await kube_api.eventually(
-            lambda: status(kube_api, "tb", "nightly-tool-use").get("trajectories") == 256
+            lambda: status(kube_api, "qtb", "nightly-tool-use").get("trajectories") == 256
         )
-        running = status(kube_api, "tb", "nightly-tool-use")
+        running = status(kube_api, "qtb", "nightly-tool-use")
         assert (running["successes"], running["failures"], running["tasks"]) == (190, 66, 32)
 
         # A spec change reaches the Job where a Job can change: parallelism.
-        kubectl("patch", "tb", "nightly-tool-use", "--type=merge", "-p",
+        kubectl("patch", "qtb", "nightly-tool-use", "--type=merge", "-p",
                 '{"spec":{"parallelism":24}}')  # fmt: skip
         await kube_api.eventually(
             lambda: (
@@ -237,11 +237,11 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
             )
         )
         await kube_api.eventually(
-            lambda: status(kube_api, "tb", "nightly-tool-use").get("observedGeneration") == 2
+            lambda: status(kube_api, "qtb", "nightly-tool-use").get("observedGeneration") == 2
         )
 
         job_complete(kube_api, "nightly-tool-use-collect", succeeded=32, completedIndexes="0-31")
-        done = await phase(kube_api, "tb", "nightly-tool-use", "Succeeded")
+        done = await phase(kube_api, "qtb", "nightly-tool-use", "Succeeded")
         assert done["completedShards"] == 32
         assert {c["type"]: c["status"] for c in done["conditions"]} == {
             "Progressing": "False",
@@ -253,7 +253,7 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
                 <= set(event_reasons(kube_api, tb["metadata"]["name"]))
             )
         )
-        assert "Succeeded" in kubectl("describe", "tb", "nightly-tool-use").stdout
+        assert "Succeeded" in kubectl("describe", "qtb", "nightly-tool-use").stdout
 
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         text = scraped.decode()
@@ -261,7 +261,7 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
         assert 'qpa_operator_reconciles_total{kind="TaskBatch",reason="create"}' in text
         assert "qpa_operator_reconcile_duration_seconds_bucket" in text
 
-        kubectl("delete", "tb", "nightly-tool-use", "--wait=false")
+        kubectl("delete", "qtb", "nightly-tool-use", "--wait=false")
         await kube_api.eventually(
             lambda: not owned(kube_api, "jobs", "TaskBatch", "nightly-tool-use")
         )
@@ -276,7 +276,7 @@ async def test_a_failed_collect_job_fails_the_batch(
         await exists(kube_api, "jobs", "nightly-tool-use-collect")
         mark_job(kube_api, "nightly-tool-use-collect", failedIndexes="3,7-8")
         job_failed(kube_api, "nightly-tool-use-collect", reason="FailedIndexes")
-        failed = await phase(kube_api, "tb", "nightly-tool-use", "Failed")
+        failed = await phase(kube_api, "qtb", "nightly-tool-use", "Failed")
         assert failed["failedShards"] == 3
         cond = {c["type"]: c for c in failed["conditions"]}
         assert cond["Failed"]["status"] == "True" and cond["Failed"]["reason"] == "FailedIndexes"
@@ -293,7 +293,7 @@ async def test_rolloutpool_serves_environments_behind_a_service(
 ) -> None:
     with operator():
         kubectl("apply", "-f", "examples/rolloutpool.yaml")
-        pool = await exists(kube_api, "rp", "sandbox")
+        pool = await exists(kube_api, "qrp", "sandbox")
         deployment = await exists(kube_api, "deployments", "sandbox-env")
         service = await exists(kube_api, "services", "sandbox-env")
         hpa = await exists(kube_api, "horizontalpodautoscalers", "sandbox-env")
@@ -333,17 +333,17 @@ async def test_rolloutpool_serves_environments_behind_a_service(
             lambda: (
                 {
                     c["type"]: c["status"]
-                    for c in status(kube_api, "rp", "phones").get("conditions", [])
+                    for c in status(kube_api, "qrp", "phones").get("conditions", [])
                 }.get("DevicePoolFound")
                 == "False"
             )
         )
 
-        await phase(kube_api, "rp", "sandbox", "Pending")
+        await phase(kube_api, "qrp", "sandbox", "Pending")
         kube_api.patch_status("deployments", NS, "sandbox-env", {"replicas": 2, "readyReplicas": 1})
-        await phase(kube_api, "rp", "sandbox", "Degraded")
+        await phase(kube_api, "qrp", "sandbox", "Degraded")
         kube_api.patch_status("deployments", NS, "sandbox-env", {"replicas": 2, "readyReplicas": 2})
-        ready = await phase(kube_api, "rp", "sandbox", "Ready")
+        ready = await phase(kube_api, "qrp", "sandbox", "Ready")
         assert (ready["readyReplicas"], ready["capacity"], ready["leased"]) == (2, 64, 0)
         assert ready["serviceUrl"] == "http://sandbox-env.default.svc.cluster.local"
 
@@ -362,8 +362,8 @@ async def test_rolloutpool_serves_environments_behind_a_service(
                 },
             }
         )
-        await kube_api.eventually(lambda: status(kube_api, "rp", "sandbox").get("leased") == 1)
-        rows = table(kubectl, "rp")
+        await kube_api.eventually(lambda: status(kube_api, "qrp", "sandbox").get("leased") == 1)
+        rows = table(kubectl, "qrp")
         assert rows[0] == ["NAME", "ENVIRONMENT", "PHASE", "READY", "CAPACITY", "LEASED", "AGE"]
         assert ["sandbox", "sandbox", "Ready", "2", "64", "1"] in [r[:6] for r in rows]
 
@@ -380,12 +380,12 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         assert back["spec"]["ports"][0]["port"] == 80
 
         # replicas.max down to min: the autoscaler goes, the Deployment keeps min replicas.
-        kubectl("patch", "rp", "sandbox", "--type=merge", "-p", '{"spec":{"replicas":{"max":2}}}')
+        kubectl("patch", "qrp", "sandbox", "--type=merge", "-p", '{"spec":{"replicas":{"max":2}}}')
         await kube_api.eventually(
             lambda: kube_api.get("horizontalpodautoscalers", NS, "sandbox-env") is None
         )
 
-        kubectl("delete", "rp", "sandbox", "phones", "--wait=false")
+        kubectl("delete", "qrp", "sandbox", "phones", "--wait=false")
         await kube_api.eventually(lambda: not kube_api.list_objects("deployments", NS))
         for plural in ("services", "horizontalpodautoscalers", "roles", "rolebindings"):
             assert not kube_api.list_objects(
@@ -425,7 +425,7 @@ async def test_devicepool_bridges_phones_from_device_nodes(
 ) -> None:
     with operator():
         kubectl("apply", "-f", "examples/devicepool.yaml")
-        pool = await exists(kube_api, "dp", "lab-phones")
+        pool = await exists(kube_api, "qdp", "lab-phones")
         ds = await exists(kube_api, "daemonsets", "lab-phones-bridge")
         assert command(ds) == ["qpa", "device", "bridge", "--spec", WORK_ORDER_PATH]
         order_map = await exists(kube_api, "configmaps", "lab-phones-order")
@@ -443,7 +443,7 @@ async def test_devicepool_bridges_phones_from_device_nodes(
         assert svc["spec"]["clusterIP"] == "None"
         for child in (ds, order_map, svc):
             assert_owned_by(child, pool)
-        await phase(kube_api, "dp", "lab-phones", "Pending")
+        await phase(kube_api, "qdp", "lab-phones", "Pending")
 
         kube_api.patch_status(
             "daemonsets", NS, "lab-phones-bridge",
@@ -455,9 +455,9 @@ async def test_devicepool_bridges_phones_from_device_nodes(
         leased["spec"]["holderIdentity"] = "phones-env-abc"
         leased["spec"]["renewTime"] = "2099-01-01T00:00:00.000000Z"
         kube_api.create(leased)
-        ready = await phase(kube_api, "dp", "lab-phones", "Ready")
-        await kube_api.eventually(lambda: status(kube_api, "dp", "lab-phones").get("total") == 2)
-        ready = status(kube_api, "dp", "lab-phones")
+        ready = await phase(kube_api, "qdp", "lab-phones", "Ready")
+        await kube_api.eventually(lambda: status(kube_api, "qdp", "lab-phones").get("total") == 2)
+        ready = status(kube_api, "qdp", "lab-phones")
         assert (ready["available"], ready["leased"], ready["quarantined"]) == (1, 1, 0)
         assert [(p["serial"], p["node"], p["state"]) for p in ready["phones"]] == [
             ("R5CT1", "lab-node-1", "available"),
@@ -479,13 +479,13 @@ async def test_devicepool_bridges_phones_from_device_nodes(
         kube_api.create(
             phone_lease("R5CT3", "lab-node-1", state="quarantined", reason="adb timeout")
         )
-        degraded = await phase(kube_api, "dp", "lab-phones", "Degraded")
+        degraded = await phase(kube_api, "qdp", "lab-phones", "Degraded")
         assert degraded["quarantined"] == 1
-        rows = table(kubectl, "dp")
+        rows = table(kubectl, "qdp")
         assert rows[0] == ["NAME", "PHASE", "PHONES", "AVAILABLE", "LEASED", "QUARANTINED", "AGE"]
         assert rows[1][:6] == ["lab-phones", "Degraded", "3", "1", "1", "1"]
 
-        kubectl("delete", "dp", "lab-phones", "--wait=false")
+        kubectl("delete", "qdp", "lab-phones", "--wait=false")
         await kube_api.eventually(
             lambda: kube_api.get("daemonsets", NS, "lab-phones-bridge") is None
         )
@@ -505,7 +505,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         kubectl("apply", "-f", "examples/trainingrun.yaml")
 
         # RL: no datasets to prepare, the ranks' Job at once.
-        rl = await exists(kube_api, "tr", "planner-care-rl")
+        rl = await exists(kube_api, "qtr", "planner-care-rl")
         job = await exists(kube_api, "jobs", "planner-care-rl-r0")
         spec = job["spec"]
         assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == (
@@ -540,7 +540,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
             assert_owned_by(child, rl)
 
         # SFT waits for its TaskBatch, then curates and mixes, then trains.
-        waiting = await phase(kube_api, "tr", "planner-sft", "Pending")
+        waiting = await phase(kube_api, "qtr", "planner-sft", "Pending")
         reasons = {c["type"]: c["reason"] for c in waiting["conditions"]}
         assert reasons["DataReady"] == "WaitingForTaskBatch"
         assert kube_api.get("jobs", NS, "planner-sft-data") is None
@@ -566,8 +566,8 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         assert sft_order.resolved.dataset_uri == "s3://qpa/trainingruns/planner-sft/data/mix/"
 
         job_started(kube_api, "planner-sft-r0", active=2)
-        await phase(kube_api, "tr", "planner-sft", "Running")
-        rows = table(kubectl, "tr")
+        await phase(kube_api, "qtr", "planner-sft", "Running")
+        rows = table(kubectl, "qtr")
         assert rows[0] == ["NAME", "STAGE", "PHASE", "STEP", "NODES", "GPUS", "AGE"]
         assert ["planner-sft", "sft", "Running", "0", "2", "8"] in [r[:6] for r in rows]
 
@@ -583,22 +583,22 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
             exit_code=1,
         )  # fmt: skip
         job_failed(kube_api, "planner-sft-r0")
-        resuming = await phase(kube_api, "tr", "planner-sft", "Resuming")
+        resuming = await phase(kube_api, "qtr", "planner-sft", "Resuming")
         assert resuming["restarts"] == 1
         await exists(kube_api, "jobs", "planner-sft-r1")
         await kube_api.eventually(lambda: kube_api.get("jobs", NS, "planner-sft-r0") is None)
-        await kube_api.eventually(lambda: status(kube_api, "tr", "planner-sft").get("step") == 400)
-        resumed = status(kube_api, "tr", "planner-sft")
+        await kube_api.eventually(lambda: status(kube_api, "qtr", "planner-sft").get("step") == 400)
+        resumed = status(kube_api, "qtr", "planner-sft")
         assert resumed["latestCheckpoint"] == ckpt.format(400)
         assert [c["step"] for c in resumed["checkpoints"]] == [200, 400]
         assert resumed["metrics"]["loss"] == 0.75
 
         job_complete(kube_api, "planner-sft-r1", succeeded=2)
-        done = await phase(kube_api, "tr", "planner-sft", "Succeeded")
+        done = await phase(kube_api, "qtr", "planner-sft", "Succeeded")
         assert done["modelUri"] == "s3://qpa/trainingruns/planner-sft/final/"
         await kube_api.eventually(lambda: "Resuming" in event_reasons(kube_api, "planner-sft"))
 
-        kubectl("delete", "tr", "planner-sft", "planner-care-rl", "--wait=false")
+        kubectl("delete", "qtr", "planner-sft", "planner-care-rl", "--wait=false")
         await kube_api.eventually(lambda: not owned(kube_api, "jobs", "TrainingRun", "planner-sft"))
         assert not owned(kube_api, "services", "TrainingRun", "planner-care-rl")
         assert not owned(kube_api, "configmaps", "TrainingRun", "planner-sft")
@@ -626,7 +626,7 @@ def mark_new_jobs_started(kube: KubeAPIServer) -> None:
 def running_count(kube: KubeAPIServer) -> int:
     return sum(
         1
-        for tb in kube.list_objects("tb", NS)
+        for tb in kube.list_objects("qtb", NS)
         if (tb.get("status") or {}).get("phase") == "Running"
     )
 
@@ -644,7 +644,7 @@ def assert_no_duplicates(kube: KubeAPIServer, names: list[str]) -> None:
     cms = kube.list_objects("configmaps", NS, "qpa.ai/taskbatch")
     assert sorted(j["metadata"]["name"] for j in jobs) == sorted(f"{n}-collect" for n in names)
     assert sorted(c["metadata"]["name"] for c in cms) == sorted(f"{n}-order" for n in names)
-    for tb in kube.list_objects("tb", NS):
+    for tb in kube.list_objects("qtb", NS):
         (job,) = [
             j for j in jobs if j["metadata"]["labels"]["qpa.ai/taskbatch"] == tb["metadata"]["name"]
         ]
@@ -670,7 +670,7 @@ async def test_restarts_in_the_middle_of_reconciling_fifty_objects(
     def handled() -> int:
         return sum(
             1
-            for tb in kube_api.list_objects("tb", NS)
+            for tb in kube_api.list_objects("qtb", NS)
             if "qpa.ai/last-handled-configuration" in (tb["metadata"].get("annotations") or {})
             and (tb.get("status") or {}).get("phase")
         )
@@ -732,7 +732,7 @@ async def test_everything_converges_with_ten_percent_api_errors(
                 if dep is not None and not dep.get("status"):
                     kube_api.patch_status("deployments", NS, f"{name}-env",
                                           {"replicas": 2, "readyReplicas": 2})  # fmt: skip
-                ready += status(kube_api, "rp", name).get("phase") == "Ready"
+                ready += status(kube_api, "qrp", name).get("phase") == "Ready"
             return ready == len(pools)
 
         await converge(kube_api, len(names), timeout=90)

@@ -64,13 +64,13 @@ async def test_everything_converges_when_watches_expire_drop_and_lists_go_stale(
                 for job in jobs:
                     if not (job.get("status") or {}).get("startTime"):
                         mark_job(kube_api, job["metadata"]["name"], startTime=T0, active=1)
-                done += status(kube_api, "tb", name).get("phase") == "Running"
+                done += status(kube_api, "qtb", name).get("phase") == "Running"
             for name in pools:
                 dep = kube_api.get("deployments", NS, f"{name}-env")
                 if dep is not None and not dep.get("status"):
                     kube_api.patch_status("deployments", NS, f"{name}-env",
                                           {"replicas": 2, "readyReplicas": 2})  # fmt: skip
-                done += status(kube_api, "rp", name).get("phase") == "Ready"
+                done += status(kube_api, "qrp", name).get("phase") == "Ready"
             return done == len(batches) + len(pools)
 
         await kube_api.eventually(converged, timeout=120, interval=0.3)

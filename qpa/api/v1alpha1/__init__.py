@@ -104,6 +104,7 @@ from qpa.api.v1alpha1.resource import (
     ObjectMeta,
     OwnerReference,
     PrinterColumn,
+    ScaleSubresource,
 )
 from qpa.api.v1alpha1.rolloutpool import (
     LLMSimSettings,
@@ -270,6 +271,7 @@ __all__ = [
     "RolloutPoolSpec",
     "RolloutPoolStatus",
     "SFTSettings",
+    "ScaleSubresource",
     "Scores",
     "SecretKeySelector",
     "Split",

@@ -302,7 +302,7 @@ class HarnessRelease(CustomResource):
         kind="HarnessRelease",
         plural="harnessreleases",
         singular="harnessrelease",
-        short_names=("hr",),
+        short_names=("qhr",),
         description="HarnessRelease deploys a model (KServe + vLLM) and a Harness version as a "
         "canary, benchmarks it, and promotes or rolls back by the gate.",
         printer_columns=(

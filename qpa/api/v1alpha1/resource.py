@@ -66,8 +66,22 @@ PHASE_COLUMN = PrinterColumn(
 )
 
 
+class ScaleSubresource(BaseModel):
+    """The CRD's `scale` subresource: where `kubectl scale` and an HPA read and write the size.
+
+    Paths are JSON paths of the custom resource (`.spec.replicas.min`); the API server maps an
+    `autoscaling/v1` Scale onto them.
+    """
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    spec_replicas_path: str
+    status_replicas_path: str
+    label_selector_path: str | None = None
+
+
 class KindInfo(BaseModel):
-    """How a kind is named and shown: the CRD's names, scope and printer columns."""
+    """How a kind is named and shown: the CRD's names, scope, printer columns, subresources."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -77,6 +91,7 @@ class KindInfo(BaseModel):
     short_names: tuple[str, ...]
     printer_columns: tuple[PrinterColumn, ...]
     description: str
+    scale: ScaleSubresource | None = None
 
     @property
     def crd_name(self) -> str:

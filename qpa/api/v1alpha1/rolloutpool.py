@@ -27,6 +27,7 @@ from qpa.api.v1alpha1.resource import (
     CustomResource,
     KindInfo,
     PrinterColumn,
+    ScaleSubresource,
 )
 
 
@@ -117,6 +118,12 @@ class RolloutPoolStatus(_Model):
     capacity: int = Field(default=0, ge=0, description="Sessions the ready pods can hold.")
     leased: int = Field(default=0, ge=0, description="Sessions in use.")
     service_url: str | None = Field(default=None, description="URL of the pool's Service.")
+    label_selector: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Label selector of the pool's pods, as a string (the scale subresource's, "
+        "for a HorizontalPodAutoscaler).",
+    )
 
 
 class RolloutPool(CustomResource):
@@ -126,7 +133,12 @@ class RolloutPool(CustomResource):
         kind="RolloutPool",
         plural="rolloutpools",
         singular="rolloutpool",
-        short_names=("rp",),
+        short_names=("qrp",),
+        scale=ScaleSubresource(
+            spec_replicas_path=".spec.replicas.min",
+            status_replicas_path=".status.replicas",
+            label_selector_path=".status.labelSelector",
+        ),
         description="RolloutPool keeps a warm pool of environment servers (`qpa env serve`): "
         "sandbox, LLM-simulated or device-backed.",
         printer_columns=(

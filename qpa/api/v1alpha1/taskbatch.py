@@ -251,7 +251,7 @@ class TaskBatch(CustomResource):
         kind="TaskBatch",
         plural="taskbatches",
         singular="taskbatch",
-        short_names=("tb",),
+        short_names=("qtb",),
         description="TaskBatch generates and/or runs a batch of tasks: an indexed Job of "
         "`qpa collect` workers writes trajectories to object storage.",
         printer_columns=(

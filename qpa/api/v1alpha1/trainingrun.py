@@ -347,7 +347,7 @@ class TrainingRun(CustomResource):
         kind="TrainingRun",
         plural="trainingruns",
         singular="trainingrun",
-        short_names=("tr",),
+        short_names=("qtr",),
         description="TrainingRun runs SFT or CARE RL as a multi-node DeepSpeed job that "
         "checkpoints to object storage and resumes after failures.",
         printer_columns=(

@@ -102,7 +102,18 @@ def test_crd_shape(name: str) -> None:
     }
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-    assert version["subresources"] == {"status": {}}
+    scale = (
+        {
+            "scale": {
+                "specReplicasPath": ".spec.replicas.min",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.labelSelector",
+            }
+        }
+        if info.kind == "RolloutPool"
+        else {}
+    )
+    assert version["subresources"] == {"status": {}, **scale}
     columns = version["additionalPrinterColumns"]
     assert [c["name"] for c in columns][-1] == "Age"
     assert any(c["jsonPath"] == ".status.phase" for c in columns)

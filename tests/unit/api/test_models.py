@@ -49,11 +49,11 @@ def test_every_kind_has_an_example_and_the_names_of_the_design() -> None:
     assert kinds == {cls.info.kind for cls in RESOURCES}
     short = {cls.info.kind: cls.info.short_names for cls in RESOURCES}
     assert short == {
-        "TaskBatch": ("tb",),
-        "RolloutPool": ("rp",),
-        "DevicePool": ("dp",),
-        "TrainingRun": ("tr",),
-        "HarnessRelease": ("hr",),
+        "TaskBatch": ("qtb",),
+        "RolloutPool": ("qrp",),
+        "DevicePool": ("qdp",),
+        "TrainingRun": ("qtr",),
+        "HarnessRelease": ("qhr",),
     }
     assert API_VERSION == f"{api.GROUP}/{api.VERSION}" == "qpa.ai/v1alpha1"
 
@@ -232,7 +232,7 @@ def test_conditions_keep_their_transition_time_until_the_status_changes() -> Non
 def test_lookup_by_kind_plural_and_short_name() -> None:
     assert resource_for_kind("TrainingRun") is TrainingRun
     assert resource_for_kind("harnessreleases") is HarnessRelease
-    assert resource_for_kind("rp") is RolloutPool
+    assert resource_for_kind("qrp") is RolloutPool
     assert resource_for_kind("taskbatch") is TaskBatch
     with pytest.raises(KeyError, match=r"unknown qpa\.ai kind"):
         resource_for_kind("Pod")

@@ -1,6 +1,6 @@
 """`qpa release promote`: a real git repository in tmp_path, written and committed with dulwich.
 
-The HarnessRelease comes from a status file (as `kubectl get hr -o yaml` writes it) or from the
+The HarnessRelease comes from a status file (as `kubectl get qhr -o yaml` writes it) or from the
 test API server through the kubernetes client; its status is the one the operator's state
 machine writes.
 """
@@ -208,7 +208,7 @@ def test_the_release_is_read_from_the_cluster(
     body["metadata"] = {"name": "planner", "namespace": "default"}
     status = body.pop("status")
     kube_api.create(body)
-    kube_api.patch_status("hr", "default", "planner", status)
+    kube_api.patch_status("qhr", "default", "planner", status)
     result = runner.invoke(
         app,
         ["release", "promote", "--repo", str(gitops), "--from", "staging", "--to", "prod",
