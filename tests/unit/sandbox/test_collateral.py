@@ -382,6 +382,26 @@ def test_replay_reproduces_a_verification_with_collateral() -> None:
     assert trajectory.verification.collateral
 
 
+def test_a_write_an_asked_for_call_merely_uses_is_no_precondition() -> None:
+    """A new default card set before a top-up that then charges it: the top-up would have
+    succeeded on the user's own default, so the change is collateral, named by its tool."""
+    tasks = [t for t in SUITE if t.template == "payments_bill_with_top_up"][:4]
+    assert tasks
+    for task in tasks:
+        env = SandboxEnv()
+        planner = InjectingOracle(env, _default_card, "before")
+        trajectory = run_episode(env, task, planner)
+        assert planner.injection is not None, task.id
+        verification = trajectory.verification
+        assert verification is not None and not verification.success
+        got = {
+            (c.app, c.collection, c.record_id, c.change)
+            for c in verification.collateral
+            if c.tool == "wallet_set_default_card"
+        }
+        assert set(planner.injection.expect) <= got, task.id
+
+
 def test_diagnosis_names_the_unrequested_write_as_the_models() -> None:
     for index, task in enumerate(SAMPLE[:40]):
         trajectory, planner = _run_injected(task, index, "after")
