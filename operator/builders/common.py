@@ -584,15 +584,28 @@ def role(
 
 
 def role_binding(
-    owner: CustomResource, name: str, component: str, defaults: Defaults, role_name: str
+    owner: CustomResource,
+    name: str,
+    component: str,
+    defaults: Defaults,
+    role_name: str,
+    *,
+    account: str | None = None,
 ) -> JsonDict:
-    """Binds the ServiceAccount `name` of the owner's namespace to the Role `role_name`."""
+    """Binds the ServiceAccount `account` (default: `name`) of the owner's namespace to the
+    Role `role_name`. A binding's roleRef cannot change: a binding to another Role needs
+    another name."""
+    subject = {
+        "kind": "ServiceAccount",
+        "name": account or name,
+        "namespace": owner_namespace(owner),
+    }
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": metadata(owner, name, component, defaults),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner_namespace(owner)}],
+        "subjects": [subject],
     }
 
 

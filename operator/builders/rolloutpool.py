@@ -77,6 +77,11 @@ def account_name(pool: RolloutPool) -> str:
     return child_name(pool, "env")
 
 
+def phones_binding_name(pool: RolloutPool) -> str:
+    """The RoleBinding of a device pool's env servers to their DevicePool's phones Role."""
+    return child_name(pool, "env-phones")
+
+
 def autoscaled(pool: RolloutPool) -> bool:
     return pool.spec.replicas.max > pool.spec.replicas.min
 
@@ -117,9 +122,11 @@ def device_rbac(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
         return []
     name = account_name(pool)
     phones = device_builder.phones_role_name(pool.spec.device_pool_ref.name)
+    # named apart from the `<pool>-env` binding of earlier versions (to their own Role): a
+    # RoleBinding's roleRef is immutable, so that one could not be patched into this one
     objects = [
         service_account(pool, name, COMPONENT, defaults),
-        role_binding(pool, name, COMPONENT, defaults, phones),
+        role_binding(pool, phones_binding_name(pool), COMPONENT, defaults, phones, account=name),
     ]
     return [with_spec_hash(o) for o in objects]
 

@@ -325,7 +325,7 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         assert (device.kind, device.device_pool) == ("device", "lab-phones")
         assert device.adb == "lab-phones-bridge.default.svc.cluster.local:5037"
         # the env servers are bound to the DevicePool's Role (phone Leases by name), own none
-        binding = await exists(kube_api, "rolebindings", "phones-env")
+        binding = await exists(kube_api, "rolebindings", "phones-env-phones")
         assert binding["roleRef"]["name"] == "lab-phones-phones"
         assert kube_api.get("roles", NS, "phones-env") is None
         assert kube_api.get("horizontalpodautoscalers", NS, "phones-env") is None

@@ -264,6 +264,7 @@ def test_env_servers_bind_to_the_pools_phones_role_and_own_no_role() -> None:
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lab-phones-phones",
     }  # fmt: skip
+    assert binding["metadata"]["name"] == "phones-env-phones"  # never the old `phones-env`
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": rolloutpool.account_name(rp), "namespace": "team-a"}
     ]
