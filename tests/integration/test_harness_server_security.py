@@ -344,3 +344,18 @@ def test_the_server_still_serves_after_the_abuse(served: dict[str, Any]) -> None
     assert response.status_code == 200, response.text
     assert response.json()["success"] is True
     assert httpx.get(f"{served['url']}/v2/models/harness/ready").status_code == 200
+
+
+def test_in_process_predict_applies_the_same_rules(tmp_path: Path) -> None:
+    import asyncio
+
+    from qpa.harness.factory import PlannerSpec
+    from qpa.harness.serve_config import HarnessServeConfig
+    from qpa.harness.server import HarnessModel, kserve
+
+    model = HarnessModel("harness", PlannerSpec("oracle"), config=HarnessServeConfig())
+    model.load()
+    answer = asyncio.run(model.predict({"user_id": "u-1", "task_id": TASK.id}))
+    assert answer["success"] is True and answer["memory"] == "ephemeral"
+    with pytest.raises(kserve.errors.InvalidInput, match="env_url"):
+        asyncio.run(model.predict({"user_id": "u-1", "task_id": TASK.id, "env_url": "http://x"}))
