@@ -9,7 +9,8 @@ adb needs the raw USB devices. So **nothing a DevicePool says reaches its privil
 
 - the image is the operator's setting (`Defaults.bridge_image`: the chart's
   `images.deviceBridge`), as are the security context, the volumes and the command; a
-  DevicePool has no image field (`spec.bridgeImage` is refused by the CRD and by `qpa.api`);
+  DevicePool has no image field (`spec.bridgeImage` is an unknown field to the API server,
+  an error under `kubectl apply`'s strict validation, and refused by `qpa.api`);
 - the nodes: the DaemonSet's `nodeSelector` is the pool's `nodeSelector` with the cluster
   admin's device-node labels (`Defaults.device_node_selector`: the chart's
   `devices.nodeSelector`) laid over it: a pool can only narrow the device nodes, never widen

@@ -258,13 +258,13 @@ class BridgeSettings:
         `adbPort`; the adb gate on `<pod IP>:adbPort` (what other pods dial, written into each
         phone Lease)."""
         spec = order.resource.spec
-        host = f"[{pod_ip}]" if pod_ip and ":" in pod_ip else pod_ip
         return cls(
             pool=order.name,
             node=node,
             spec=spec,
             adb_port=spec.adb_port,
-            advertise=f"{host}:{spec.adb_port}" if pod_ip else None,
+            # HOST:PORT split at the last colon, so an IPv6 pod IP needs no brackets
+            advertise=f"{pod_ip}:{spec.adb_port}" if pod_ip else None,
             gate=(pod_ip, spec.adb_port) if pod_ip else None,
             namespace=order.resolved.namespace,
         )

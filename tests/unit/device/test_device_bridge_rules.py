@@ -16,6 +16,7 @@ from qpa.api.v1alpha1 import DeviceFilter, DevicePoolSpec, Phone
 from qpa.device import names
 from qpa.device.bridge import AdbServerProcess, Health, matches, merged_status, next_state
 from qpa.device.leases import expired_holder, held
+from qpa.envs.device import parse_address
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 SPEC = DevicePoolSpec.model_validate(
@@ -159,6 +160,9 @@ def test_the_daemonset_runs_the_real_bridge_command(tmp_path: Path) -> None:
     )
     assert (settings.adb_port, settings.advertise) == (5037, "10.1.2.3:5037")
     assert settings.gate == ("10.1.2.3", 5037)
+    v6 = BridgeSettings.from_devicepool(order, node="node-1", pod_ip="fd00::5")
+    assert (v6.advertise, v6.gate) == ("fd00::5:5037", ("fd00::5", 5037))
+    assert parse_address(v6.advertise) == ("fd00::5", 5037)  # what the env servers dial
 
 
 def test_adb_server_command_line_listens_on_loopback_only() -> None:
