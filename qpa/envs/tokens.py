@@ -66,7 +66,7 @@ def parse_tokens(data: Any, source: str) -> dict[str, str]:
                 f"{source}: key {str(key)[:20]!r}...: expected sha256:<64 hex digits> "
                 "(the token's hash, never the token)"
             )
-        if not isinstance(identity, str) or not _IDENTITY.match(identity):
+        if not isinstance(identity, str) or not _IDENTITY.fullmatch(identity):
             raise TokenFileError(
                 f"{source}: entry {match.group(1)[:12]}...: identity must match {IDENTITY_PATTERN}"
             )

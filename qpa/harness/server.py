@@ -168,7 +168,7 @@ class Authenticator:
         value = headers.get(header)
         if value is None:
             raise _unauthenticated(f"missing the '{header}' identity header", header)
-        if not _IDENTITY.match(value):
+        if not _IDENTITY.fullmatch(value):
             raise _unauthenticated(f"the '{header}' header is not a user id", header)
         return Caller(value)
 
