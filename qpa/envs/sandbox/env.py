@@ -132,12 +132,10 @@ class SandboxEnv:
     def verify(self) -> Verification:
         if self._world is None or self._task is None:
             return Verification(done=False, success=False, progress=0.0)
+        # Both sides as JSON, as the per-call diffs see them (a tuple an app keeps is a list).
+        final = orjson.loads(snapshot(self._world.state)) if self._writes.calls else {}
         collateral = find_collateral(
-            self._task.verifier.checks,
-            self._initial,
-            self._world.state,
-            self._writes,
-            replay=self._replay,
+            self._task.verifier.checks, self._initial, final, self._writes, replay=self._replay
         )
         return verify_state(
             self._task.verifier,
