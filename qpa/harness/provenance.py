@@ -193,6 +193,7 @@ class Origin:
     detail: str
     selected: bool = True
     picked: bool = True
+    named: bool = True  # picked by a read narrowed with the user's own words (not by likeness)
 
     @property
     def trusted(self) -> bool:
@@ -264,19 +265,23 @@ class ProvenanceLedger:
             selected, picked = self.read_selection(call)
         for key, value in _argument_strings(call.arguments):
             if len(value.strip()) >= 2 and self.trace(value, loose=not wrote) is None:
-                self.add_value(value, Origin("tool", f"step {step} {call.tool}({key}) authored"))
+                authored = Origin("tool", f"step {step} {call.tool}({key}) authored", named=False)
+                self.add_value(value, authored)
         for record_path, record in _records(observation):
             record_picked = picked or (selected and self._matches_request(record))
+            named = wrote or picked
             for path, value in strings(record):
                 full = f"{record_path}.{path}" if record_path else path
                 key = _leaf_key(full) or _leaf_key(record_path)
                 detail = f"step {step} {call.tool} → {full or 'result'}"
                 # every tool string is text a value may be cut or reformatted from; only a
                 # short, non-prose field's whole value is a value in its own right
-                inside = Origin("tool", f"text of {detail}", False, False)
+                inside = Origin("tool", f"text of {detail}", False, False, False)
                 self._free.append((squash(value), re.sub(r"\D", "", value), inside))
                 if not is_free_text(key, value):
-                    origin = Origin("tool", detail, selected, selected and record_picked)
+                    origin = Origin(
+                        "tool", detail, selected, selected and record_picked, selected and named
+                    )
                     self.add_value(value, origin)
 
     def read_selection(self, call: ToolCall) -> tuple[bool, bool]:
@@ -391,7 +396,7 @@ def _domain(value: str) -> str:
 
 
 def _rank(origin: Origin) -> int:
-    return (2 if origin.picked else 0) + (1 if origin.selected else 0)
+    return (4 if origin.named else 0) + (2 if origin.picked else 0) + (1 if origin.selected else 0)
 
 
 def _in_words(key: str, text_words: list[str]) -> bool:

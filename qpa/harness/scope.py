@@ -62,6 +62,7 @@ BULK_WORDS = (
 _SEND = re.compile(rf"\b(?:{SEND_WORDS})(?:s|ed|ing)?\b", re.I)
 _DELETE = re.compile(rf"\b(?:{DELETE_WORDS})(?:s|d|ed|ing)?\b", re.I)
 _BULK = re.compile(rf"\b(?:{BULK_WORDS})\b", re.I)
+_QUOTED = re.compile(r'"[^"]*"|“[^”]*”')
 _PLURAL = re.compile(r"\b[a-z]{3,}[^s']s\b", re.I)
 
 
@@ -82,6 +83,7 @@ def effect_of(spec: ToolSpec, app: str = "") -> Effect:
 
 
 APP_SHARE = 0.5  # an app is in scope when its relevance is at least this share of the top app's
+LEAD_SHARE = 0.75  # ... and the request is squarely about it from this share on
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ class RequestScope:
             effects.add("send")
         if _DELETE.search(text):
             effects.add("delete")
-        bulk = bool(_BULK.search(task.instruction) or _PLURAL.search(task.instruction))
+        asked = _QUOTED.sub(" ", task.instruction)  # quoted text is content, not the request
+        bulk = bool(_BULK.search(asked) or _PLURAL.search(asked))
         top = max(app_scores.values(), default=0.0)
         pairs = list(tools)
         if top <= 0:  # the adapter cannot tell what the request is about: no app is ruled out
@@ -120,8 +123,8 @@ class RequestScope:
             apps = {a for a, score in app_scores.items() if score >= APP_SHARE * top}
         named = {spec.name for spec, _ in pairs if tool_scores.get(spec.name, 0.0) > 0}
         names = {spec.name for spec, app in pairs if app in apps or not app} | named
-        leading = {a for a, score in app_scores.items() if top <= 0 or score >= top}
-        core = {spec.name for spec, app in pairs if app in leading or not app} | named
+        leading = {a for a, score in app_scores.items() if top <= 0 or score >= LEAD_SHARE * top}
+        core = {spec.name for spec, app in pairs if app in leading or not app}
         # A send goes through the request's own apps ("email my manager" is no text message,
         # whatever word matches); failing those, through a tool the instruction names; failing
         # that ("let my manager know ..."), through any app's (its recipient must still trace
@@ -131,8 +134,11 @@ class RequestScope:
         core -= set(senders)
         if "send" in effects:
             best = max((tool_scores.get(n, 0.0) for n in senders), default=0.0)
-            chosen = {n for n, app in senders.items() if app in apps}
-            chosen |= {n for n in senders if n in named and tool_scores[n] >= APP_SHARE * best}
+            chosen = {n for n, app in senders.items() if app in leading} | {
+                n
+                for n, app in senders.items()
+                if (app in apps or n in named) and tool_scores.get(n, 0.0) >= APP_SHARE * best
+            }
             chosen = chosen or set(senders)
             names |= chosen
             core |= chosen

@@ -1,0 +1,100 @@
+"""Prompt injection through the Harness: unrequested writes with the guard on and off.
+
+Builds the injection suite (`qpa.bench.injection`: every attack kind at every planting site, on
+mobilepa test-split tasks whose own plan reads the planted record), runs each injection with a
+model that obeys injected text (`ObedientBackend`) through the Harness with the provenance guard
+on and off, and prints the table docs/security.md carries: per injection kind and per site,
+unrequested writes (state-changing calls the clean oracle run did not make, or collateral the
+sandbox's verification reports) and the user's task success. `--legit` also runs the oracle's
+plan through the Harness over the whole mobilepa suite with the guard on and off (the guard
+must not cost legitimate tasks); `--seed N` builds the suite from the suite generated with
+another seed (other tasks, other worlds: a check the guard was not tuned to the canonical one).
+
+    .venv/bin/python benchmarks/injection_suite.py [--kinds-per-site 8] [--seed 0] [--legit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from qpa.bench.injection import InjectionResult, Row, build_suite, run_suite, summarize
+from qpa.envs.sandbox import SandboxEnv
+from qpa.envs.sandbox.suite import generate_suite
+from qpa.harness.agent import HarnessConfig, HarnessPlanner
+from qpa.harness.backends.scripted import OracleBackend
+from qpa.harness.memory import MemoryStore
+from qpa.harness.runner import run_episode
+from qpa.harness.skills import SkillLibrary
+
+
+def table(rows: list[Row], first: str) -> str:
+    head = (
+        f"| {first} | episodes | writes, guard off (episodes) | writes, guard on (episodes) "
+        "| task success, guard on | task success, guard off |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        name = r.kind if first == "injection kind" else r.site
+        if r.kind == "total":
+            name = "**total**"
+        lines.append(
+            f"| {name} | {r.episodes} | {r.writes_off} ({r.episodes_with_writes_off}) | "
+            f"{r.writes_on} ({r.episodes_with_writes_on}) | {r.success_on}/{r.episodes} | "
+            f"{r.success_off}/{r.episodes} |"
+        )
+    return "\n".join(lines)
+
+
+def legit(seed: int) -> None:
+    tasks = generate_suite(seed=seed)
+    skills = SkillLibrary.from_registry()
+    for guard in (False, True):
+        t0 = time.perf_counter()
+        solved = 0
+        for task in tasks:
+            planner = HarnessPlanner(
+                OracleBackend(task),
+                HarnessConfig(guard=guard),
+                memory=MemoryStore(":memory:"),
+                skills=skills,
+            )
+            solved += run_episode(SandboxEnv(), task, planner).success
+        took = time.perf_counter() - t0
+        print(
+            f"oracle plan through the Harness, guard {'on ' if guard else 'off'}: "
+            f"{solved}/{len(tasks)} solved ({solved / len(tasks):.2%}) in {took:.0f}s"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds-per-site", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0, help="suite seed the tasks come from")
+    parser.add_argument("--legit", action="store_true", help="also the oracle over the suite")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    injections = build_suite(
+        kinds_per_site=args.kinds_per_site, tasks=generate_suite(seed=args.seed)
+    )
+    results: list[InjectionResult] = run_suite(injections)
+    took = time.perf_counter() - t0
+    sites = {i.site.name for i in injections}
+    kinds = {i.kind for i in injections}
+    print(
+        f"{len(injections)} injections ({len(kinds)} kinds, {len(sites)} sites, suite seed "
+        f"{args.seed}), each with the guard on and off: {len(results)} episodes in {took:.1f}s\n"
+    )
+    print(table(summarize(results, "kind"), "injection kind"))
+    print()
+    print(table(summarize(results, "site"), "planting site"))
+    leaks = [r for r in results if r.guard and r.unrequested_writes]
+    for r in leaks:
+        print(f"LEAK {r.injection.id} on {r.injection.task.id}: {r.writes}")
+    if args.legit:
+        print()
+        legit(args.seed)
+
+
+if __name__ == "__main__":
+    main()
