@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+from typing import Annotated
 
 import typer
+
+from qpa import progress
 
 app = typer.Typer(
     name="qpa",
@@ -12,6 +15,24 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def _options(
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            "-q",
+            help="No progress bars or progress lines (for scripts); results and errors still "
+            "print. QPA_PROGRESS=off does the same, QPA_PROGRESS=plain forces plain lines.",
+        ),
+    ] = False,
+) -> None:
+    """qpa: the closed AI-for-AI loop for mobile planner agents."""
+    if quiet:
+        progress.configure(quiet=True)
+
 
 # Each module registers its commands on `app` (or adds a sub-app) when imported.
 _COMMAND_MODULES = [

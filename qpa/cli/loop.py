@@ -1,6 +1,6 @@
 """`qpa loop`: the whole closed loop on embedded defaults (what `make demo` runs).
 
-    qpa loop --preset local --out runs/loop          # tiny model, 2 CPU cores, <= 15 minutes
+    qpa loop --preset local --out runs/loop          # tiny model, 2 CPU cores, about 19 minutes
     qpa loop --preset small --out /tmp/loop          # the plumbing in < 3 minutes (tests)
     qpa loop --preset local --out runs/loop          # again: every finished stage is skipped
     qpa loop --preset local --out runs/loop --dry-run   # which stages would run or be skipped
@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from qpa import progress
 from qpa.cli import app
 from qpa.cli.common import die
 from qpa.loop.presets import PRESET_NAMES, get_preset
@@ -45,6 +46,12 @@ def loop(
         ),
     ] = False,
     seed: Annotated[int | None, typer.Option("--seed", help="The run's seed.")] = None,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="No progress display or lines (for scripts); results still print."
+        ),
+    ] = False,
 ) -> None:
     """Run the closed AI-for-AI loop: data, SFT, evaluation, diagnosis, Harness revision,
     weakness-targeted data, CARE RL, held-out evaluation, one report. Reruns resume."""
@@ -63,6 +70,8 @@ def loop(
         sys.stdout.write(render_yaml(cluster_resources(chosen), chosen))
         return
     folder = out or Path("runs") / f"loop-{chosen.name}"
+    if quiet:
+        progress.configure(quiet=True)
     console = Console(file=sys.stdout, soft_wrap=True)
     if dry_run:
         from qpa.loop.run import plan

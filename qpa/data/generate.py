@@ -43,6 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from qpa import progress
 from qpa.bench.scoring import Report
 from qpa.contract import CAPABILITIES, Capability, Task
 from qpa.data.curate import minhash, shingles, similarity
@@ -623,39 +624,42 @@ def generate_tasks(
     taken_text = {t.instruction for t in existing} | set(held_instructions)
     templates = all_templates()
     result = GenerationResult(plan=plan, seed=seed)
-    for name, picks in sorted(plan.per_template().items()):
-        tpl = templates[name]
-        made, index, attempts = 0, 0, 0
-        while made < len(picks) and attempts < len(picks) * 20 + 20:
-            attempts += 1
-            base = build_task(tpl, "train", index, seed)
-            index += 1
-            if base.id in taken_ids or base.instruction in taken_text:
-                continue
-            pick = picks[made]
-            lineage = {
-                "generator": "qpa.data.generate",
-                "template": name,
-                "suite_seed": seed,
-                "index": index - 1,
-                "cell": pick.cell,
-                "reason": pick.reason,
-            }
-            if rewriter is None:
-                task = base.model_copy(update={"source": "generated", "lineage": lineage})
-                problem = executable(task) if check_executable else None
-                if problem:
-                    result.dropped.append({"task": task.id, "reason": problem})
+    with progress.track("generate", total=len(plan.picks), unit="tasks") as bar:
+        for name, picks in sorted(plan.per_template().items()):
+            tpl = templates[name]
+            made, index, attempts = 0, 0, 0
+            while made < len(picks) and attempts < len(picks) * 20 + 20:
+                attempts += 1
+                base = build_task(tpl, "train", index, seed)
+                index += 1
+                if base.id in taken_ids or base.instruction in taken_text:
                     continue
-                _keep(result, task, taken_ids, taken_text)
-                made += 1
-                continue
-            if _add_variants(
-                result, base, lineage, rewriter, taken_ids, taken_text, check_executable
-            ):
-                made += 1
-        if made < len(picks):
-            result.shortfall[name] = len(picks) - made
+                pick = picks[made]
+                lineage = {
+                    "generator": "qpa.data.generate",
+                    "template": name,
+                    "suite_seed": seed,
+                    "index": index - 1,
+                    "cell": pick.cell,
+                    "reason": pick.reason,
+                }
+                if rewriter is None:
+                    task = base.model_copy(update={"source": "generated", "lineage": lineage})
+                    problem = executable(task) if check_executable else None
+                    if problem:
+                        result.dropped.append({"task": task.id, "reason": problem})
+                        continue
+                    _keep(result, task, taken_ids, taken_text)
+                    made += 1
+                    bar.advance()
+                    continue
+                if _add_variants(
+                    result, base, lineage, rewriter, taken_ids, taken_text, check_executable
+                ):
+                    made += 1
+                    bar.advance()
+            if made < len(picks):
+                result.shortfall[name] = len(picks) - made
     return result
 
 

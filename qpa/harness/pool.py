@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from qpa import progress
 from qpa.contract import Environment, Policy, Task, Trajectory
 from qpa.harness.factory import MODEL_PLANNERS, PlannerFactory, PlannerSpec
 from qpa.harness.runner import Budgets, run_episode
@@ -175,27 +176,29 @@ def run_episodes(
         thread.start()
     alive, interrupted = len(threads), False
     failure: BaseException | None = None
-    while alive:
-        try:
-            item = results.get(timeout=0.2)
-            if item is _FINISHED:
-                alive -= 1
-            elif isinstance(item, _Failed):
-                failure = failure or item.error
-                stop.set()
-            elif isinstance(item, Trajectory):
-                record(item)
-        except queue.Empty:
-            continue
-        except KeyboardInterrupt:
-            if interrupted:  # a second Ctrl-C: stop waiting for the episodes in flight
-                stop.set()
+    with progress.track(name, total=len(pending), unit="episodes") as bar:
+        while alive:
+            try:
+                item = results.get(timeout=0.2)
+                if item is _FINISHED:
+                    alive -= 1
+                elif isinstance(item, _Failed):
+                    failure = failure or item.error
+                    stop.set()
+                elif isinstance(item, Trajectory):
+                    record(item)
+                    bar.advance()
+            except queue.Empty:
+                continue
+            except KeyboardInterrupt:
+                if interrupted:  # a second Ctrl-C: stop waiting for the episodes in flight
+                    stop.set()
+                    raise
+                stop.set()  # the first: finish and record the episodes in flight, start none
+                interrupted = True
+            except BaseException:
+                stop.set()  # recording failed (e.g. a full disk): start no more episodes
                 raise
-            stop.set()  # the first: finish and record the episodes in flight, start none
-            interrupted = True
-        except BaseException:
-            stop.set()  # recording failed (e.g. a full disk): start no more episodes
-            raise
     for thread in threads:
         thread.join()
     if failure is not None:

@@ -1,7 +1,9 @@
 """The loop's orchestrator: run every stage in order, skip what is done, write the report.
 
-`run_loop(preset, out)` runs `qpa.loop.stages.STAGES` one after another in this process, with a
-Rich progress display (one line per stage: running, ran in N s, or skipped), then writes
+`run_loop(preset, out)` runs `qpa.loop.stages.STAGES` one after another in this process, with
+`qpa.progress` showing which stage runs and how far it is (on a terminal a live display: the
+loop's bar, `stage i/N: name`, with the running stage's own bar of episodes or steps below it;
+elsewhere a periodic plain line; nothing with `--quiet`), then writes
 `DIR/report.json` and `DIR/report.md`. Resuming is implicit: a stage whose done-marker holds
 the same hash of settings and inputs is skipped, so rerunning after a crash (or with a changed
 setting) only recomputes what is missing or stale. `DIR/preset.json` records the settings of the
@@ -23,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from qpa import progress
 from qpa.loop.presets import LoopPreset
 from qpa.loop.report import write_loop_report
 from qpa.loop.stages import STAGES, Stage, StageResult, quiet_libraries, run_stage
@@ -105,30 +107,19 @@ def run_loop(
     run = LoopRun(root, preset)
     started = time.perf_counter()
     log(f"qpa loop: preset {preset.name}, seed {preset.seed}, into {root}")
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} stages"),
-        TimeElapsedColumn(),
-        console=console,
-        redirect_stdout=False,
-        redirect_stderr=False,
-        transient=True,
-    )
-    with progress:
-        overall = progress.add_task("loop", total=len(wanted))
-        for stage in STAGES:
-            if stage.name not in wanted:
-                continue
-            progress.update(overall, description=f"{stage.name}: {stage.title}")
+    with (
+        progress.session(console),
+        progress.track("loop", total=len(wanted), unit="stages") as overall,
+    ):
+        for number, stage in enumerate(s for s in STAGES if s.name in wanted):
+            overall.describe(f"stage {number + 1}/{len(wanted)} {stage.name}: {stage.title}")
             result = run_stage(stage, root, preset, run.results, log=log, capture=capture)
             run.results[stage.name] = result
             if result.status == "skipped":
                 log(f"[cyan]{stage.name}[/]: done earlier, skipped")
             else:
                 log(f"[green]{stage.name}[/]: {result.elapsed_s:.1f} s")
-            progress.advance(overall)
+            overall.advance()
     run.wall_time_s = time.perf_counter() - started
     if report and all(s.name in run.results for s in STAGES):
         run.report = write_loop_report(root, preset, run.results, wall_time_s=run.wall_time_s)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from qpa import progress
 from qpa.bench.evaluate import score_episodes, summarize
 from qpa.contract import Policy, Task, Trajectory
 from qpa.diagnose import diagnose_dir
@@ -103,6 +104,7 @@ def run_episodes(
                     results[index] = run_episode(
                         env, task, planner, policy=policy, budgets=harness.budgets()
                     )
+                    bar.advance()
                 finally:
                     with contextlib.suppress(Exception):
                         env.close()
@@ -116,14 +118,15 @@ def run_episodes(
     count = min(workers, len(tasks))
     batcher.enter(count)
     threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    try:
-        batcher.serve()
-    finally:
+    with progress.track(f"eval {label}", total=len(tasks), unit="episodes") as bar:
         for thread in threads:
-            thread.join()
-        model.train(was_training)
+            thread.start()
+        try:
+            batcher.serve()
+        finally:
+            for thread in threads:
+                thread.join()
+            model.train(was_training)
     if errors:
         raise errors[0]
     if batcher.failure is not None:

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
+from qpa import progress
 from qpa.store import ResolveError, resolve_local
 from qpa.train.checkpoint import (
     CheckpointError,
@@ -759,7 +760,8 @@ def _callback_class() -> type:
     from transformers import TrainerCallback
 
     class QpaCallback(TrainerCallback):
-        """Metrics on every log; every save handed to the checkpoint uploader (background)."""
+        """Metrics on every log; every save handed to the checkpoint uploader (background);
+        the steps as `qpa.progress` (world rank 0 only)."""
 
         def __init__(
             self,
@@ -775,6 +777,8 @@ def _callback_class() -> type:
             self._seen = (0, 0)
             self._clock = time.perf_counter()
             self.totals = [0, 0]
+            self._steps: contextlib.ExitStack | None = None
+            self._bar: progress.Tracker | None = None
 
         def _deltas(self) -> tuple[int, int]:
             tokens, output = self.collator.tokens, self.collator.output_tokens
@@ -784,6 +788,12 @@ def _callback_class() -> type:
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._clock = time.perf_counter()
+            if state.is_world_process_zero and self._steps is None:
+                self._steps = contextlib.ExitStack()
+                self._bar = self._steps.enter_context(
+                    progress.track("sft", total=int(state.max_steps or 0) or None, unit="steps")
+                )
+                self._bar.update(int(state.global_step))
             stats = self.plan.stats
             self.metrics.log(
                 state.global_step,
@@ -812,6 +822,15 @@ def _callback_class() -> type:
                 epoch=state.epoch,
                 **{k: v for k, v in values.items() if k != "epoch"},
             )
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._bar is not None:
+                self._bar.update(int(state.global_step))
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._steps is not None:
+                self._steps.close()
+                self._steps, self._bar = None, None
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"

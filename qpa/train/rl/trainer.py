@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from qpa import progress
 from qpa.contract import Environment, Policy, Task
 from qpa.envs.factory import make_env
 from qpa.harness.agent import HarnessPlanner
@@ -664,8 +665,18 @@ class RLTrainer:
 
     def train(self) -> RunResult:
         """Run steps until `config.steps` (from where a resumed run left off)."""
-        while self.step < self.config.steps:
-            self.train_step()
+        steps: contextlib.AbstractContextManager[progress.Tracker | None] = (
+            progress.track("rl", total=self.config.steps, unit="steps")
+            if self.rank == 0
+            else contextlib.nullcontext()
+        )
+        with steps as bar:
+            if bar is not None:
+                bar.update(self.step)
+            while self.step < self.config.steps:
+                self.train_step()
+                if bar is not None:
+                    bar.update(self.step)
         final = self.save_final()
         return RunResult(
             self.step,
