@@ -403,15 +403,21 @@ def find_collateral(
         return []
     expect = Expectation(checks, initial, final)
     made = [c for c in changes(initial, final) if c.unit in log.by_unit]
-    explained = {c.unit for c in made if expect.explains(c)}
-    asked_units: list[set[Unit]] = [call.units & explained for call in log.calls]
-    asked_records = [{u[:3] for u in units} for units in asked_units]
-    asked_collections = [{u[:2] for u in units} for units in asked_units]
-    asked_calls = [i for i, units in enumerate(asked_units) if units]
+    explained_changes = [c for c in made if expect.explains(c)]
+    explained = {c.unit for c in explained_changes}
+    # What each call was asked for: the records (by their real keys, also for records keyed by
+    # content) and collections of the explained changes it took part in.
+    asked_records: list[set[Record]] = [set() for _ in log.calls]
+    asked_collections: list[set[tuple[str, str]]] = [set() for _ in log.calls]
+    for c in explained_changes:
+        for i in log.by_unit[c.unit]:
+            asked_records[i].add(c.record)
+            asked_collections[i].add((c.app, c.collection))
+    asked_calls = [i for i, records in enumerate(asked_records) if records]
 
     def bookkeeping(c: Change) -> bool:
         return c.change != "deleted" and all(
-            c.unit[:3] in asked_records[i]
+            c.record in asked_records[i]
             or (asked_records[i] and (c.app, c.collection) not in asked_collections[i])
             for i in log.by_unit[c.unit]
         )
@@ -421,7 +427,7 @@ def find_collateral(
             return False
         first = log.by_unit[c.unit][0]
         for j in asked_calls:
-            if j < first:
+            if j <= first:
                 continue
             state = orjson.loads(log.calls[j].before)
             _undo(state, initial, c)
@@ -439,7 +445,7 @@ def find_collateral(
         calls = sorted({i for c in group for i in log.by_unit[c.unit]})
         # Name the call that did it: the last that was not asked for, if any (an injected change
         # of the default card, not the asked-for top-up that then used the wrong card).
-        unasked = [i for i in calls if not asked_units[i]]
+        unasked = [i for i in calls if not asked_records[i]]
         culprit = (unasked or calls)[-1]
         kinds = {c.change for c in group}
         kind: CollateralChange = kinds.pop() if len(kinds) == 1 else "modified"
