@@ -163,6 +163,53 @@ LABEL_VALUE_MESSAGE = (
     "'my_value',  or '12345', regex used for validation is "
     "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
 )
+QUALIFIED_NAME_MESSAGE = (
+    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+#: apimachinery's TotalAnnotationSizeLimitB: keys and values of all annotations together.
+ANNOTATIONS_SIZE_LIMIT = 256 * 1024
+
+
+def _qualified_name_problems(key: str) -> list[str]:
+    """apimachinery's IsQualifiedName: `[prefix/]name`, worded as the real server words it."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return [
+            f"a qualified name {QUALIFIED_NAME_MESSAGE} with an optional DNS subdomain prefix "
+            "and '/' (e.g. 'example.com/MyName')"
+        ]
+    problems = []
+    name = parts[-1]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            problems.append("prefix part must be non-empty")
+        elif len(prefix) > 253:
+            problems.append("prefix part must be no more than 253 characters")
+        elif not DNS1123_SUBDOMAIN.match(prefix):
+            problems.append(f"prefix part {SUBDOMAIN_MESSAGE}")
+    if not name:
+        problems.append("name part must be non-empty")
+    else:
+        if len(name) > 63:
+            problems.append("name part must be no more than 63 characters")
+        if not LABEL_NAME.match(name):
+            problems.append(f"name part {QUALIFIED_NAME_MESSAGE}")
+    return problems
+
+
+def _label_value_problems(value: str) -> list[str]:
+    """apimachinery's IsValidLabelValue."""
+    problems = []
+    if len(value) > 63:
+        problems.append("must be no more than 63 characters")
+    if not LABEL_VALUE.match(value):
+        problems.append(LABEL_VALUE_MESSAGE)
+    return problems
+
+
 SYSTEM_METADATA = (
     "uid",
     "creationTimestamp",
@@ -2003,30 +2050,37 @@ class KubeAPI(kmock.KubernetesEmulator):
                 )
             )
         for label, value in (meta.get("labels") or {}).items():
-            prefix, _, local = label.rpartition("/")
-            if (
-                (prefix and not DNS1123_SUBDOMAIN.match(prefix))
-                or len(local) > 63
-                or not LABEL_NAME.match(local)
-            ):
+            for problem in _qualified_name_problems(label):
                 errors.append(
                     FieldError(
                         "metadata.labels",
                         "FieldValueInvalid",
-                        f"Invalid value: {go_value(label)}: name part must consist of alphanumeric "
-                        "characters, '-', '_' or '.', and must start and end with an alphanumeric "
-                        "character",
+                        f"Invalid value: {go_value(label)}: {problem}",
                     )
                 )
-            if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
+            problems = (
+                ["must be a string"] if not isinstance(value, str) else []
+            ) or _label_value_problems(value)
+            for problem in problems:
                 errors.append(
                     FieldError(
                         "metadata.labels",
                         "FieldValueInvalid",
-                        f"Invalid value: {go_value(value)}: {LABEL_VALUE_MESSAGE}",
+                        f"Invalid value: {go_value(value)}: {problem}",
                     )
                 )
-        for key, value in (meta.get("annotations") or {}).items():
+        annotations = meta.get("annotations") or {}
+        size = 0
+        for key, value in annotations.items():
+            # apimachinery's ValidateAnnotations: qualified-name keys, case-insensitively
+            for problem in _qualified_name_problems(key.lower()):
+                errors.append(
+                    FieldError(
+                        "metadata.annotations",
+                        "FieldValueInvalid",
+                        f"Invalid value: {go_value(key)}: {problem}",
+                    )
+                )
             if not isinstance(value, str):
                 errors.append(
                     FieldError(
@@ -2035,6 +2089,16 @@ class KubeAPI(kmock.KubernetesEmulator):
                         "Invalid value: annotations must be strings",
                     )
                 )
+            else:
+                size += len(key.encode()) + len(value.encode())
+        if size > ANNOTATIONS_SIZE_LIMIT:
+            errors.append(
+                FieldError(
+                    "metadata.annotations",
+                    "FieldValueTooLong",
+                    f"Too long: may not be more than {ANNOTATIONS_SIZE_LIMIT} bytes",
+                )
+            )
         return errors
 
     def _replace(

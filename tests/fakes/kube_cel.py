@@ -12,7 +12,8 @@ real API server. It covers what `qpa.api` generates and a little more:
   `l.filter(x, p)`;
 - functions `size`, `int`, `double`, `string`, `startsWith`, `endsWith`, `contains`, `matches`,
   `lowerAscii`, `upperAscii`, `trim`, and the Kubernetes list library's `isSorted`, `sum`, `min`,
-  `max`, `indexOf`.
+  `max`, `indexOf`, and the quantity library's `isQuantity`, `quantity`, `sign`, `compareTo`,
+  `isGreaterThan`, `isLessThan`, `isInteger`.
 
 Anything else is a `CelSyntaxError` (unknown syntax or function), never a silent pass: a rule
 added to qpa.api that this subset cannot read makes the tests fail loudly, and then this file
@@ -27,6 +28,7 @@ import itertools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -591,11 +593,72 @@ def _index_of(values: list[Any], wanted: Any) -> int:
     return -1
 
 
+_QUANTITY = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(|[KMGTPE]i|[numkMGTPE]|[eE][+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))$"
+)
+_QUANTITY_SCALE = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    **{s: Decimal(1024**p) for p, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
+}
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A value of the Kubernetes quantity library (`quantity('500m')`), compared exactly."""
+
+    value: Decimal
+
+
+def _parse_quantity(text: Any) -> Decimal | None:
+    if not isinstance(text, str):
+        raise CelEvalError(f"no such overload: quantity({_type_name(text)})")
+    match = _QUANTITY.match(text)
+    if match is None:
+        return None
+    number, suffix = match.groups()
+    if suffix in _QUANTITY_SCALE:
+        return Decimal(number) * _QUANTITY_SCALE[suffix]
+    return Decimal(number) * Decimal(10) ** Decimal(suffix[1:])
+
+
+def _quantity(text: Any) -> Quantity:
+    value = _parse_quantity(text)
+    if value is None:
+        raise CelEvalError(f"quantities must match the regular expression: {text!r}")
+    return Quantity(value)
+
+
+def _quantity_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def method(target: Any, *args: Any) -> Any:
+        if not isinstance(target, Quantity) or not all(isinstance(a, Quantity) for a in args):
+            raise CelEvalError(f"no such overload: {_type_name(target)}.{name}()")
+        return fn(target.value, *(a.value for a in args))
+
+    return method
+
+
+def _compare(left: Decimal, right: Decimal) -> int:
+    return (left > right) - (left < right)
+
+
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "size": _size,
     "int": _to_int,
     "double": _to_double,
     "string": _to_string,
+    # the Kubernetes quantity library
+    "isQuantity": lambda text: _parse_quantity(text) is not None,
+    "quantity": _quantity,
 }
 _METHODS: dict[str, Callable[..., Any]] = {
     "size": lambda target: _size(target),
@@ -611,4 +674,9 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "min": _list_method("min", lambda v: _extreme(v, min)),
     "max": _list_method("max", lambda v: _extreme(v, max)),
     "indexOf": _list_method("indexOf", _index_of),
+    "sign": _quantity_method("sign", lambda v: _compare(v, Decimal(0))),
+    "compareTo": _quantity_method("compareTo", _compare),
+    "isGreaterThan": _quantity_method("isGreaterThan", lambda a, b: a > b),
+    "isLessThan": _quantity_method("isLessThan", lambda a, b: a < b),
+    "isInteger": _quantity_method("isInteger", lambda v: v == v.to_integral_value()),
 }

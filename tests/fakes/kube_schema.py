@@ -230,7 +230,7 @@ class CustomResourceSchema:
                     yield from self._list_types(item, sub, [*path, key])
         elif isinstance(value, list):
             list_type = schema.get("x-kubernetes-list-type")
-            seen: list[Any] = []
+            seen: set[str] = set()  # identities as canonical JSON: linear in the list's size
             for index, item in enumerate(value):
                 if list_type == "set":
                     identity: Any = item
@@ -240,14 +240,15 @@ class CustomResourceSchema:
                 else:
                     identity = None
                 if list_type in ("set", "map"):
-                    if identity in seen:
+                    key = json.dumps(identity, sort_keys=True)
+                    if key in seen:
                         shown = go_value(item) if list_type == "set" else _go_map(identity)
                         yield FieldError(
                             format_path([*path, index]),
                             "FieldValueDuplicate",
                             f"Duplicate value: {shown}",
                         )
-                    seen.append(identity)
+                    seen.add(key)
                 items = schema.get("items")
                 if isinstance(items, Mapping):
                     yield from self._list_types(item, items, [*path, index])

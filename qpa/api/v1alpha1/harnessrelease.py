@@ -8,17 +8,24 @@ from typing import Annotated, ClassVar, Final, Literal
 from pydantic import Field
 
 from qpa.api.v1alpha1.base import (
-    ARTIFACT_URI,
     IMAGE,
-    MODEL_URI,
+    MAX_IMAGE_LENGTH,
+    MAX_MAP_ENTRIES,
     Condition,
     ConfigMapKeySelector,
+    Count,
     CrossFieldRule,
     EnvironmentKind,
     LocalObjectReference,
+    Message,
     ObjectStore,
+    OutputUri,
     ResourceRequirements,
+    ServingUri,
+    ShortText,
     Split,
+    Text,
+    UriText,
     _conditions,
     _defaulted,
     _Model,
@@ -38,7 +45,7 @@ from qpa.api.v1alpha1.workorder import PodSummary
 class ModelServing(_Model):
     """The planner model served by KServe."""
 
-    uri: str = Field(pattern=MODEL_URI, max_length=2048, description="storageUri of the model.")
+    uri: ServingUri = Field(description="storageUri of the model: s3://, gs://, pvc:// or hf://.")
     runtime: Literal["vllm", "huggingface"] = Field(
         default="vllm", description="Serving runtime (vLLM needs GPUs)."
     )
@@ -47,7 +54,10 @@ class ModelServing(_Model):
     )
     gpus: int = Field(default=1, ge=0, le=16, description="GPUs per replica.")
     max_model_length: int | None = Field(
-        default=None, ge=128, description="Context length limit passed to the runtime."
+        default=None,
+        ge=128,
+        le=16_777_216,
+        description="Context length limit passed to the runtime.",
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="Extra resources of each replica."
@@ -68,6 +78,7 @@ class HarnessServing(_Model):
     image: str | None = Field(
         default=None,
         pattern=IMAGE,
+        max_length=MAX_IMAGE_LENGTH,
         description="Harness image with qpa installed; default: the operator's "
         "(the chart's images.harness).",
     )
@@ -85,7 +96,9 @@ class BenchmarkSettings(_Model):
     suite: str = Field(default="mobilepa", min_length=1, max_length=63, description="Suite.")
     split: Split = Field(default="test", description="Split scored.")
     samples: int = Field(default=1, ge=1, le=64, description="Samples per task (--samples).")
-    limit: int | None = Field(default=None, ge=1, description="At most this many tasks.")
+    limit: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="At most this many tasks."
+    )
     concurrency: int = Field(default=8, ge=1, le=1024, description="Episodes in parallel.")
     environment: EnvironmentKind = Field(
         default="sandbox", description="Environment kind the benchmark runs in."
@@ -106,7 +119,10 @@ class GateSettings(_Model):
         description="Largest drop of any capability's success against stable (absolute).",
     )
     max_cost_increase: float | None = Field(
-        default=0.10, ge=0, description="Largest relative rise of cost per 1K tasks; null: off."
+        default=0.10,
+        ge=0,
+        le=1000,
+        description="Largest relative rise of cost per 1K tasks; null: off.",
     )
     max_environment_error_rate: float | None = Field(
         default=0.05,
@@ -114,8 +130,8 @@ class GateSettings(_Model):
         le=1,
         description="Largest share of episodes ended by the infrastructure; null: off.",
     )
-    min_samples: int = Field(default=1, ge=1, description="Fewest samples per task.")
-    min_tasks: int = Field(default=1, ge=1, description="Fewest tasks scored.")
+    min_samples: int = Field(default=1, ge=1, le=64, description="Fewest samples per task.")
+    min_tasks: int = Field(default=1, ge=1, le=1_000_000, description="Fewest tasks scored.")
     require_complete: bool = Field(default=True, description="Fail a partial report.")
 
 
@@ -188,10 +204,8 @@ class HarnessReleaseSpec(_Model):
         description="auto: start the canary when the gate passes; manual: wait for the "
         "annotation qpa.ai/override=promote.",
     )
-    report_uri: str = Field(
-        pattern=ARTIFACT_URI,
-        max_length=2048,
-        description="Where benchmark reports go, e.g. s3://qpa/releases/planner/.",
+    report_uri: OutputUri = Field(
+        description="Where benchmark reports go (s3:// only), e.g. s3://qpa/releases/planner/.",
     )
     store: ObjectStore | None = Field(
         default=None,
@@ -221,12 +235,12 @@ class ReleaseVersion(_Model):
     id: str = Field(
         min_length=1, max_length=63, description="Hash of model and Harness serving settings."
     )
-    model_uri: str = Field(description="Model storageUri.")
-    harness_image: str = Field(description="Harness image.")
-    harness_version: str = Field(description="Harness version.")
+    model_uri: UriText = Field(description="Model storageUri.")
+    harness_image: str = Field(max_length=MAX_IMAGE_LENGTH, description="Harness image.")
+    harness_version: ShortText = Field(description="Harness version.")
     model: ModelServing = Field(description="The model as served.")
     harness: HarnessServing = Field(description="The Harness as served.")
-    report_uri: str | None = Field(default=None, description="Its benchmark report.json.")
+    report_uri: UriText | None = Field(default=None, description="Its benchmark report.json.")
     promoted_at: datetime | None = _timestamp("When it became stable.")
 
 
@@ -235,13 +249,13 @@ class Scores(_Model):
 
     overall: float = Field(ge=0, le=1, description="Success rate over all tasks.")
     by_capability: dict[str, float] = Field(
-        default_factory=dict, description="Success rate per capability."
+        default_factory=dict, max_length=MAX_MAP_ENTRIES, description="Success rate per capability."
     )
     cost_per_1k_tasks: float | None = Field(
         default=None, ge=0, description="Output cost per 1K tasks (USD)."
     )
-    tasks: int = Field(default=0, ge=0, description="Tasks scored.")
-    samples: int = Field(default=0, ge=0, description="Samples per task.")
+    tasks: Count = Field(default=0, description="Tasks scored.")
+    samples: Count = Field(default=0, description="Samples per task.")
 
 
 HarnessReleasePhase = Literal[
@@ -259,7 +273,7 @@ class ReleaseOverride(_Model):
     """A manual override the operator acted on (from the `qpa.ai/override` annotation)."""
 
     action: OverrideAction = Field(description="promote or abort.")
-    version: str = Field(description="Id of the candidate it applied to.")
+    version: ShortText = Field(description="Id of the candidate it applied to.")
     at: datetime = Field(description="When the operator acted on it.")
 
 
@@ -275,24 +289,30 @@ class HarnessReleaseStatus(_Model):
         default=None, description="The stable version before the last promotion (kept deployed)."
     )
     since: datetime | None = _timestamp("When the current phase or canary step began.")
-    benchmark_job: str | None = Field(default=None, description="The candidate's benchmark Job.")
+    benchmark_job: Text | None = Field(default=None, description="The candidate's benchmark Job.")
     scores: Scores | None = Field(default=None, description="The candidate's scores.")
     stable_scores: Scores | None = Field(default=None, description="The stable version's scores.")
     deltas: dict[str, float] = Field(
-        default_factory=dict, description="Candidate minus stable, per capability and overall."
+        default_factory=dict,
+        max_length=MAX_MAP_ENTRIES,
+        description="Candidate minus stable, per capability and overall.",
     )
     decision: Literal["promote", "rollback"] | None = Field(
         default=None, description="The gate's decision (missing results never promote)."
     )
-    reasons: list[str] = Field(default_factory=list, description="Why, one line per check.")
+    reasons: list[Message] = Field(
+        default_factory=list, max_length=256, description="Why, one line per check."
+    )
     override: ReleaseOverride | None = Field(
         default=None, description="The manual override applied to the candidate, if any."
     )
-    canary_step: int | None = Field(default=None, ge=0, description="Index of the canary step.")
+    canary_step: int | None = Field(
+        default=None, ge=0, le=20, description="Index of the canary step."
+    )
     traffic_percent: int = Field(
         default=0, ge=0, le=100, description="Share of traffic on the candidate."
     )
-    report_uri: str | None = Field(default=None, description="The candidate's report.json.")
+    report_uri: UriText | None = Field(default=None, description="The candidate's report.json.")
 
 
 class HarnessRelease(CustomResource):

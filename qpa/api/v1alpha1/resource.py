@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import re
+from typing import Any, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from qpa.api.v1alpha1.base import (
     API_VERSION,
+    DNS_SUBDOMAIN,
     GROUP,
+    MAX_NAME_LENGTH,
     _Model,
 )
 
@@ -27,12 +30,36 @@ class OwnerReference(_Model):
     block_owner_deletion: bool | None = None
 
 
+#: A real API server refuses more than 256 KiB of annotations (keys and values together).
+MAX_ANNOTATIONS_BYTES: Final = 256 * 1024
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _key_problem(key: str) -> str | None:
+    """Why `key` is not a qualified name (`[prefix/]name`) as label and annotation keys are."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not re.match(DNS_SUBDOMAIN, prefix)):
+        return f"{key!r}: prefix part must be a lowercase RFC 1123 subdomain"
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        return (
+            f"{key!r}: name part must be at most 63 alphanumeric characters, '-', '_' or '.', "
+            "starting and ending with an alphanumeric character"
+        )
+    return None
+
+
 class ObjectMeta(_Model):
-    """Kubernetes object metadata (the fields qpa reads; others are kept as they are)."""
+    """Kubernetes object metadata (the fields qpa reads; others are kept as they are).
+
+    Labels and annotations are checked as the API server checks them (qualified-name keys,
+    label values of at most 63 characters, at most 256 KiB of annotations), so a resource the
+    server refuses is refused here too.
+    """
 
     model_config = ConfigDict(extra="allow")
 
-    name: str | None = None
+    name: str | None = Field(default=None, max_length=MAX_NAME_LENGTH, pattern=DNS_SUBDOMAIN)
     generate_name: str | None = None
     namespace: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
@@ -44,6 +71,34 @@ class ObjectMeta(_Model):
     deletion_timestamp: str | None = None
     finalizers: list[str] = Field(default_factory=list)
     owner_references: list[OwnerReference] = Field(default_factory=list)
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            problem = _key_problem(key)
+            if problem:
+                raise ValueError(problem)
+            if len(value) > 63 or not _LABEL_VALUE.match(value):
+                raise ValueError(
+                    f"{key}: {value[:80]!r}: a label value must be at most 63 characters, "
+                    "alphanumeric, '-', '_' or '.', starting and ending with an alphanumeric one"
+                )
+        return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _check_annotations(cls, annotations: dict[str, str]) -> dict[str, str]:
+        for key in annotations:
+            problem = _key_problem(key.lower())  # as the server: any case is fine
+            if problem:
+                raise ValueError(problem)
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+        if size > MAX_ANNOTATIONS_BYTES:
+            raise ValueError(
+                f"annotations are {size} bytes; at most {MAX_ANNOTATIONS_BYTES} are allowed"
+            )
+        return annotations
 
 
 class PrinterColumn(BaseModel):

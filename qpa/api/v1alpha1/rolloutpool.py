@@ -7,14 +7,17 @@ from typing import Literal
 from pydantic import Field
 
 from qpa.api.v1alpha1.base import (
-    HTTP_URL,
     IMAGE,
+    MAX_IMAGE_LENGTH,
     Condition,
+    Count,
     CrossFieldRule,
+    EndpointUrl,
     EnvironmentKind,
     LocalObjectReference,
     ResourceRequirements,
     SecretKeySelector,
+    UriText,
     _conditions,
     _defaulted,
     _immutable,
@@ -49,9 +52,7 @@ class ReplicaRange(_Model):
 class LLMSimSettings(_Model):
     """The model endpoint that plays the apps of an llm_sim environment."""
 
-    model_url: str = Field(
-        pattern=HTTP_URL, max_length=2048, description="OpenAI-compatible endpoint (--model-url)."
-    )
+    model_url: EndpointUrl = Field(description="OpenAI-compatible endpoint (--model-url).")
     model: str = Field(
         default="", max_length=253, description="Model name at the endpoint (--model)."
     )
@@ -70,6 +71,7 @@ class RolloutPoolSpec(_Model):
     image: str | None = Field(
         default=None,
         pattern=IMAGE,
+        max_length=MAX_IMAGE_LENGTH,
         description="Image with qpa installed (the operator's sandbox image if unset).",
     )
     replicas: ReplicaRange = _defaulted(ReplicaRange, "Pod count range.")
@@ -113,11 +115,11 @@ class RolloutPoolStatus(_Model):
     phase: RolloutPoolPhase | None = Field(default=None, description="Lifecycle phase.")
     observed_generation: int | None = _observed_generation()
     conditions: list[Condition] = _conditions()
-    replicas: int = Field(default=0, ge=0, description="Pods that exist.")
-    ready_replicas: int = Field(default=0, ge=0, description="Pods that are ready.")
-    capacity: int = Field(default=0, ge=0, description="Sessions the ready pods can hold.")
-    leased: int = Field(default=0, ge=0, description="Sessions in use.")
-    service_url: str | None = Field(default=None, description="URL of the pool's Service.")
+    replicas: Count = Field(default=0, description="Pods that exist.")
+    ready_replicas: Count = Field(default=0, description="Pods that are ready.")
+    capacity: Count = Field(default=0, description="Sessions the ready pods can hold.")
+    leased: Count = Field(default=0, description="Sessions in use.")
+    service_url: UriText | None = Field(default=None, description="URL of the pool's Service.")
     label_selector: str | None = Field(
         default=None,
         max_length=4096,

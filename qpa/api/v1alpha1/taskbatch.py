@@ -7,25 +7,33 @@ order (the API key variable, the Harness config mount) is named here, once, for 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from qpa.api.v1alpha1.base import (
-    ARTIFACT_URI,
-    HTTP_URL,
     IMAGE,
-    MODEL_URI,
+    MAX_IMAGE_LENGTH,
+    MAX_SEED,
     Capability,
+    CheckpointUri,
     Condition,
     ConfigMapKeySelector,
+    Count,
     CrossFieldRule,
+    DataUri,
+    EndpointUrl,
+    LocalDataUri,
     LocalObjectReference,
     ObjectStore,
+    OutputUri,
     Planner,
     ResourceRequirements,
     SecretKeySelector,
+    ShortText,
     Split,
+    Text,
+    UriText,
     _check_unique,
     _conditions,
     _defaulted,
@@ -57,7 +65,9 @@ class TaskGenerator(_Model):
     suite: str = Field(
         default="mobilepa", min_length=1, max_length=63, description="Task suite to draw from."
     )
-    seed: int = Field(default=0, ge=0, description="Suite seed; 0 is the canonical suite.")
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, description="Suite seed; 0 is the canonical suite."
+    )
 
 
 class TaskSource(_Model):
@@ -75,21 +85,20 @@ class TaskSource(_Model):
     generator: TaskGenerator | None = Field(
         default=None, description="Generate tasks from a suite."
     )
-    dataset_uri: str | None = Field(
+    dataset_uri: LocalDataUri | None = Field(
         default=None,
-        pattern=ARTIFACT_URI,
-        max_length=2048,
         description="Tasks as JSON Lines (or a dataset with a manifest.json) at an s3:// or "
-        "file:// URI.",
+        "file:// URI (a TaskBatch takes s3:// only).",
     )
     split: Split | None = Field(default=None, description="Only tasks of this split.")
-    domains: list[str] = _list_set("Only these domains (all when empty).")
+    domains: list[ShortText] = _list_set("Only these domains (all when empty).", max_length=64)
     capabilities: list[Capability] = Field(
         default_factory=list,
+        max_length=4,
         description="Only tasks exercising any of these capabilities (all when empty).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
-    task_ids: list[str] = _list_set(
+    task_ids: list[Text] = _list_set(
         "Only these task ids (all when empty); each must be in the origin.", max_length=10_000
     )
     limit: int | None = Field(
@@ -113,6 +122,24 @@ class TaskSource(_Model):
     )
 
 
+class TaskBatchSource(TaskSource):
+    """A TaskBatch's `TaskSource`: its dataset is in the object store (its pods have no other
+    files to read); local runs (`qpa collect --tasks FILE`, the RL config) use `TaskSource`."""
+
+    dataset_uri: DataUri | None = Field(
+        default=None,
+        description="Tasks as JSON Lines (or a dataset with a manifest.json) at an s3:// URI.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_task_source(cls, data: Any) -> Any:
+        """A `TaskSource` is taken as its fields, checked again here."""
+        if isinstance(data, TaskSource) and not isinstance(data, TaskBatchSource):
+            return data.model_dump(by_alias=True, exclude_unset=True)
+        return data
+
+
 class HarnessVersion(_Model):
     """The Harness version acting around the model: its name and its config."""
 
@@ -133,21 +160,17 @@ class PolicyEndpoint(_Model):
     """The policy that acts: a planner (model endpoint or checkpoint) plus a Harness version."""
 
     planner: Planner = Field(default="openai", description="Planner backend (qpa --planner).")
-    model_url: str | None = Field(
+    model_url: EndpointUrl | None = Field(
         default=None,
-        pattern=HTTP_URL,
-        max_length=2048,
         description="OpenAI-compatible endpoint of the model (planner openai), e.g. "
         "http://planner-predictor.qpa.svc/v1.",
     )
     model: str = Field(
         default="planner", min_length=1, max_length=253, description="Model name at the endpoint."
     )
-    model_uri: str | None = Field(
+    model_uri: CheckpointUri | None = Field(
         default=None,
-        pattern=MODEL_URI,
-        max_length=2048,
-        description="Checkpoint to load in-process (planner local).",
+        description="Checkpoint to load in-process (planner local): s3://, pvc:// or hf://.",
     )
     api_key_secret_ref: SecretKeySelector | None = Field(
         default=None, description="Secret key holding the endpoint's API key."
@@ -171,7 +194,7 @@ class PolicyEndpoint(_Model):
 class TaskBatchSpec(_Model):
     """A batch of tasks rolled out by an indexed Job of `qpa collect` workers."""
 
-    source: TaskSource = Field(
+    source: TaskBatchSource = Field(
         description="Where the tasks come from.",
         json_schema_extra=_immutable("source is immutable; create a new TaskBatch"),
     )
@@ -192,16 +215,17 @@ class TaskBatchSpec(_Model):
         description="Job completions, one shard of the tasks each (defaults to parallelism).",
     )
     max_turns: int = Field(default=40, ge=1, le=1000, description="Turn budget per episode.")
-    output_uri: str = Field(
-        pattern=ARTIFACT_URI,
-        max_length=2048,
-        description="Where trajectories land, e.g. s3://qpa/taskbatches/nightly/.",
+    output_uri: OutputUri = Field(
+        description="Where trajectories land (s3:// only), e.g. s3://qpa/taskbatches/nightly/.",
     )
     store: ObjectStore | None = Field(
         default=None, description="Object storage settings for s3:// URIs."
     )
     image: str | None = Field(
-        default=None, pattern=IMAGE, description="Worker image (the operator's default if unset)."
+        default=None,
+        pattern=IMAGE,
+        max_length=MAX_IMAGE_LENGTH,
+        description="Worker image (the operator's default if unset).",
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="Resources of each worker pod."
@@ -210,7 +234,7 @@ class TaskBatchSpec(_Model):
         default=3, ge=0, le=100, description="Retries per shard before the batch fails."
     )
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail the batch after this many seconds."
+        default=None, ge=1, le=2_592_000, description="Fail the batch after this many seconds."
     )
 
     RULES = (
@@ -232,14 +256,14 @@ class TaskBatchStatus(_Model):
     phase: TaskBatchPhase | None = Field(default=None, description="Lifecycle phase.")
     observed_generation: int | None = _observed_generation()
     conditions: list[Condition] = _conditions()
-    tasks: int = Field(default=0, ge=0, description="Tasks in the batch.")
-    trajectories: int = Field(default=0, ge=0, description="Trajectories written so far.")
-    successes: int = Field(default=0, ge=0, description="Trajectories whose task succeeded.")
-    failures: int = Field(default=0, ge=0, description="Trajectories whose task failed (kept).")
-    completed_shards: int = Field(default=0, ge=0, description="Shards finished.")
-    failed_shards: int = Field(default=0, ge=0, description="Shards that failed for good.")
-    job_name: str | None = Field(default=None, description="The indexed Job running the batch.")
-    output_uri: str | None = Field(default=None, description="Where the trajectories are.")
+    tasks: Count = Field(default=0, description="Tasks in the batch.")
+    trajectories: Count = Field(default=0, description="Trajectories written so far.")
+    successes: Count = Field(default=0, description="Trajectories whose task succeeded.")
+    failures: Count = Field(default=0, description="Trajectories whose task failed (kept).")
+    completed_shards: Count = Field(default=0, description="Shards finished.")
+    failed_shards: Count = Field(default=0, description="Shards that failed for good.")
+    job_name: Text | None = Field(default=None, description="The indexed Job running the batch.")
+    output_uri: UriText | None = Field(default=None, description="Where the trajectories are.")
     start_time: datetime | None = _timestamp("When the Job started.")
     completion_time: datetime | None = _timestamp("When the batch finished.")
 

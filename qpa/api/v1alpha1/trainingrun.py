@@ -8,16 +8,23 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from qpa.api.v1alpha1.base import (
-    ARTIFACT_URI,
     IMAGE,
-    MODEL_URI,
+    MAX_IMAGE_LENGTH,
+    MAX_MAP_ENTRIES,
+    MAX_SEED,
+    CheckpointUri,
     Condition,
+    Count,
     CrossFieldRule,
+    DataUri,
     LocalObjectReference,
     ObjectStore,
     Offload,
+    OutputUri,
     ResourceRequirements,
     Stage,
+    Text,
+    UriText,
     _conditions,
     _defaulted,
     _immutable,
@@ -42,9 +49,7 @@ class DatasetRef(_Model):
     task_batch_ref: LocalObjectReference | None = Field(
         default=None, description="Use the trajectories of this TaskBatch."
     )
-    uri: str | None = Field(
-        default=None, pattern=ARTIFACT_URI, max_length=2048, description="Dataset URI."
-    )
+    uri: DataUri | None = Field(default=None, description="Dataset URI (s3:// only).")
     weight: float = Field(default=1.0, gt=0, le=1000, description="Relative mixture weight.")
 
     RULES = (
@@ -202,12 +207,12 @@ class Hyperparameters(_Model):
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="Peak learning rate.")
     epochs: float = Field(default=1.0, gt=0, le=1000, description="Passes over the data.")
     max_steps: int | None = Field(
-        default=None, ge=1, description="Stop after this many optimizer steps."
+        default=None, ge=1, le=100_000_000, description="Stop after this many optimizer steps."
     )
     per_device_batch_size: int = Field(default=1, ge=1, le=4096, description="Micro-batch size.")
     gradient_accumulation_steps: int = Field(default=8, ge=1, le=4096, description="Steps/update.")
     max_seq_length: int = Field(default=8192, ge=128, le=1_048_576, description="Token limit.")
-    seed: int = Field(default=0, ge=0, description="Random seed.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Random seed.")
 
 
 class TrainingRunSpec(_Model):
@@ -217,8 +222,8 @@ class TrainingRunSpec(_Model):
         description="sft (cold start) or rl (online CARE RL).",
         json_schema_extra=_immutable("stage is immutable"),
     )
-    base_model_uri: str = Field(
-        pattern=MODEL_URI, max_length=2048, description="Checkpoint to start from."
+    base_model_uri: CheckpointUri = Field(
+        description="Checkpoint to start from: s3://, pvc:// or hf://."
     )
     datasets: list[DatasetRef] = Field(
         default_factory=list,
@@ -231,28 +236,30 @@ class TrainingRunSpec(_Model):
     deepspeed: DeepSpeedSettings = _defaulted(DeepSpeedSettings, "DeepSpeed settings.")
     nodes: int = Field(default=1, ge=1, le=512, description="Nodes (Job completions).")
     gpus_per_node: int = Field(default=8, ge=0, le=16, description="GPUs per node (0: CPU).")
-    output_uri: str = Field(
-        pattern=ARTIFACT_URI,
-        max_length=2048,
-        description="Where checkpoints and the final model go, e.g. s3://qpa/trainingruns/x/.",
+    output_uri: OutputUri = Field(
+        description="Where checkpoints and the final model go (s3:// only), e.g. "
+        "s3://qpa/trainingruns/x/.",
     )
     store: ObjectStore | None = Field(
         default=None, description="Object storage settings for s3:// URIs."
     )
-    checkpoint_every: int = Field(default=500, ge=1, description="Optimizer steps per checkpoint.")
+    checkpoint_every: int = Field(
+        default=500, ge=1, le=100_000_000, description="Optimizer steps per checkpoint."
+    )
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept.")
     resume: bool = Field(
         default=True, description="After a failure, resume from the latest checkpoint."
     )
-    resume_from: str | None = Field(
+    resume_from: DataUri | None = Field(
         default=None,
-        pattern=ARTIFACT_URI,
-        max_length=2048,
-        description="Start from this checkpoint instead of the latest one.",
+        description="Start from this checkpoint (s3://) instead of the latest one.",
     )
     backoff_limit: int = Field(default=3, ge=0, le=100, description="Restarts before failing.")
     image: str | None = Field(
-        default=None, pattern=IMAGE, description="Trainer image (the operator's default if unset)."
+        default=None,
+        pattern=IMAGE,
+        max_length=MAX_IMAGE_LENGTH,
+        description="Trainer image (the operator's default if unset).",
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="Resources of each rank's pod (GPUs come from gpusPerNode)."
@@ -286,8 +293,8 @@ class TrainingRunSpec(_Model):
 class Checkpoint(_Model):
     """A checkpoint written by the run."""
 
-    step: int = Field(ge=0, description="Optimizer step.")
-    uri: str = Field(min_length=1, description="Where it is.")
+    step: Count = Field(description="Optimizer step.")
+    uri: UriText = Field(min_length=1, description="Where it is.")
     time: datetime | None = _timestamp("When it was written.")
 
 
@@ -324,18 +331,20 @@ class TrainingRunStatus(_Model):
     phase: TrainingRunPhase | None = Field(default=None, description="Lifecycle phase.")
     observed_generation: int | None = _observed_generation()
     conditions: list[Condition] = _conditions()
-    step: int = Field(default=0, ge=0, description="Latest optimizer step reported.")
-    total_steps: int | None = Field(default=None, ge=0, description="Steps planned.")
+    step: Count = Field(default=0, description="Latest optimizer step reported.")
+    total_steps: Count | None = Field(default=None, description="Steps planned.")
     metrics: dict[str, float] = Field(
-        default_factory=dict, description="Latest metrics (loss, reward, success_rate, ...)."
+        default_factory=dict,
+        max_length=MAX_MAP_ENTRIES,
+        description="Latest metrics (loss, reward, success_rate, ...).",
     )
     checkpoints: list[Checkpoint] = Field(
-        default_factory=list, description="Checkpoints kept, oldest first."
+        default_factory=list, max_length=1000, description="Checkpoints kept, oldest first."
     )
-    latest_checkpoint: str | None = Field(default=None, description="URI of the newest one.")
-    model_uri: str | None = Field(default=None, description="The final model, once succeeded.")
-    restarts: int = Field(default=0, ge=0, description="Times the run resumed after a failure.")
-    job_name: str | None = Field(default=None, description="The indexed Job of the ranks.")
+    latest_checkpoint: UriText | None = Field(default=None, description="URI of the newest one.")
+    model_uri: UriText | None = Field(default=None, description="The final model, once succeeded.")
+    restarts: Count = Field(default=0, description="Times the run resumed after a failure.")
+    job_name: Text | None = Field(default=None, description="The indexed Job of the ranks.")
     start_time: datetime | None = _timestamp("When the first rank started.")
     completion_time: datetime | None = _timestamp("When the run finished.")
 

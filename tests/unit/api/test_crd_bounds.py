@@ -63,7 +63,8 @@ def schema_strategy(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         unique = schema.get("x-kubernetes-list-type") == "set"
         return st.lists(items, max_size=min(schema.get("maxItems", 3), 3), unique=unique)
     if kind == "object" and "properties" in schema:
-        required = set(schema.get("required") or ())
+        # every output is an s3:// URI, which needs `store`: drawn always, like a required field
+        required = set(schema.get("required") or ()) | ({"store"} & set(schema["properties"]))
         fields = {k: schema_strategy(v) for k, v in schema["properties"].items()}
 
         @st.composite

@@ -86,13 +86,19 @@ def _keys(value: Any) -> list[str]:
     return []
 
 
+STORE = api.ObjectStore(
+    endpoint="http://minio.qpa-system.svc:9000", secret_ref=api.StoreSecretRef(name="qpa-minio")
+)
+
+
 def test_snake_and_camel_names_are_both_accepted() -> None:
     camel = api.TaskBatchSpec.model_validate(example("TaskBatch")["spec"])
     snake = api.TaskBatchSpec(
         source=api.TaskSource(dataset_uri="s3://qpa/tasks/x.jsonl"),
         policy=api.PolicyEndpoint(planner="oracle"),
         samples_per_task=4,
-        output_uri="file:///data/out/",
+        output_uri="s3://qpa/data/out/",
+        store=STORE,
     )
     assert camel.samples_per_task == 8
     assert snake.to_k8s()["samplesPerTask"] == 4
@@ -110,7 +116,8 @@ def test_defaults_fill_in_nested_settings() -> None:
             "stage": "rl",
             "baseModelUri": "s3://m/base/",
             "rl": {"rolloutPoolRef": {"name": "sandbox"}},
-            "outputUri": "file:///out/",
+            "outputUri": "s3://qpa/out/",
+            "store": STORE.to_k8s(),
         }
     )
     assert spec.deepspeed.zero_stage == 2 and spec.deepspeed.offload_optimizer == "none"
@@ -121,7 +128,7 @@ def test_defaults_fill_in_nested_settings() -> None:
         {
             "model": {"uri": "s3://m/x/"},
             "harness": {"image": "img:1", "version": "h1"},
-            "reportUri": "file:///r/",
+            "reportUri": "s3://qpa/r/",
         }
     )
     assert release.canary.steps == [10, 50, 100] and release.gate.min_overall == 0.5

@@ -166,10 +166,9 @@ def test_an_s3_report_uri_without_any_store_names_the_field() -> None:
     with pytest.raises(MissingSetting, match=r"team-a/planner: spec\.store is not set") as error:
         builder.bench_job(hr, Defaults())
     assert "spec.reportUri" in str(error.value) and "objectStore" in str(error.value)
-    # a file:// report needs no store
-    local = release_of(report_uri="file:///reports/")
-    (bench,) = containers(builder.bench_job(local, Defaults()))
-    assert "QPA_S3_ENDPOINT" not in env_of(bench)
+    # a file:// report is refused: nothing on a cluster can read the pod's local disk
+    with pytest.raises(ValueError, match=r"spec\.reportUri\n.*must be an s3:// URI"):
+        release_of(report_uri="file:///reports/")
 
 
 # --------------------------------------------------------------------------- the CRDs

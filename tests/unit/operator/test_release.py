@@ -631,7 +631,7 @@ def test_gpu_models_land_on_gpu_nodes_and_the_default_store_reaches_the_benchmar
     defaults = Defaults(gpu_node_selector=(("gpu", "h200"),), store=store)
     body = hr_body()
     body["spec"].pop("store")
-    body["spec"]["reportUri"] = "file:///reports/"  # s3://: test_defaults_fallback.py
+    body["spec"]["reportUri"] = "s3://qpa/reports/"  # the operator's store: Defaults.store
     hr = parse_resource(body)
     assert isinstance(hr, HarnessRelease)
     predictor = builder.model_service(hr, defaults)["spec"]["predictor"]
