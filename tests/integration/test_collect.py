@@ -316,10 +316,12 @@ def test_cli_collect_to_s3_with_credentials_from_the_environment(
     assert denied.exit_code == 2 and "access denied" in denied.output.replace("\n", " ")
 
 
-def test_cli_collect_spec_runs_a_taskbatch_work_order(tmp_path: Path) -> None:
+def test_cli_collect_spec_runs_a_taskbatch_work_order(seaweed: SeaweedS3, tmp_path: Path) -> None:
     """`qpa collect --spec`: the TaskBatch's harness version is in every trajectory's policy,
-    its capabilities select the tasks, and stdout is the typed `CollectSummary`."""
-    out = tmp_path / "out"
+    its capabilities select the tasks, and stdout is the typed `CollectSummary`. The output is
+    in the object store (a TaskBatch takes s3:// outputs only)."""
+    out = seaweed.root("spec-batch") + "/"
+    store = {"endpoint": seaweed.endpoint, "secretRef": {"name": "seaweed"}}
     batch = TaskBatch.model_validate(
         {
             "metadata": {"name": "spec-batch", "namespace": "team-a"},
@@ -334,23 +336,26 @@ def test_cli_collect_spec_runs_a_taskbatch_work_order(tmp_path: Path) -> None:
                 "samplesPerTask": 2,
                 "parallelism": 1,
                 "maxTurns": 30,
-                "outputUri": out.as_uri(),
+                "outputUri": out,
+                "store": store,
             },
         }
     )
     order = tmp_path / "workorder.yaml"
-    order.write_text(dump_work_order(batch, Resolved(namespace="team-a")))
+    order.write_text(dump_work_order(batch, Resolved(namespace="team-a", store=batch.spec.store)))
     answer = CliRunner().invoke(
-        app, ["collect", "--spec", str(order)], env={"QPA_SPOOL_DIR": str(tmp_path / "spool")}
+        app,
+        ["collect", "--spec", str(order)],
+        env={"QPA_SPOOL_DIR": str(tmp_path / "spool"), **seaweed.env()},
     )
     assert answer.exit_code == 0, answer.output
     summary = CollectSummary.from_message(answer.stdout)
     assert summary is not None and summary.complete and summary.harness_version == "harness-v7"
     assert (summary.total, summary.ran, summary.shard) == (6, 6, "0/1")
-    trajectories = read_collected(out.as_uri())
+    trajectories = read_collected(out, seaweed.store_config())
     assert len(trajectories) == 6
     assert {t.policy.harness_version for t in trajectories} == {"harness-v7"}
     assert all("memory" in t.task.capabilities for t in trajectories)
-    assert read_manifest(open_store(out)).name == "spec-batch"
+    assert read_manifest(open_store(out, seaweed.store_config())).name == "spec-batch"
     mixed = CliRunner().invoke(app, ["collect", "--spec", str(order), "--planner", "noop"])
     assert mixed.exit_code == 2 and "drop --planner" in mixed.output

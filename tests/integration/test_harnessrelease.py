@@ -5,8 +5,8 @@ kubectl applies, patches, annotates and shows the releases. The tests play the c
 controllers and the benchmark: they mark InferenceServices Ready for their current generation
 (as KServe does), mark the benchmark Job complete or failed (as the Job controller does), and
 put the benchmark's `report.json` where the Job's work order says (`resolved.reportUri`, as
-`qpa bench run --spec` does), in a `file://` store under tmp_path or on a real S3 server
-(SeaweedFS). The operator reads it through `qpa.store` and gates it with `qpa.bench.gate`.
+`qpa bench run --spec` does), on a real S3 server (SeaweedFS: a HarnessRelease takes s3://
+reports only). The operator reads it through `qpa.store` and gates it with `qpa.bench.gate`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -52,6 +52,28 @@ REGRESSED = report_bytes({"tool_use": 6, "memory": 9, "skills": 9, "subagent": 9
 def release_env(operator_env: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("QPA_OPERATOR_RELEASE_TICK", "0.1")
     return operator_env
+
+
+class Reports(NamedTuple):
+    """Where a release's reports go: a fresh S3 prefix and the release's `spec.store`."""
+
+    uri: str
+    store: dict[str, Any]
+
+
+@pytest.fixture
+def reports(kube_api: KubeAPIServer, seaweed: Any, monkeypatch: pytest.MonkeyPatch) -> Reports:
+    """A report prefix in SeaweedFS, the store Secret in the namespace (the operator reads with
+    it), and admin keys in the environment (the tests write the reports)."""
+    kube_api.create({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "qpa-reports", "namespace": NS},
+        "stringData": {"accessKeyId": seaweed.access_key, "secretAccessKey": seaweed.secret_key},
+    })  # fmt: skip
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    store = {"endpoint": seaweed.endpoint, "secretRef": {"name": "qpa-reports"}}
+    return Reports(seaweed.root("releases") + "/", store)
 
 
 def release_body(report_uri: str, **spec: Any) -> dict[str, Any]:
@@ -154,8 +176,10 @@ async def walk_canary(kube: KubeAPIServer) -> list[int]:
     return seen
 
 
-async def first_release(kube: KubeAPIServer, kubectl: Kubectl, tmp_path: Path, uri: str) -> dict:
-    apply(kubectl, tmp_path, release_body(uri))
+async def first_release(
+    kube: KubeAPIServer, kubectl: Kubectl, tmp_path: Path, reports: Reports
+) -> dict:
+    apply(kubectl, tmp_path, release_body(reports.uri, store=reports.store))
     await deployed(kube)
     await benchmark(kube, GOOD)
     return await phase(kube, "qhr", NAME, "Promoted")
@@ -180,9 +204,8 @@ def event_reasons(kube: KubeAPIServer) -> list[str]:
 
 
 async def test_a_candidate_that_beats_stable_is_promoted_through_the_canary(
-    kube_api: KubeAPIServer, release_env: Path, kubectl: Kubectl, tmp_path: Path
+    kube_api: KubeAPIServer, release_env: Path, kubectl: Kubectl, tmp_path: Path, reports: Reports
 ) -> None:
-    reports = f"file://{tmp_path}/releases/"
     with operator():
         first = await first_release(kube_api, kubectl, tmp_path, reports)
         assert first["stable"]["harnessVersion"] == "harness-v3"
@@ -197,7 +220,7 @@ async def test_a_candidate_that_beats_stable_is_promoted_through_the_canary(
         await kube_api.eventually(lambda: traffic(kube_api) == 0)  # no traffic for it yet
         await deployed(kube_api)
         uri = await benchmark(kube_api, BETTER)
-        assert uri.startswith(reports + "planner/")
+        assert uri.startswith(reports.uri + "planner/")
         await phase(kube_api, "qhr", NAME, "Canary")
         assert await walk_canary(kube_api) == [10, 50, 100]
 
@@ -231,10 +254,10 @@ async def test_a_candidate_that_beats_stable_is_promoted_through_the_canary(
 
 
 async def test_a_capability_regression_beyond_the_margin_is_rolled_back(
-    kube_api: KubeAPIServer, release_env: Path, kubectl: Kubectl, tmp_path: Path
+    kube_api: KubeAPIServer, release_env: Path, kubectl: Kubectl, tmp_path: Path, reports: Reports
 ) -> None:
     with operator():
-        await first_release(kube_api, kubectl, tmp_path, f"file://{tmp_path}/releases/")
+        await first_release(kube_api, kubectl, tmp_path, reports)
         (stable_model,) = models(kube_api)
         new_candidate(kubectl, "harness-v4", "s3://qpa/models/b/")
         await deployed(kube_api)
@@ -257,10 +280,10 @@ async def test_a_capability_regression_beyond_the_margin_is_rolled_back(
 
 @pytest.mark.parametrize("case", ["job-failed", "report-missing", "report-corrupt"])
 async def test_without_a_good_report_nothing_is_promoted(
-    kube_api: KubeAPIServer, release_env: Path, tmp_path: Path, case: str
+    kube_api: KubeAPIServer, release_env: Path, reports: Reports, case: str
 ) -> None:
     with operator():
-        kube_api.create(release_body(f"file://{tmp_path}/releases/"))
+        kube_api.create(release_body(reports.uri, store=reports.store))
         await deployed(kube_api)
         if case == "job-failed":
             await benchmark(kube_api, None, fails=True)
@@ -286,10 +309,10 @@ async def test_without_a_good_report_nothing_is_promoted(
 
 
 async def test_an_operator_restart_mid_release_resumes_where_it_was(
-    kube_api: KubeAPIServer, release_env: Path, kubectl: Kubectl, tmp_path: Path
+    kube_api: KubeAPIServer, release_env: Path, kubectl: Kubectl, tmp_path: Path, reports: Reports
 ) -> None:
     with operator():
-        apply(kubectl, tmp_path, release_body(f"file://{tmp_path}/releases/"))
+        apply(kubectl, tmp_path, release_body(reports.uri, store=reports.store))
         benchmarking = await deployed(kube_api)
         job = await exists(kube_api, "jobs", benchmarking["benchmarkJob"])
     # While the operator is away the benchmark finishes and writes its report.
@@ -327,10 +350,10 @@ async def test_an_operator_restart_mid_release_resumes_where_it_was(
 
 
 async def test_overrides_abort_and_force_promote(
-    kube_api: KubeAPIServer, release_env: Path, kubectl: Kubectl, tmp_path: Path
+    kube_api: KubeAPIServer, release_env: Path, kubectl: Kubectl, tmp_path: Path, reports: Reports
 ) -> None:
     with operator():
-        apply(kubectl, tmp_path, release_body(f"file://{tmp_path}/releases/"))
+        apply(kubectl, tmp_path, release_body(reports.uri, store=reports.store))
         await deployed(kube_api)
         kubectl("annotate", "qhr", NAME, "qpa.ai/override=abort")
         rolled = await phase(kube_api, "qhr", NAME, "RolledBack")
