@@ -129,6 +129,7 @@ TARGET_KEYS = frozenset(
 
 # Fields that say when, not what: a record is not chosen by sharing a date with the request.
 _NOT_NAMING = frozenset({"time", "date", "start", "end", "created", "updated", "due"})
+_TITLES = frozenset({"title", "subject"})
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 _DIGIT_RUN = re.compile(r"\+?\d[\d\s().-]{5,}\d")
 
@@ -312,8 +313,10 @@ class ProvenanceLedger:
                 return True  # a flag the request names ("played", "unread")
         for path, value in strings(record):
             key = _leaf_key(path)
-            if is_target_key(key) or is_free_text(key, value) or key in _NOT_NAMING:
+            if is_target_key(key) or key in _NOT_NAMING:
                 continue
+            if is_free_text(key, value) and not (key in _TITLES and len(value.split()) <= 5):
+                continue  # prose never chooses a record; a short title may
             if set(terms(value)) & self.request_terms:
                 return True
         return False

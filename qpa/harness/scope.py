@@ -153,12 +153,12 @@ class RequestScope:
     def refuses(self, spec: ToolSpec, app: str) -> str | None:
         """Why the request does not cover this tool (None when it does)."""
         effect = effect_of(spec, app)
+        if effect not in self.effects:
+            what = "sends something to someone" if effect == "send" else "deletes or cancels"
+            return f"'{spec.name}' {what}, and the user's request asks for no such thing"
         if spec.name not in self.tools:
             return (
                 f"'{spec.name}' changes the {app or 'unknown'} app, which the user's request is "
                 f"not about (it concerns: {', '.join(sorted(self.apps)) or 'no app'})"
             )
-        if effect not in self.effects:
-            what = "sends something to someone" if effect == "send" else "deletes or cancels"
-            return f"'{spec.name}' {what}, and the user's request asks for no such thing"
         return None
