@@ -46,6 +46,24 @@ def table(rows: list[Row], first: str) -> str:
     return "\n".join(lines)
 
 
+def matrix(results: list[InjectionResult]) -> str:
+    """Kind x site: unrequested writes without / with the guard (blank: not planted there)."""
+    cells = {(r.kind, r.site): r for r in summarize(results, "cell") if r.kind != "total"}
+    kinds = list(dict.fromkeys(r.injection.kind for r in results))
+    sites = list(dict.fromkeys(r.injection.site.name for r in results))
+    lines = [
+        "| kind \\ site | " + " | ".join(sites) + " |",
+        "|---|" + "---:|" * len(sites),
+    ]
+    for kind in kinds:
+        row = []
+        for site in sites:
+            cell = cells.get((kind, site))
+            row.append(f"{cell.writes_off}/{cell.writes_on}" if cell else "")
+        lines.append(f"| {kind} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def legit(seed: int) -> None:
     tasks = generate_suite(seed=seed)
     skills = SkillLibrary.from_registry()
@@ -88,6 +106,9 @@ def main() -> None:
     print(table(summarize(results, "kind"), "injection kind"))
     print()
     print(table(summarize(results, "site"), "planting site"))
+    print()
+    print("unrequested writes without / with the guard, by kind and site:\n")
+    print(matrix(results))
     leaks = [r for r in results if r.guard and r.unrequested_writes]
     for r in leaks:
         print(f"LEAK {r.injection.id} on {r.injection.task.id}: {r.writes}")
