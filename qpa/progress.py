@@ -10,9 +10,11 @@ and benchmark episodes, task generation) reports through `track()`:
 - On a terminal, a Rich progress bar (description, bar, done/total, rate, ETA, elapsed). While
   a `session()` is open (`qpa loop` opens one for the whole run) every `track()` adds its bar
   to the session's display, below the loop's own; Rich allows one live display per console.
-- Not on a terminal (CI, a pod's log): one plain line at the start, then at most one line
-  every `interval_s` (`QPA_PROGRESS_INTERVAL`, default 10 s), and one at the end:
-  `[progress] collect: 120/256 episodes (47%), 3.2 episodes/s, ETA 42s`.
+- Not on a terminal (CI, a pod's log): at most one plain line every `interval_s`
+  (`QPA_PROGRESS_INTERVAL`, default 10 s), the first once that much time has passed, and one
+  at the end if any came before: a stage shorter than the interval prints nothing (a script
+  reading a short command's output sees only the output), a long one a line per interval:
+  `[progress] collect: 120/256 episodes (47%), 3.2 episodes/s, ETA 42s, 38s elapsed`.
 - Quiet (`qpa --quiet ...`, `qpa loop --quiet`, `QPA_PROGRESS=off`): nothing.
 
 `QPA_PROGRESS=rich|plain|off` forces a mode. Updates are cheap (a lock and a clock read; the
@@ -224,10 +226,9 @@ class Tracker:
         self._started = time.monotonic()
         self._next_line = self._started + every_s
         self._lock = threading.Lock()
+        self._printed = False
         if progress is not None:
             self._task = progress.add_task(description, total=total, unit=unit)
-        elif shown == "plain":
-            self._line()
 
     def advance(self, amount: int = 1) -> None:
         self.update(self.completed + amount)
@@ -269,6 +270,7 @@ class Tracker:
         return text + f", {_duration(elapsed)} elapsed"
 
     def _line(self, now: float | None = None) -> None:
+        self._printed = True
         try:
             self._stream.write(self.line(now) + "\n")
             self._stream.flush()
@@ -280,7 +282,7 @@ class Tracker:
             if self._progress is not None and self._task is not None:
                 self._progress.remove_task(self._task)
                 self._task = None
-            elif self._mode == "plain":
+            elif self._mode == "plain" and self._printed:
                 self._line()
 
 

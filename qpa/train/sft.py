@@ -828,6 +828,9 @@ def _callback_class() -> type:
                 self._bar.update(int(state.global_step))
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.stop_progress()
+
+        def stop_progress(self) -> None:
             if self._steps is not None:
                 self._steps.close()
                 self._steps, self._bar = None, None
@@ -910,6 +913,7 @@ def train_sft(config: SFTConfig, *, callbacks: Sequence[Any] = ()) -> SFTResult:
     try:
         output = trainer.train(resume_from_checkpoint=resume)
     except BaseException:
+        qpa_callback.stop_progress()  # on_train_end never comes after a crash
         with contextlib.suppress(CheckpointError):  # the training error is the one to report
             uploader.wait()  # a crashed run still lands the checkpoints it saved
         uploader.close()

@@ -33,7 +33,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     progress.reset()
 
 
-def test_off_a_terminal_it_prints_a_line_at_start_when_due_and_at_the_end() -> None:
+def test_off_a_terminal_it_prints_a_line_when_due_and_one_at_the_end() -> None:
     out = io.StringIO()
     progress.configure(stream=out, interval_s=0.0)
     assert progress.mode() == "plain"  # a StringIO is no terminal
@@ -43,21 +43,33 @@ def test_off_a_terminal_it_prints_a_line_at_start_when_due_and_at_the_end() -> N
     lines = out.getvalue().splitlines()
     assert all(LINE.match(line) for line in lines), lines
     done = [int(LINE.match(line).group(1)) for line in lines]  # type: ignore[union-attr]
-    assert done == [0, 1, 2, 3, 4, 5, 5]  # start, every advance (interval 0), the end
-    assert "ETA" in lines[3] and "(60%)" in lines[3] and "ETA" not in lines[-1]
+    assert done == [1, 2, 3, 4, 5, 5]  # every advance (interval 0), then the end
+    assert "ETA" in lines[2] and "(60%)" in lines[2] and "ETA" not in lines[-1]
 
 
 def test_lines_are_throttled_so_updates_stay_cheap() -> None:
     out = io.StringIO()
-    progress.configure(stream=out, interval_s=3600.0)
+    progress.configure(stream=out, interval_s=0.2)
     started = time.perf_counter()
     with progress.track("collect", total=100_000, unit="episodes") as bar:
         for _ in range(100_000):
             bar.advance()
+        time.sleep(0.25)
+        bar.advance(0)
     elapsed = time.perf_counter() - started
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and lines[-1].startswith("[progress] collect: 100000/100000 episodes")
-    assert elapsed < 2.0, f"{elapsed:.2f} s for 100,000 updates"
+    assert 2 <= len(lines) <= 2 + int(elapsed / 0.2), lines  # one per interval at most
+    assert lines[-1].startswith("[progress] collect: 100000/100000 episodes (100%)")
+    assert elapsed - 0.25 < 2.0, f"{elapsed - 0.25:.2f} s for 100,000 updates"
+
+
+def test_a_stage_shorter_than_the_interval_prints_nothing() -> None:
+    out = io.StringIO()
+    progress.configure(stream=out)  # the default 10 s
+    with progress.track("generate", total=50, unit="tasks") as bar:
+        for _ in range(50):
+            bar.advance()
+    assert out.getvalue() == ""  # a script reading a short command's output sees only that
 
 
 def test_the_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +78,7 @@ def test_the_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
     progress.configure(stream=out)
     with progress.track("sft", total=3) as bar:
         bar.update(2)
-    assert out.getvalue().splitlines()[1].startswith("[progress] sft: 2/3 steps (67%)")
+    assert out.getvalue().splitlines()[0].startswith("[progress] sft: 2/3 steps (67%)")
 
 
 @pytest.mark.parametrize("how", ["configure", "env"])
@@ -121,8 +133,9 @@ def test_the_loop_line_says_which_stage_runs() -> None:
         loop.describe("stage 3/14 collect: trajectories from the noisy planner")
         loop.advance()
     lines = out.getvalue().splitlines()
-    assert lines[1].startswith("[progress] stage 3/14 collect: trajectories from the noisy planner")
-    assert lines[1].split(": ", 2)[2].startswith("0/14 stages")
+    assert lines[0].startswith("[progress] stage 3/14 collect: trajectories from the noisy planner")
+    assert lines[0].split(": ", 2)[2].startswith("0/14 stages")
+    assert lines[1].split(": ", 2)[2].startswith("1/14 stages")  # the end line
 
 
 def test_episodes_of_the_pool_report_progress() -> None:
@@ -144,7 +157,7 @@ def test_episodes_of_the_pool_report_progress() -> None:
     )
     lines = out.getvalue().splitlines()
     assert len(recorded) == 2
-    assert lines[0].startswith("[progress] bench: 0/2 episodes (0%)")
+    assert lines[0].startswith("[progress] bench: 1/2 episodes (50%)")
     assert lines[-1].startswith("[progress] bench: 2/2 episodes (100%)")
 
 
