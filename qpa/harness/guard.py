@@ -58,7 +58,12 @@ class ProvenanceGuard:
         self.task = task
         self.tools = {t.name: t for t in tools}
         self.app_of = {t.name: (app_of or {}).get(t.name, t.app) for t in tools}
-        self.ledger = ProvenanceLedger(task, extra_memory=list(memory))
+        scores = tool_scores or {}
+        self.ledger = ProvenanceLedger(
+            task,
+            extra_memory=list(memory),
+            pointed_reads=[t.name for t in tools if t.side_effect == "read" and scores.get(t.name)],
+        )
         self.scope = RequestScope.of(
             task,
             [(t, self.app_of.get(t.name, t.app)) for t in tools],
@@ -134,6 +139,8 @@ class ProvenanceGuard:
             return f"comes from {origin.describe()}, not from the user's request"
         if not strict and core:
             return None  # a listed record, changed by a tool the request is about
+        if strict and core and self.scope.bulk and origin.pointed:
+            return None  # "delete the played episodes from my downloads": in what it pointed at
         mention = self.ledger.mentioned_in_free_text(value)
         return f"comes from {origin.describe()}, a record the user's request did not pick" + (
             f" (it is also named inside {mention.detail})" if mention else ""

@@ -25,7 +25,7 @@ untraceable, however it is cut, joined or spelled.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -195,6 +195,7 @@ class Origin:
     selected: bool = True
     picked: bool = True
     named: bool = True  # picked by a read narrowed with the user's own words (not by likeness)
+    pointed: bool = True  # listed by a read of the collection the instruction names
 
     @property
     def trusted(self) -> bool:
@@ -218,7 +219,16 @@ class _Text:
 class ProvenanceLedger:
     """Per-episode record of trusted text and of every tool value with its origin."""
 
-    def __init__(self, task: Task, *, extra_memory: Sequence[tuple[str, str, str]] = ()) -> None:
+    def __init__(
+        self,
+        task: Task,
+        *,
+        extra_memory: Sequence[tuple[str, str, str]] = (),
+        pointed_reads: Iterable[str] = (),
+    ) -> None:
+        # reads of a collection the instruction names ("from my downloads"): what they list is
+        # where the user pointed, though no word of theirs picks a single record in it
+        self.pointed_reads = frozenset(pointed_reads)
         self.instruction_terms = frozenset(terms(task.instruction))
         self._texts: list[_Text] = []
         self._atoms: dict[str, list[Origin]] = {}
@@ -266,22 +276,30 @@ class ProvenanceLedger:
             selected, picked = self.read_selection(call)
         for key, value in _argument_strings(call.arguments):
             if len(value.strip()) >= 2 and self.trace(value, loose=not wrote) is None:
-                authored = Origin("tool", f"step {step} {call.tool}({key}) authored", named=False)
+                authored = Origin(
+                    "tool", f"step {step} {call.tool}({key}) authored", named=False, pointed=False
+                )
                 self.add_value(value, authored)
         for record_path, record in _records(observation):
             record_picked = picked or (selected and self._matches_request(record))
             named = wrote or picked
+            pointed = wrote or call.tool in self.pointed_reads
             for path, value in strings(record):
                 full = f"{record_path}.{path}" if record_path else path
                 key = _leaf_key(full) or _leaf_key(record_path)
                 detail = f"step {step} {call.tool} → {full or 'result'}"
                 # every tool string is text a value may be cut or reformatted from; only a
                 # short, non-prose field's whole value is a value in its own right
-                inside = Origin("tool", f"text of {detail}", False, False, False)
+                inside = Origin("tool", f"text of {detail}", False, False, False, False)
                 self._free.append((squash(value), re.sub(r"\D", "", value), inside))
                 if not is_free_text(key, value):
                     origin = Origin(
-                        "tool", detail, selected, selected and record_picked, selected and named
+                        "tool",
+                        detail,
+                        selected,
+                        selected and record_picked,
+                        selected and named,
+                        selected and pointed,
                     )
                     self.add_value(value, origin)
 
