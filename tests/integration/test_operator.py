@@ -246,6 +246,7 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
         assert {c["type"]: c["status"] for c in done["conditions"]} == {
             "Progressing": "False",
             "Complete": "True",
+            "Ready": "True",  # kstatus: Current (no Reconciling or Stalled left)
         }
         await kube_api.eventually(
             lambda: (
