@@ -5,7 +5,7 @@ ConfigMap with the release and the candidate's endpoint and report folder); thes
 very command through the real `qpa` console script on the work order the builder wrote, with
 only the candidate's endpoint pointed at a local OpenAI-compatible server (a model that answers
 at once) and a tiny task limit, and then read the report back the way the operator does, with
-`qpa.release.verdict`: from a `file://` store in tmp_path and from a real S3 server (SeaweedFS).
+`qpa.release.verdict`, on a real S3 server (SeaweedFS: a HarnessRelease takes s3:// reports only).
 """
 
 from __future__ import annotations
@@ -91,26 +91,39 @@ def run_job(
     )
 
 
-def test_the_benchmark_job_publishes_its_report_to_a_file_store(
-    tmp_path: Path, endpoint: str
+def test_the_benchmark_job_publishes_its_report_and_run_files(
+    tmp_path: Path, endpoint: str, seaweed: SeaweedS3
 ) -> None:
-    hr = release((tmp_path / "releases").as_uri() + "/")
+    store = {"endpoint": seaweed.endpoint, "secretRef": {"name": "qpa-store"}}
+    hr = release(seaweed.root("bench-files") + "/releases/", store=store)
     command, env = job_command(hr, tmp_path / "work", endpoint)
     status_file = tmp_path / "termination-log"
-    result = run_job(command, env, QPA_STATUS_FILE=str(status_file))
+    # the pod reads its keys from the mounted Secret's files; here they are local files
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "access").write_text(seaweed.access_key)
+    (keys / "secret").write_text(seaweed.secret_key)
+    result = run_job(
+        command,
+        env,
+        QPA_STATUS_FILE=str(status_file),
+        QPA_S3_ACCESS_KEY_FILE=str(keys / "access"),
+        QPA_S3_SECRET_KEY_FILE=str(keys / "secret"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     # the operator's reader finds it at the candidate's report URI
     candidate = builder.candidate(hr, Defaults())
     prefix = builder.report_prefix(hr, Defaults())
     assert candidate.report_uri == prefix + "report.json"
-    report = read_report(candidate.report_uri)
+    config = seaweed.store_config()
+    report = read_report(candidate.report_uri, config)
     assert report.tasks == LIMIT and report.complete and report.samples == 1
     assert report.policy.planner == "openai" and report.policy.model == "planner"
-    verdict = judge(candidate.report_uri, None, hr.spec.gate)
+    verdict = judge(candidate.report_uri, None, hr.spec.gate, config)
     assert verdict.kind == "passed" and verdict.scores is not None
     assert verdict.scores.overall == pytest.approx(report.overall, abs=1e-6)
     # every trajectory records the release's Harness version
-    store = open_store(prefix)
+    store = open_store(prefix, config)
     lines = store.get_bytes("trajectories.jsonl").decode().splitlines()
     harness_versions = {json.loads(line)["policy"]["harness_version"] for line in lines}
     assert harness_versions == {hr.spec.harness.version}
@@ -127,7 +140,8 @@ def test_the_benchmark_job_publishes_its_report_to_a_file_store(
 
 
 def test_a_bad_report_uri_fails_before_any_episode(tmp_path: Path, endpoint: str) -> None:
-    hr = release((tmp_path / "releases").as_uri() + "/")
+    store = {"endpoint": "http://127.0.0.1:9", "secretRef": {"name": "qpa-store"}}
+    hr = release("s3://qpa/releases/", store=store)
     command, env = job_command(hr, tmp_path / "work", endpoint, reportUri="ftp://host/reports/")
     result = run_job(command, env)
     assert result.returncode != 0
@@ -136,6 +150,7 @@ def test_a_bad_report_uri_fails_before_any_episode(tmp_path: Path, endpoint: str
     assert not (tmp_path / "work" / "trajectories.jsonl").exists()
     # an s3:// folder without credentials is refused up front too
     command, env = job_command(hr, tmp_path / "work", endpoint, reportUri="s3://qpa/releases/")
+    env = {k: v for k, v in env.items() if not k.endswith("_FILE")}  # no Secret mounted
     result = run_job(
         command,
         env,

@@ -261,13 +261,25 @@ def test_zero2_and_zero3_on_cpu_with_gloo_killed_and_resumed(
         assert steps == [2, 4], stage
 
 
-def test_sft_from_a_trainingrun_work_order(inputs: dict[str, Path], tmp_path: Path) -> None:
+def test_sft_from_a_trainingrun_work_order(
+    inputs: dict[str, Path], tmp_path: Path, seaweed: Any
+) -> None:
     """What a TrainingRun's rank runs: the builder's work order, `qpa train sft --spec`, the
-    typed summary in the termination message. `turnMasking: false` reaches the trainer."""
+    typed summary in the termination message. `turnMasking: false` reaches the trainer. Model,
+    data and output are in the object store (a TrainingRun takes no file:// URIs)."""
     from qpa_operator.builders import trainingrun as builder
     from qpa_operator.builders.common import Defaults
 
     from qpa.api.v1alpha1 import WORK_ORDER_KEY, TrainingRun, TrainSummary
+    from qpa.store import open_store
+
+    uris = {}
+    for name in ("model", "data"):
+        uris[name] = seaweed.root(f"spec-sft-{name}")
+        bucket = open_store(uris[name], seaweed.store_config())
+        for path in sorted(p for p in inputs[name].rglob("*") if p.is_file()):
+            bucket.put_file(path.relative_to(inputs[name]).as_posix(), path)
+    out = seaweed.root("spec-sft-out") + "/"
 
     run = TrainingRun.model_validate(
         {
@@ -276,8 +288,8 @@ def test_sft_from_a_trainingrun_work_order(inputs: dict[str, Path], tmp_path: Pa
             "metadata": {"name": "spec-sft", "namespace": "team-a", "uid": "u1"},
             "spec": {
                 "stage": "sft",
-                "baseModelUri": inputs["model"].as_uri(),
-                "datasets": [{"uri": inputs["data"].as_uri()}],
+                "baseModelUri": uris["model"],
+                "datasets": [{"uri": uris["data"]}],
                 "sft": {"turnMasking": False},
                 "hyperparameters": {
                     "learningRate": 1e-3,
@@ -287,7 +299,8 @@ def test_sft_from_a_trainingrun_work_order(inputs: dict[str, Path], tmp_path: Pa
                     "maxSeqLength": 512,
                 },
                 "gpusPerNode": 0,
-                "outputUri": (tmp_path / "out").as_uri() + "/",
+                "outputUri": out,
+                "store": {"endpoint": seaweed.endpoint, "secretRef": {"name": "qpa-s3"}},
                 "checkpointEvery": 1,
             },
         }
@@ -310,6 +323,7 @@ def test_sft_from_a_trainingrun_work_order(inputs: dict[str, Path], tmp_path: Pa
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
         "QPA_STATUS_FILE": str(status),
+        **seaweed.env(),
     }
     qpa = str(Path(sys.executable).parent / "qpa")
     done = subprocess.run(
@@ -322,7 +336,7 @@ def test_sft_from_a_trainingrun_work_order(inputs: dict[str, Path], tmp_path: Pa
     summary = TrainSummary.from_message(status.read_text())
     assert summary is not None and summary.stage == "sft" and summary.step == 2
     assert [c.step for c in summary.checkpoints] == [1, 2] and summary.loss is not None
-    assert summary.model_uri == (tmp_path / "out").as_uri() + "/final"
+    assert summary.model_uri == out + "final"
     assert (tmp_path / "run" / "final").is_dir()  # the pod's working folder
 
 
