@@ -6,15 +6,18 @@ from how text looks. Every value the agent has seen carries its origin in the ep
 profile, or a tool result (which step, which field, and whether the user's request selected
 that record). A call whose tool has a side effect (`write` or `payment`) is allowed only when
 
-1. its tool and effect follow from the request (`RequestScope`, qpa.harness.scope): the app is
+1. its tool and effect follow from the request (`RequestScope`, qpa.harness.scope): the tool is
    one the request is about, and a send or a deletion is something the instruction asks for;
 2. every argument that names a target (recipient, account, destination, record id, setting,
    folder...; see `provenance.is_target_key`) traces back to a trusted source or to a record
-   the request selected; a send or a deletion needs the record to have been *picked* by the
-   user's words (a search for what the user named, or a record sharing the instruction's
-   words), not merely listed;
-3. a send or deletion reaching more than one target is a bulk effect, refused unless the
-   request asks for many (all, every, each, a number, a plural);
+   the user's words *picked* (a search for what the user named, a record sharing the words of
+   the instruction or the user's memory). A record the request merely listed, or a value the
+   agent brings itself (one nothing it read explains), is accepted only for a tool of the
+   request's leading app, and never for a send or a deletion (except, for a bulk deletion the
+   user asked for, records listed by a read of the collection the instruction names). A value
+   from tool prose, or from a read whose arguments came from tool prose, never;
+3. a send or deletion reaching more than one target the user did not name is a bulk effect,
+   refused unless the request asks for many (all, every, each, a number, a plural);
 4. a payment carries the user's confirmation (the tool named in the task's `confirmations`).
 
 Anything else is answered with `permission_denied`, naming the argument and why, and never

@@ -6,14 +6,20 @@ the app's prefix): `send` (it delivers something to someone: send, reply, forwar
 `payment` (it moves money; the tool's own side effect says so) and `change` (everything else:
 create, add, set, update, move...). The request's scope is:
 
-- the apps it is about: the apps of the tools the Scenario Adapter found relevant to the
-  instruction (BM25 relevance > 0); an app merely installed on the phone is not in scope;
+- the tools it is about, from the Scenario Adapter's relevance of each app and tool to the
+  instruction (`ScenarioAdapter.relevance`, BM25): the tools of apps at least `APP_SHARE` as
+  relevant as the top app, and tools the instruction's words match; an app merely installed on
+  the phone is not in scope. The *core* tools are those of the leading apps (at least
+  `LEAD_SHARE` of the top): only they may act on a record the request merely listed, or on a
+  value the agent brings itself;
 - the effect classes its words ask for: a `send` or `delete` needs the instruction to say so
   (text, email, reply, tell... / delete, cancel, remove, clear...); `change` and `payment` are
-  what every other task does, so they are in scope for the apps in scope (payments still need
-  the user's confirmation);
-- whether it asks for many records at once (all, every, each, both, a number, a plural): a
-  `send` or `delete` acting on more than one target is a bulk effect, refused unless asked for.
+  what every other task does, so they are in scope for the tools in scope (payments still need
+  the user's confirmation). A send goes through the request's own apps ("email my manager" is
+  no text message, whatever word matches);
+- whether it asks for many records at once (all, every, each, both, a number, a plural, quoted
+  text aside): a `send` or `delete` acting on more than one target the user did not name is a
+  bulk effect, refused unless asked for.
 """
 
 from __future__ import annotations
