@@ -208,6 +208,22 @@ LOCAL_DATA_URI = UriKind(("s3", "file"), "the store or a file of this machine")
 #: An HTTP endpoint pods call (an OpenAI-compatible model).
 ENDPOINT_URL = UriKind(("http", "https"), "an HTTP endpoint")
 
+
+def _no_credentials(value: Any) -> Any:
+    if isinstance(value, str):
+        if re.search(USERINFO, value):
+            raise ValueError(USERINFO_MESSAGE)
+        if re.search(CREDENTIAL_QUERY, value):
+            raise ValueError(CREDENTIAL_QUERY_MESSAGE)
+    return value
+
+
+ResolvedUri = Annotated[
+    str, Field(min_length=1, max_length=MAX_URI_LENGTH), BeforeValidator(_no_credentials)
+]
+"""A URI the operator resolved for a pod (any scheme the pod's reader then judges), never one
+with credentials in it."""
+
 OutputUri = OUTPUT_URI.type()
 DataUri = DATA_URI.type()
 CheckpointUri = CHECKPOINT_URI.type()

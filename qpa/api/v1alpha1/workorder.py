@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Final, Generic, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from qpa.api.v1alpha1.base import ConfigMapKeySelector, ObjectStore, _Model
+from qpa.api.v1alpha1.base import ConfigMapKeySelector, ObjectStore, ResolvedUri, _Model
 from qpa.api.v1alpha1.resource import CustomResource
 
 #: Where the operator mounts the work order in every pod it creates, and the file's key.
@@ -52,23 +52,23 @@ class Resolved(_Model):
     store: ObjectStore | None = Field(
         default=None, description="The object store the pod reads and writes (spec or chart)."
     )
-    rollout_pool_url: str | None = Field(
+    rollout_pool_url: ResolvedUri | None = Field(
         default=None, description="Base URL of the referenced RolloutPool's Service."
     )
     device_bridge: str | None = Field(
         default=None, description="HOST:PORT of the referenced DevicePool's adb bridge."
     )
     attempt: int = Field(default=0, ge=0, description="Attempt of the run (TrainingRun).")
-    dataset_uri: str | None = Field(
+    dataset_uri: ResolvedUri | None = Field(
         default=None, description="The dataset the data plan resolved (TrainingRun)."
     )
-    model_url: str | None = Field(
+    model_url: ResolvedUri | None = Field(
         default=None, description="Endpoint of the served candidate model (HarnessRelease)."
     )
-    harness_url: str | None = Field(
+    harness_url: ResolvedUri | None = Field(
         default=None, description="Endpoint of the served candidate Harness (HarnessRelease)."
     )
-    report_uri: str | None = Field(
+    report_uri: ResolvedUri | None = Field(
         default=None, description="Where the benchmark publishes its report (HarnessRelease)."
     )
 

@@ -28,7 +28,7 @@ from fakes.kube_api import KubeAPIServer
 from fakes.kubectl import Kubectl
 from pydantic import ValidationError
 
-from qpa.api.v1alpha1 import resource_for_kind
+from qpa.api.v1alpha1 import WorkOrder, WorkOrderError, resource_for_kind
 
 ROOT = Path(__file__).resolve().parents[3]
 NS = "default"
@@ -517,6 +517,30 @@ def test_the_examples_themselves_are_accepted_by_both(server: KubeAPIServer) -> 
         body = example(kind, index)
         assert pydantic_fields(kind, body) is None
         assert server_causes(server, kind, body) is None
+
+
+# --------------------------------------------------------------------------- the pod side
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes", "field"),
+    [
+        ("TaskBatch", {"spec.outputUri": "s3://AKIA:secret@qpa/out/"}, "spec.outputUri"),
+        ("TaskBatch", {"spec.outputUri": "file:///data/out/"}, "spec.outputUri"),
+        ("TrainingRun", {"spec.baseModelUri": "file:///models/base/"}, "spec.baseModelUri"),
+        ("HarnessRelease", {"spec.reportUri": "s3://qpa/r/?X-Amz-Signature=ab"}, "spec.reportUri"),
+        ("TaskBatch", {"resolved.reportUri": "s3://k:s@qpa/r/"}, "resolved.reportUri"),
+        ("TaskBatch", {"resolved.modelUrl": "http://p/v1?api_key=sk-1"}, "resolved.modelUrl"),
+    ],
+)
+def test_a_pod_refuses_the_same_work_order(kind: str, changes: dict[str, Any], field: str) -> None:
+    """The pod's input is the resource (WorkOrder): what the CRD refuses, the pod refuses."""
+    body = patched(kind, 0, {k: v for k, v in changes.items() if k.startswith(("spec", "meta"))})
+    body["resolved"] = {k.split(".", 1)[1]: v for k, v in changes.items() if k.startswith("res")}
+    with pytest.raises(WorkOrderError) as refused:
+        WorkOrder.parse(body, resource_for_kind(kind))
+    where = field.removeprefix("resolved.") if field.startswith("resolved.") else field
+    assert f"{where}: " in str(refused.value), refused.value
 
 
 # --------------------------------------------------------------------------- updates
