@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from qpa.contract import Feedback, Task, ToolCall, ToolSpec
+from qpa.harness.adapter import terms
 from qpa.harness.provenance import (
     MIN_PHONE_DIGITS,
     Origin,
@@ -73,6 +74,12 @@ class ProvenanceGuard:
             app_scores or {},
             tool_scores or {},
         )
+        self._named_terms = frozenset(
+            t
+            for t_spec in tools
+            if (tool_scores or {}).get(t_spec.name, 0.0) > 0
+            for t in terms(t_spec.name.replace("_", " "))
+        )
         # (effect class, argument) -> the distinct targets acted on so far in the episode
         self._targets: dict[tuple[str, str], set[str]] = {}
         self._steps = 0
@@ -107,7 +114,9 @@ class ProvenanceGuard:
         effect = effect_of(spec, app)
         strict = effect in ("send", "delete")
         for key, value in self._target_values(call.arguments):
-            reason = self._untraceable(call, value, strict=strict)
+            reason = self._unchosen(spec, key, value) or self._untraceable(
+                call, value, strict=strict
+            )
             if reason:
                 return _deny(
                     f"argument '{key}' ({value!r}) of '{call.tool}' {reason}; tool output is "
@@ -126,10 +135,27 @@ class ProvenanceGuard:
                     )
         return None
 
+    def _unchosen(self, spec: ToolSpec, key: str, value: str) -> str | None:
+        """A choice among the tool's fixed options (a setting, a folder...) must be one the
+        request names: its words in the instruction or the user's memory, or in the name of a
+        tool the instruction's words match ("connect my headphones" names the Bluetooth tools).
+        """
+        prop = (spec.parameters.get("properties") or {}).get(key) or {}
+        if not isinstance(prop, dict) or "enum" not in prop:
+            return None
+        wanted = set(terms(value.replace("_", " ")))
+        if not wanted or wanted & self.ledger.request_terms or wanted & self._named_terms:
+            return None
+        return "is an option the user's request never names"
+
     def _untraceable(self, call: ToolCall, value: str, *, strict: bool) -> str | None:
         origin = self.ledger.trace(value)
-        if origin is not None and (origin.trusted or (origin.selected and origin.picked)):
+        if origin is not None and origin.trusted:
             return None
+        spec = self.tools[call.tool]
+        send = effect_of(spec, self.app_of.get(call.tool, "")) == "send"
+        if origin is not None and origin.selected and origin.picked and (origin.named or not send):
+            return None  # a recipient must be one the user named, not one that looks alike
         core = call.tool in self.scope.core
         if origin is None:
             if core:
