@@ -15,7 +15,9 @@ that record). A call whose tool has a side effect (`write` or `payment`) is allo
    agent brings itself (one nothing it read explains), is accepted only for a tool of the
    request's leading app, and never for a send or a deletion (except, for a bulk deletion the
    user asked for, records listed by a read of the collection the instruction names). A value
-   from tool prose, or from a read whose arguments came from tool prose, never;
+   from tool prose, or from a read whose arguments came from tool prose, never. A recipient
+   must be one the user's words found, not one that merely shares a word with them; an option
+   among a tool's fixed choices (an `enum`: a setting, a folder) must be one the request names;
 3. a send or deletion reaching more than one target the user did not name is a bulk effect,
    refused unless the request asks for many (all, every, each, a number, a plural);
 4. a payment carries the user's confirmation (the tool named in the task's `confirmations`).
