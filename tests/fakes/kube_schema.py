@@ -368,6 +368,14 @@ def field_errors(error: jsonschema.ValidationError) -> list[FieldError]:
                 f"Too many: {len(value)}: must have at most {limit} items",
             )
         ]
+    if keyword == "maxProperties":
+        return [
+            FieldError(
+                path,
+                "FieldValueTooMany",
+                f"Too many: {len(value)}: must have at most {limit} items",
+            )
+        ]
     if keyword == "format":
         return [
             FieldError(
