@@ -37,6 +37,7 @@ from qpa.harness.parsing import ParseFailure, parse_completion, with_pseudo_tool
 from qpa.harness.planners import Decision
 from qpa.harness.prompt import subagent_prompt, system_prompt, tool_result
 from qpa.harness.runner import Budgets, EpisodeAborted
+from qpa.harness.scope import unquoted
 from qpa.harness.skills import SkillLibrary
 
 
@@ -135,6 +136,7 @@ class HarnessPlanner:
             tool_scores=tool_scores,
             app_of={t.name: self.adapter.app_of(t) for t in tools},
             memory=[(r.item.key, r.item.value, r.item.evidence) for r in self._retrieved],
+            choice_scores=self.adapter.relevance(unquoted(task.instruction), tools)[1],
         )
         lines = [r.describe() for r in self._retrieved]
         system = system_prompt(task, exposure.text, lines)

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from qpa.contract import Task, ToolCall
 from qpa.harness.adapter import terms
+from qpa.harness.scope import unquoted
 
 Source = Literal["instruction", "confirmed", "memory", "profile", "tool"]
 TRUSTED_MEMORY = frozenset({"stated", "confirmed"})
@@ -132,11 +133,32 @@ _NOT_NAMING = frozenset({"time", "date", "start", "end", "created", "updated", "
 _TITLES = frozenset({"title", "subject"})
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 _DIGIT_RUN = re.compile(r"\+?\d[\d\s().-]{5,}\d")
+# Where a text can send someone: a link, an email address, a phone number (a run of 7 to 15
+# digits that is not a date: `2026-04-11` is no number to call).
+_URL = re.compile(r"(?:https?://|www\.)[^\s<>\"')\]]+", re.I)
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+_DATE_IN = re.compile(r"\b\d{4}-\d{1,2}-\d{1,2}(?:T\d{1,2}(?::\d{2}){1,2})?\b")
+_TIME = re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?\b")
+_DATE = re.compile(r"^\d{4}-\d{1,2}-\d{1,2}$|^\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}$")
 
 
 def is_target_key(key: str) -> bool:
     """Whether an argument named `key` names a target (recipient, record, destination...)."""
     return key in TARGET_KEYS or key.endswith("_id") or key.endswith("_ids") or key == "id"
+
+
+def destinations(text: str) -> list[str]:
+    """The links, email addresses and phone numbers written in a text, however it is cut."""
+    found = [m.rstrip(".,;:!?") for m in _URL.findall(text)]
+    rest = _URL.sub(" ", text)
+    found += [m.rstrip(".") for m in _EMAIL.findall(rest)]
+    rest = _TIME.sub(" ", _DATE_IN.sub(" ", _EMAIL.sub(" ", rest)))
+    for run in _DIGIT_RUN.findall(rest):
+        run = run.strip()
+        digits = re.sub(r"\D", "", run)
+        if MIN_PHONE_DIGITS <= len(digits) <= 15 and not _DATE.match(run):
+            found.append(run)
+    return found
 
 
 def squash(value: str) -> str:
@@ -234,6 +256,8 @@ class ProvenanceLedger:
         self._atoms: dict[str, list[Origin]] = {}
         self._phones: list[tuple[str, Origin]] = []
         self._free: list[tuple[str, str, Origin]] = []  # (squashed text, digits, origin)
+        # prose fields of the records the request's words found: (squashed text, origin)
+        self._prose: list[tuple[str, Origin]] = []
         self.add_trusted(task.instruction, Origin("instruction", ""))
         for tool in task.confirmations:
             self.add_trusted(tool, Origin("confirmed", tool))
@@ -244,9 +268,14 @@ class ProvenanceLedger:
             if evidence in TRUSTED_MEMORY:
                 self.add_trusted(f"{key} {value}", Origin("memory", key))
         # the words that choose records: the instruction's and the user's own memory's
-        self.request_terms = self.instruction_terms | frozenset(
+        memory_terms = frozenset(
             t for item in task.memory if item.evidence in TRUSTED_MEMORY for t in terms(item.value)
         )
+        self.request_terms = self.instruction_terms | memory_terms
+        # the words that choose among a tool's fixed options (a setting, a folder): what the user
+        # asks the phone to do, not the titles or contents they quote ("my 'Guest Wi-Fi' note"
+        # asks for no Wi-Fi setting)
+        self.asked_terms = frozenset(terms(unquoted(task.instruction))) | memory_terms
         for field, value in task.user.model_dump().items():
             if field != "user_id":
                 self.add_trusted(str(value), Origin("profile", field))
@@ -292,6 +321,8 @@ class ProvenanceLedger:
                 # short, non-prose field's whole value is a value in its own right
                 inside = Origin("tool", f"text of {detail}", False, False, False, False)
                 self._free.append((squash(value), re.sub(r"\D", "", value), inside))
+                if selected and named and is_free_text(key, value) and squash(value):
+                    self._prose.append((squash(value), Origin("tool", detail)))
                 if not is_free_text(key, value):
                     origin = Origin(
                         "tool",
@@ -392,6 +423,15 @@ class ProvenanceLedger:
                 if any(len(r) >= 3 and r in digits for r in runs):
                     return origin
             elif key in text or (domain and domain in text):
+                return origin
+        return None
+
+    def copied_prose(self, destination: str, text: str) -> Origin | None:
+        """The prose field of a record the user's words found that `text` copies whole and that
+        holds `destination` ("send Hiro what's in my note": the note's link goes with it)."""
+        key, whole = squash(destination), squash(text)
+        for prose, origin in self._prose:
+            if key and key in prose and prose in whole:
                 return origin
         return None
 

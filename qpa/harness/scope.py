@@ -68,8 +68,15 @@ BULK_WORDS = (
 _SEND = re.compile(rf"\b(?:{SEND_WORDS})(?:s|ed|ing)?\b", re.I)
 _DELETE = re.compile(rf"\b(?:{DELETE_WORDS})(?:s|d|ed|ing)?\b", re.I)
 _BULK = re.compile(rf"\b(?:{BULK_WORDS})\b", re.I)
-_QUOTED = re.compile(r'"[^"]*"|“[^”]*”')
+# Quoted text (double quotes, or single quotes that are not apostrophes) is content: a title,
+# a note to write, a name to search for; it is not what the user asks the phone to do.
+_QUOTED = re.compile(r'"[^"]*"|“[^”]*”|\u2018[^\u2019]*\u2019|(?<![\w\'])\'[^\']+\'(?![\w\'])')
 _PLURAL = re.compile(r"\b[a-z]{3,}[^s']s\b", re.I)
+
+
+def unquoted(text: str) -> str:
+    """The instruction without its quoted text (titles, names, contents to write)."""
+    return _QUOTED.sub(" ", text)
 
 
 def effect_of(spec: ToolSpec, app: str = "") -> Effect:
@@ -119,7 +126,7 @@ class RequestScope:
             effects.add("send")
         if _DELETE.search(text):
             effects.add("delete")
-        asked = _QUOTED.sub(" ", task.instruction)  # quoted text is content, not the request
+        asked = unquoted(task.instruction)  # quoted text is content, not the request
         bulk = bool(_BULK.search(asked) or _PLURAL.search(asked))
         top = max(app_scores.values(), default=0.0)
         pairs = list(tools)
