@@ -276,6 +276,7 @@ class ProvenanceLedger:
         # asks the phone to do, not the titles or contents they quote ("my 'Guest Wi-Fi' note"
         # asks for no Wi-Fi setting)
         self.asked_terms = frozenset(terms(unquoted(task.instruction))) | memory_terms
+        self._asked_words = words(unquoted(task.instruction))
         for field, value in task.user.model_dump().items():
             if field != "user_id":
                 self.add_trusted(str(value), Origin("profile", field))
@@ -425,6 +426,11 @@ class ProvenanceLedger:
             elif key in text or (domain and domain in text):
                 return origin
         return None
+
+    def asks_for(self, option: str) -> bool:
+        """Whether the instruction, quoted text aside, names `option` however it is spelled
+        (`wifi` in "turn off the Wi-Fi", `airplane_mode` in "airplane mode")."""
+        return _in_words(squash(option), self._asked_words)
 
     def copied_prose(self, destination: str, text: str) -> Origin | None:
         """The prose field of a record the user's words found that `text` copies whole and that

@@ -31,7 +31,7 @@ from typing import Literal
 
 from qpa.contract import Task, ToolSpec
 
-Effect = Literal["read", "send", "delete", "change", "payment"]
+Effect = Literal["read", "send", "delete", "configure", "change", "payment"]
 SEND_VERBS = frozenset({"send", "reply", "forward", "share"})
 SEND_TOOLS = frozenset({"messaging_schedule", "email_schedule_send", "email_send_draft"})
 DELETE_VERBS = frozenset(
@@ -51,6 +51,12 @@ DELETE_VERBS = frozenset(
         "uncheck",
     }
 )
+# Changes to how the phone or an account behaves from then on (a setting, the default card, a
+# frozen card, a blocked sender, a mail filter, an app's permission, the alarm): `configure`.
+CONFIGURE_VERBS = frozenset({"toggle", "freeze", "unfreeze", "block", "unblock"})
+CONFIGURE_ACTIONS = ("set_default", "set_app_permission", "set_security", "create_filter")
+# Words that ask for a configuration without naming its verb (reporting spam blocks the sender).
+CONFIGURE_WORDS: dict[str, tuple[str, ...]] = {"block": ("spam",)}
 # Words in an instruction that ask for a send / a destructive change (measured on the mobilepa
 # suite: every reference plan's sends and deletions are asked for with one of these).
 SEND_WORDS = (
@@ -92,6 +98,8 @@ def effect_of(spec: ToolSpec, app: str = "") -> Effect:
         return "send"
     if verb in DELETE_VERBS:
         return "delete"
+    if verb in CONFIGURE_VERBS or action.startswith(CONFIGURE_ACTIONS):
+        return "configure"
     return "change"
 
 
@@ -121,7 +129,7 @@ class RequestScope:
         is in scope when its app is among the instruction's apps (relevance at least
         `APP_SHARE` of the top app's) or the tool itself matches the instruction's words."""
         text = " ".join([task.instruction, *task.confirmations])
-        effects: set[Effect] = {"read", "change", "payment"}
+        effects: set[Effect] = {"read", "change", "configure", "payment"}
         if _SEND.search(text):
             effects.add("send")
         if _DELETE.search(text):
