@@ -227,10 +227,15 @@ class ProvenanceGuard:
         origin = self.ledger.trace(value)
         if origin is not None and origin.trusted:
             return None
-        spec = self.tools[call.tool]
-        send = effect_of(spec, self.app_of.get(call.tool, "")) == "send"
-        if origin is not None and origin.selected and origin.picked and (origin.named or not send):
-            return None  # a recipient must be one the user named, not one that looks alike
+        if (
+            origin is not None
+            and origin.selected
+            and origin.picked
+            and (origin.named or not strict)
+        ):
+            # a recipient, or a record to delete, must be one the user's words found, not one
+            # that merely shares a word with them ("the team is away" picks no "Team lunch")
+            return None
         core = call.tool in self.scope.core
         if origin is None:
             if core:
