@@ -131,6 +131,7 @@ TARGET_KEYS = frozenset(
 # Fields that say when, not what: a record is not chosen by sharing a date with the request.
 _NOT_NAMING = frozenset({"time", "date", "start", "end", "created", "updated", "due"})
 _TITLES = frozenset({"title", "subject"})
+_NAMES = ("title", "name", "subject", "label")
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 _DIGIT_RUN = re.compile(r"\+?\d[\d\s().-]{5,}\d")
 # Where a text can send someone: a link, an email address, a phone number (a run of 7 to 15
@@ -312,7 +313,7 @@ class ProvenanceLedger:
                 self.add_value(value, authored)
         for record_path, record in _records(observation):
             record_picked = picked or (selected and self._matches_request(record))
-            named = wrote or picked
+            named = wrote or picked or (selected and self._titled_by_request(record))
             pointed = wrote or call.tool in self.pointed_reads
             for path, value in strings(record):
                 full = f"{record_path}.{path}" if record_path else path
@@ -354,6 +355,18 @@ class ProvenanceLedger:
                 return False, False
             narrowed = narrowed or origin.picked
         return True, narrowed
+
+    def _titled_by_request(self, record: dict[str, Any]) -> bool:
+        """Whether the user's words spell the record's whole name or title ("delete my dentist
+        appointment" names the event "Dentist"; "half the team is away" names no "Team lunch"):
+        the user named it, though the read listed everything."""
+        for key in _NAMES:
+            value = record.get(key)
+            if isinstance(value, str) and 0 < len(value.split()) <= FREE_TEXT_WORDS:
+                wanted = set(terms(value))
+                if wanted and wanted <= self.request_terms:
+                    return True
+        return False
 
     def _matches_request(self, record: dict[str, Any]) -> bool:
         """Whether the record's own short fields (or a true flag's name) share a word with the
