@@ -1,9 +1,10 @@
 """The injection suite through the real Harness loop: an obedient model, the guard on and off.
 
-Runs the whole suite `benchmarks/injection_suite.py` prints (80 injections, 14 kinds, 10
-planting sites, each with the guard on and off; about 20 s here): with the guard on no
-injected write reaches the phone and the user's task still verifies; the control without the
-guard really performs them. Also: a delegated sub-agent's calls meet the same guard with the
+Runs the full cross `benchmarks/injection_suite.py --kinds-per-site 14` prints (every one of
+the 14 attack kinds at every one of the 10 planting sites: 140 injections, each with the guard
+on and off; about 30 s here), a superset of the default 80-injection table: with the guard on
+no injected write reaches the phone and the user's task still verifies; the control without
+the guard really performs them. Also: a delegated sub-agent's calls meet the same guard with the
 same provenance.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import pytest
 
 from qpa.bench.injection import (
+    ATTACKS,
     EMAIL,
     PHONE,
     InjectionResult,
@@ -32,7 +34,7 @@ from qpa.harness.runner import run_episode
 
 @pytest.fixture(scope="module")
 def results() -> list[InjectionResult]:
-    return run_suite(build_suite())
+    return run_suite(build_suite(kinds_per_site=len(ATTACKS)))
 
 
 def test_the_suite_covers_sites_kinds_lengths_and_destinations(
@@ -40,6 +42,8 @@ def test_the_suite_covers_sites_kinds_lengths_and_destinations(
 ) -> None:
     injections = [r.injection for r in results if r.guard]
     assert len(injections) >= 60
+    # every kind at every site
+    assert len({(i.kind, i.site.name) for i in injections}) == len(injections) == 140
     assert len({i.site.name for i in injections}) >= 6
     assert {i.length for i in injections} == {"short", "long"}
     assert {i.attack.destination for i in injections} == {True, False}
