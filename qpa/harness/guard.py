@@ -8,19 +8,27 @@ that record). A call whose tool has a side effect (`write` or `payment`) is allo
 
 1. its tool and effect follow from the request (`RequestScope`, qpa.harness.scope): the tool is
    one the request is about, and a send or a deletion is something the instruction asks for;
-2. every argument that names a target (recipient, account, destination, record id, setting,
+2. a `configure` call (a setting, the default card, a freeze, a block, a filter...) names what
+   it configures in the request: a word of its action or of the option it picks, said by the
+   user outside quoted text, or the option is in the name of a tool the request clearly points
+   at (`NAME_SHARE` of its app's best tool); an app being relevant is not enough;
+3. every argument that names a target (recipient, account, destination, record id, setting,
    folder...; see `provenance.is_target_key`) traces back to a trusted source or to a record
    the user's words *picked* (a search for what the user named, a record sharing the words of
-   the instruction or the user's memory). A record the request merely listed, or a value the
-   agent brings itself (one nothing it read explains), is accepted only for a tool of the
-   request's leading app, and never for a send or a deletion (except, for a bulk deletion the
-   user asked for, records listed by a read of the collection the instruction names). A value
-   from tool prose, or from a read whose arguments came from tool prose, never. A recipient
-   must be one the user's words found, not one that merely shares a word with them; an option
+   the instruction or the user's memory). A record the request merely listed is accepted only
+   for a tool of the request's top app, a value the agent brings itself (one nothing it read
+   explains) only for a tool of a leading app, and neither for a send or a deletion (except,
+   for a bulk deletion the user asked for, records listed by a read of the collection the
+   instruction names). A value from tool prose, or from a read whose arguments came from tool
+   prose, never. A recipient or a record to delete must be one the user's words found (or
+   whose whole name the user spelled), not one that merely shares a word with them; an option
    among a tool's fixed choices (an `enum`: a setting, a folder) must be one the request names;
-3. a send or deletion reaching more than one target the user did not name is a bulk effect,
+4. what a send says carries no link, email address or phone number from elsewhere: each traces
+   to the user, to a short field of a record the user's words found, or to the prose of such a
+   record that the message copies whole;
+5. a send or deletion reaching more than one target the user did not name is a bulk effect,
    refused unless the request asks for many (all, every, each, a number, a plural);
-4. a payment carries the user's confirmation (the tool named in the task's `confirmations`).
+6. a payment carries the user's confirmation (the tool named in the task's `confirmations`).
 
 Anything else is answered with `permission_denied`, naming the argument and why, and never
 reaches the environment. The same guard, with the same ledger, checks the calls of delegated

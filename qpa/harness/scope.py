@@ -1,22 +1,25 @@
 """The scope of the user's request: which state changes it asks for.
 
-A state-changing tool belongs to one of four effect classes, read off its name (the verb after
+A state-changing tool belongs to one of five effect classes, read off its name (the verb after
 the app's prefix): `send` (it delivers something to someone: send, reply, forward, share),
 `delete` (it destroys or undoes: delete, remove, cancel, clear, revoke, unsubscribe, forget...),
-`payment` (it moves money; the tool's own side effect says so) and `change` (everything else:
-create, add, set, update, move...). The request's scope is:
+`configure` (it changes how the phone or an account behaves from then on: toggle, freeze,
+block, set_default_*, set_app_permission, set_security, create_filter; the guard wants the
+request to name what it configures), `payment` (it moves money; the tool's own side effect says
+so) and `change` (everything else: create, add, set, update, move...). The request's scope is:
 
 - the tools it is about, from the Scenario Adapter's relevance of each app and tool to the
   instruction (`ScenarioAdapter.relevance`, BM25): the tools of apps at least `APP_SHARE` as
   relevant as the top app, and tools the instruction's words match; an app merely installed on
   the phone is not in scope. The *core* tools are those of the leading apps (at least
-  `LEAD_SHARE` of the top): only they may act on a record the request merely listed, or on a
-  value the agent brings itself;
+  `LEAD_SHARE` of the top): only they may act on a value the agent brings itself, and only
+  the top app's on a record the request merely listed (the guard decides);
 - the effect classes its words ask for: a `send` or `delete` needs the instruction to say so
-  (text, email, reply, tell... / delete, cancel, remove, clear...); `change` and `payment` are
-  what every other task does, so they are in scope for the tools in scope (payments still need
-  the user's confirmation). A send goes through the request's own apps ("email my manager" is
-  no text message, whatever word matches);
+  (text, email, reply, tell... / delete, cancel, remove, clear...); `change`, `configure` and
+  `payment` are what every other task does, so they are in scope for the tools in scope
+  (payments still need the user's confirmation; a configuration, that the request names it).
+  A send goes through the request's own apps ("email my manager" is no text message,
+  whatever word matches);
 - whether it asks for many records at once (all, every, each, both, a number, a plural, quoted
   text aside): a `send` or `delete` acting on more than one target the user did not name is a
   bulk effect, refused unless asked for.
