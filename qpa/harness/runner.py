@@ -9,7 +9,8 @@ the right side:
 
 - **environment**: anything raised by the environment's `reset`, `tools`, `step` or `verify`
   (a dead environment server, a lost device, `RemoteEnv` transport errors), and an
-  `EpisodeAborted` with `side="environment"` (a model endpoint that cannot be reached);
+  `EpisodeAborted` with `side="environment"` or an exception whose own `side` says so (a model
+  endpoint that cannot be reached: `BackendError.side`);
 - **model**: anything the planner's decision raised inside the model backend
   (`qpa.harness.backends`), a model-free planner (`qpa.harness.planners`, `qpa.harness.noisy`)
   or a planner defined outside the Harness (an RL policy, a test's planner);
@@ -55,6 +56,7 @@ from qpa.harness.planners import Planner
 DEFAULT_MAX_TURNS = 40
 
 Side = Literal["model", "harness", "environment"]
+_SIDES: tuple[Side, ...] = ("model", "harness", "environment")
 T = TypeVar("T")
 
 # Module prefixes -> the side their exceptions belong to; the longest matching prefix wins.
@@ -153,7 +155,10 @@ def _planner(component: str, call: Callable[..., T], *args: object) -> T:
     except EpisodeAborted:
         raise
     except Exception as exc:
-        side, _ = blame(exc, default="model")
+        # an exception that names its own side (a model endpoint that cannot be reached is the
+        # environment's: `BackendError.side`) keeps it; otherwise its traceback decides
+        declared = getattr(exc, "side", None)
+        side = declared if declared in _SIDES else blame(exc, default="model")[0]
         raise _Fault(side, component, exc) from exc
 
 
