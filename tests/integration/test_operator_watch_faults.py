@@ -47,6 +47,7 @@ async def test_everything_converges_when_watches_expire_drop_and_lists_go_stale(
 ) -> None:
     batches = [f"watched-{i:02d}" for i in range(20)]
     pools = [f"pool-{i}" for i in range(3)]
+    kube_api.faults.expire_watches(count=2)  # the first two watches: a 410 whatever the timing
     kube_api.faults.expire_watches(0.2)
     kube_api.faults.drop_watches(0.3, after=1.5)
     kube_api.faults.stale_lists(0.3, lag=15)
