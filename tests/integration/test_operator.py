@@ -211,7 +211,8 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
             "app.kubernetes.io/managed-by": "qpa-operator",
         }
         for shard, (ran, won) in enumerate([(128, 100), (128, 90)]):
-            summary = {"out": "s3://qpa/taskbatches/nightly-tool-use/", "shard": f"{shard}/32",
+            summary = {"out": "s3://qpa/default/taskbatches/nightly-tool-use/",
+                       "shard": f"{shard}/32",
                        "total": 128, "ran": ran, "skipped": 0, "successes": won,
                        "complete": True}  # fmt: skip
             finished_pod(
@@ -532,7 +533,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         assert ranks["spec"]["clusterIP"] == "None" and ranks["spec"]["publishNotReadyAddresses"]
         config = await exists(kube_api, "configmaps", "planner-care-rl-order")
         order = WorkOrder.parse(yaml.safe_load(config["data"][WORK_ORDER_KEY]), TrainingRun)
-        assert order.resource.spec.base_model_uri == "s3://qpa/trainingruns/planner-sft/final/"
+        assert order.resource.spec.base_model_uri == "s3://qpa/default/trainingruns/planner-sft/final/"
         assert order.resolved.rollout_pool_url == "http://sandbox-env.default.svc.cluster.local"
         assert order.resource.spec.rl is not None
         assert order.resource.spec.rl.care.low_success_threshold == 0.2
@@ -549,10 +550,10 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         job_complete(kube_api, "nightly-tool-use-collect", succeeded=32)
         data = await exists(kube_api, "jobs", "planner-sft-data")
         script = container(data)["command"][-1]
-        assert "qpa data curate s3://qpa/taskbatches/nightly-tool-use/" in script
+        assert "qpa data curate s3://qpa/default/taskbatches/nightly-tool-use/" in script
         assert (
             "qpa data mix" in script
-            and "--out s3://qpa/trainingruns/planner-sft/data/mix/" in script
+            and "--out s3://qpa/default/trainingruns/planner-sft/data/mix/" in script
         )
         assert kube_api.get("jobs", NS, "planner-sft-r0") is None
         job_complete(kube_api, "planner-sft-data", succeeded=1)
@@ -564,7 +565,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
             ),
             TrainingRun,
         )
-        assert sft_order.resolved.dataset_uri == "s3://qpa/trainingruns/planner-sft/data/mix/"
+        assert sft_order.resolved.dataset_uri == "s3://qpa/default/trainingruns/planner-sft/data/mix/"
 
         job_started(kube_api, "planner-sft-r0", active=2)
         await phase(kube_api, "qtr", "planner-sft", "Running")
@@ -576,7 +577,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         labels = {"qpa.ai/trainingrun": "planner-sft", "qpa.ai/attempt": "0",
                   "batch.kubernetes.io/job-completion-index": "0",
                   "app.kubernetes.io/managed-by": "qpa-operator"}  # fmt: skip
-        ckpt = "s3://qpa/trainingruns/planner-sft/checkpoints/checkpoint-{}/"
+        ckpt = "s3://qpa/default/trainingruns/planner-sft/checkpoints/checkpoint-{}/"
         finished_pod(
             kube_api, "planner-sft-r0-0-abc", labels, "trainer",
             TrainSummary(run="planner-sft", stage="sft", step=400, loss=0.75, checkpoints=[
@@ -596,7 +597,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
 
         job_complete(kube_api, "planner-sft-r1", succeeded=2)
         done = await phase(kube_api, "qtr", "planner-sft", "Succeeded")
-        assert done["modelUri"] == "s3://qpa/trainingruns/planner-sft/final/"
+        assert done["modelUri"] == "s3://qpa/default/trainingruns/planner-sft/final/"
         await kube_api.eventually(lambda: "Resuming" in event_reasons(kube_api, "planner-sft"))
 
         kubectl("delete", "qtr", "planner-sft", "planner-care-rl", "--wait=false")

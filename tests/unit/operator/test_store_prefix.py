@@ -82,3 +82,25 @@ def test_builders_schedule_no_pod_outside_the_prefix() -> None:
     tr = parse_resource(example("trainingrun.yaml"))
     with pytest.raises(OutsideStorePrefix, match=r"TrainingRun team-a/.*spec\.baseModelUri"):
         trainingrun.children(tr, DEFAULTS, attempt=0, plan=DataPlan(None), data_ready=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "namespace"),
+    [
+        ("taskbatch.yaml", "default"),
+        ("trainingrun.yaml", "default"),
+        ("harnessrelease.yaml", "default"),
+        ("kind/taskbatch.yaml", "qpa"),
+        ("kind/trainingrun.yaml", "qpa"),
+        ("kind/harnessrelease.yaml", "qpa"),
+    ],
+)
+def test_the_shipped_examples_pass_the_charts_default_prefix_where_they_are_applied(
+    path: str, namespace: str
+) -> None:
+    """A user who installs the chart (prefix `s3://qpa/{namespace}/`) and applies an example
+    as the docs say (examples/ in `default`, examples/kind/ in `qpa`) is not refused."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "examples" / path).read_text()) if d]
+    for index in range(len(docs)):
+        resource = parse_resource(example(path, namespace, index))
+        assert refusal(resource, DEFAULTS) is None, (path, index)
