@@ -19,7 +19,7 @@ import copy
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import kopf
 from pydantic import BaseModel
@@ -31,6 +31,7 @@ from qpa_operator.handlers.views import R, Views, controller_uid, parse, resourc
 from qpa_operator.kube import ApiError, plural_of
 
 from qpa.api import GROUP, VERSION, CustomResource
+from qpa.api.v1alpha1.base import set_condition
 
 logger = logging.getLogger("qpa_operator")
 
@@ -147,6 +148,42 @@ async def write_status(
             announce(written, old_phase, new_phase, new_wire)
         return StatusChange(True, old_phase, new_phase, written)
     raise kopf.TemporaryError(f"status of {info.kind} kept conflicting", delay=retry_delay(2))
+
+
+async def refuse(
+    cls: type[R],
+    obj: Mapping[str, Any],
+    error: Exception,
+    reason: str,
+    *,
+    reread: Callable[[], Mapping[str, Any] | None] | None = None,
+) -> None:
+    """A spec the operator will not act on (a store URI outside the namespace's prefix): phase
+    Failed, `reason` and the error's message (it names the field) on `Progressing=False` and
+    `Failed=True`, a Warning Event; nothing is built, and the next spec change reconciles anew."""
+    status_cls = next(
+        arg
+        for arg in get_args(cls.model_fields["status"].annotation)
+        if isinstance(arg, type) and issubclass(arg, BaseModel)
+    )
+    message = str(error)
+
+    def compute(resource: R) -> BaseModel:
+        current: Any = getattr(resource, "status", None) or status_cls()
+        generation = resource.metadata.generation
+        conditions = set_condition(
+            current.conditions, "Progressing", "False", reason, message,
+            observed_generation=generation, now=now(),
+        )  # fmt: skip
+        conditions = set_condition(
+            conditions, "Failed", "True", reason, message,
+            observed_generation=generation, now=now(),
+        )  # fmt: skip
+        update = {"phase": "Failed", "observed_generation": generation, "conditions": conditions}
+        updated: BaseModel = current.model_copy(update=update)
+        return updated
+
+    await write_status(cls, obj, compute, reread=reread)
 
 
 def with_kstatus(kind: str, status: BaseModel, resource: CustomResource) -> BaseModel:
@@ -270,6 +307,7 @@ __all__ = [
     "forget",
     "merge_diff",
     "observed",
+    "refuse",
     "with_kstatus",
     "write_status",
 ]

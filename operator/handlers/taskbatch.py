@@ -12,10 +12,11 @@ from typing import Any
 import kopf
 from qpa_operator.builders import taskbatch as builder
 from qpa_operator.builders.common import kind_label
+from qpa_operator.builders.storeaccess import OutsideStorePrefix
 from qpa_operator.handlers.apply import ensure_all
 from qpa_operator.handlers.netpolicy import report_egress
 from qpa_operator.handlers.runtime import measured, now, runtime
-from qpa_operator.handlers.status import child_event, observed, write_status
+from qpa_operator.handlers.status import child_event, observed, refuse, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 
 from qpa.api import GROUP, VERSION, TaskBatch
@@ -65,7 +66,12 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     if resource is None:
         return
     rt = await runtime()
-    children = builder.children(resource, rt.defaults)
+    try:
+        children = builder.children(resource, rt.defaults)
+    except OutsideStorePrefix as exc:
+        await refuse(TaskBatch, obj, exc, "OutsideStorePrefix",
+                     reread=lambda: views.parent(KIND, *_key(obj)))  # fmt: skip
+        return
     live = await ensure_all(children, views, resource)
     job = live.get(("Job", builder.job_name(resource)))
     await refresh_status(obj, views, job=job, generation=generation_of(obj))

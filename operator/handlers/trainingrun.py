@@ -16,10 +16,11 @@ from typing import Any
 import kopf
 from qpa_operator.builders import trainingrun as builder
 from qpa_operator.builders.common import job_state, kind_label
+from qpa_operator.builders.storeaccess import OutsideStorePrefix
 from qpa_operator.handlers.apply import delete_child, ensure_all
 from qpa_operator.handlers.netpolicy import report_egress
 from qpa_operator.handlers.runtime import measured, now, runtime
-from qpa_operator.handlers.status import child_event, observed, write_status
+from qpa_operator.handlers.status import child_event, observed, refuse, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 
 from qpa.api import GROUP, VERSION, TaskBatch, TrainingRun
@@ -124,9 +125,13 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     plan = _plan(resource, views)
     data_job = views.child("Job", namespace, builder.data_job_name(resource))
     data_ready = not plan.steps or job_state(data_job).complete
-    children = builder.children(
-        resource, rt.defaults, attempt=attempt, plan=plan, data_ready=data_ready
-    )
+    try:
+        children = builder.children(
+            resource, rt.defaults, attempt=attempt, plan=plan, data_ready=data_ready
+        )
+    except OutsideStorePrefix as exc:
+        await refuse(TrainingRun, obj, exc, "OutsideStorePrefix")
+        return
     live = await ensure_all(children, views, resource)
     for old in views.children("Job", namespace, KIND, resource.metadata.name or ""):
         labels = old["metadata"].get("labels") or {}

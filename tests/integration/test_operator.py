@@ -287,6 +287,37 @@ async def test_a_failed_collect_job_fails_the_batch(
         assert warnings and warnings[0]["type"] == "Warning"
 
 
+
+async def test_a_store_uri_outside_the_namespaces_prefix_fails_the_resource_and_builds_nothing(
+    kube_api: KubeAPIServer, operator_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart's prefix (`s3://qpa/{namespace}/`): a TaskBatch writing into another
+    namespace's prefix and a TrainingRun reading from it are Failed at once with the field
+    named (no retry loop, no Job); once moved inside the prefix, the batch runs."""
+    monkeypatch.setenv("QPA_OPERATOR_STORE_PREFIX", "s3://qpa/{namespace}/")
+    batch = example("taskbatch.yaml")
+    batch["spec"]["outputUri"] = "s3://qpa/team-b/taskbatches/stolen/"
+    run = example("trainingrun.yaml")
+    run["spec"]["baseModelUri"] = "s3://qpa/team-b/models/theirs/"
+    with operator():
+        kube_api.create(batch)
+        kube_api.create(run)
+        for plural, name, field in (("qtb", "nightly-tool-use", "spec.outputUri"),
+                                    ("qtr", "planner-sft", "spec.baseModelUri")):  # fmt: skip
+            failed = await phase(kube_api, plural, name, "Failed")
+            cond = {c["type"]: c for c in failed["conditions"]}
+            assert (cond["Failed"]["status"], cond["Failed"]["reason"]) == (
+                "True", "OutsideStorePrefix"
+            )
+            assert field in cond["Failed"]["message"]
+            assert "s3://qpa/default/" in cond["Failed"]["message"]
+            assert cond["Ready"]["status"] == "False"
+        assert kube_api.list_objects("jobs", NS) == []
+        fixed = "s3://qpa/default/taskbatches/nightly-tool-use/"
+        kube_api.patch("taskbatches", NS, "nightly-tool-use", {"spec": {"outputUri": fixed}})
+        await exists(kube_api, "jobs", "nightly-tool-use-collect")
+
+
 # --------------------------------------------------------------------------- RolloutPool
 
 
