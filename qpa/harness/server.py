@@ -46,7 +46,7 @@ from qpa.contract import Environment, Policy, Task
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.registry import all_apps
 from qpa.envs.sandbox.suite import DEFAULT_SUITE, get_task
-from qpa.envs.server import field_path, timed_protocol
+from qpa.envs.server import ServerError, field_path, timed_protocol
 from qpa.envs.tokens import IDENTITY_PATTERN, AuthError, TokenTable
 from qpa.harness.agent import HarnessPlanner
 from qpa.harness.factory import PlannerFactory, PlannerSpec
@@ -109,24 +109,9 @@ class HarnessResponse(BaseModel):
     memory: Literal["persistent", "ephemeral"]
 
 
-class RequestRefused(Exception):
-    """A request the server refuses: a 4xx JSON answer naming the field."""
-
-    def __init__(
-        self,
-        status: int,
-        kind: str,
-        message: str,
-        *,
-        field: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
-        self.field = field
-        self.headers = headers or {}
+class RequestRefused(ServerError):
+    """A request the server refuses: a 4xx JSON answer naming the field (KServe's error shape:
+    `{"error": message, "kind": ..., "field": ...}`, not the env server's nested one)."""
 
     def body(self) -> bytes:
         return orjson.dumps({"error": self.message, "kind": self.kind, "field": self.field})
