@@ -418,6 +418,11 @@ def kinds() -> list[KindWalk]:
                     ("spec.model.maxModelLength", 4096),
                     ("spec.model.resources", {"requests": {"cpu": "4"}}),
                     ("spec.harness.image", "registry.example/harness:2"),
+                    (
+                        "spec.harness.auth.tokensSecretRef",
+                        {"name": "harness-tokens", "key": "tokens.yaml"},
+                    ),
+                    ("spec.harness.auth.identityHeader", "x-forwarded-user"),
                     ("spec.benchmark.limit", 50),
                     ("spec.gate.maxCostIncrease", 0.2),
                     ("spec.gate.maxEnvironmentErrorRate", 0.1),

@@ -8,7 +8,11 @@
   InferenceService when they share a model);
 - `<release>-harness`: the Harness as a KServe custom predictor, a container running
   `qpa harness serve --planner openai --model-url <its model> --http-port 8080 ...` with the
-  Harness version's YAML from its ConfigMap. It is the release's endpoint: its
+  Harness version's YAML from its ConfigMap, and the callers' authentication of `harness.auth`:
+  `--tokens-file /var/run/secrets/qpa/harness-tokens/tokens.yaml` with the Secret key mounted
+  there read-only by the kubelet (the operator never reads it), or `--identity-header <name>`
+  (validated by the CRD and `qpa.api`); without it callers are anonymous with a throwaway
+  memory. It is the release's endpoint: its
   `canaryTrafficPercent` splits requests between the candidate's revision and the last
   rolled-out one (KServe keeps the previous revision; setting 0 is KServe's rollback);
 - `<release>-bench-<candidate>`: a Job running `qpa bench run --spec` on its work order (a
@@ -85,6 +89,10 @@ HF_RUNTIME: Final = "kserve-huggingfaceserver"
 #: candidate revision can be reached directly while it has no traffic.
 TAG_ROUTING: Final = "serving.kserve.io/enable-tag-routing"
 REPORT_FILE: Final = "report.json"
+#: Where the Harness predictor finds its bearer tokens (the `harness.auth.tokensSecretRef` key).
+TOKENS_MOUNT: Final = "/var/run/secrets/qpa/harness-tokens"
+TOKENS_FILE: Final = "tokens.yaml"
+TOKENS_PATH: Final = f"{TOKENS_MOUNT}/{TOKENS_FILE}"
 
 
 #: KServe names the predictor's Service `<isvc>-predictor` (and revisions
@@ -225,8 +233,38 @@ def model_service(
     return with_spec_hash(manifest)
 
 
+def harness_auth_parts(harness: HarnessServing) -> tuple[PodParts, list[str]]:
+    """The Harness's caller authentication: the tokens Secret's volume and mount, and flags.
+
+    The Secret key lands at a fixed path (`TOKENS_PATH`), so no name from the spec reaches argv;
+    an identity header does, after the CRD and `qpa.api` validated it as a header name.
+    """
+    auth = harness.auth
+    if auth is None:
+        return PodParts(), []
+    if auth.identity_header is not None:
+        return PodParts(), ["--identity-header", auth.identity_header]
+    ref = auth.tokens_secret_ref
+    if ref is None:  # HarnessAuth's rule: exactly one of the two
+        raise ValueError("spec.harness.auth: set exactly one of tokensSecretRef or identityHeader")
+    volume = {
+        "name": "harness-tokens",
+        "secret": {
+            "secretName": ref.name,
+            "items": [{"key": ref.key, "path": TOKENS_FILE}],
+            "defaultMode": 0o440,
+        },
+    }
+    mount = {"name": "harness-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True}
+    return PodParts(volumes=(volume,), mounts=(mount,)), ["--tokens-file", TOKENS_PATH]
+
+
 def harness_args(
-    hr: HarnessRelease, defaults: Defaults, config_path: str | None, model: ModelServing
+    hr: HarnessRelease,
+    defaults: Defaults,
+    config_path: str | None,
+    model: ModelServing,
+    auth_args: list[str] | None = None,
 ) -> list[str]:
     args = [
         "qpa", "harness", "serve",
@@ -239,7 +277,7 @@ def harness_args(
     ]  # fmt: skip
     if config_path is not None:
         args += ["--harness-config", config_path]
-    return args
+    return args + list(auth_args or [])
 
 
 def harness_service(
@@ -255,6 +293,7 @@ def harness_service(
     version = version or candidate(hr, defaults)
     harness = version.harness
     config_parts, config_path = harness_config_parts(harness.config_map_ref)
+    auth_parts, auth_args = harness_auth_parts(harness)
     parts = combine(
         [
             PodParts(
@@ -266,12 +305,13 @@ def harness_service(
                 mounts=({"name": "tmp", "mountPath": "/tmp"},),
             ),
             config_parts,
+            auth_parts,
         ]
     )
     container = {
         "name": "kserve-container",
         "image": version.harness_image,
-        "command": harness_args(hr, defaults, config_path, version.model),
+        "command": harness_args(hr, defaults, config_path, version.model, auth_args),
         "ports": [{"containerPort": HARNESS_PORT, "protocol": "TCP"}],
         "env": list(parts.env),
         "volumeMounts": list(parts.mounts),

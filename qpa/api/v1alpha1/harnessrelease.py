@@ -21,6 +21,7 @@ from qpa.api.v1alpha1.base import (
     ObjectStore,
     OutputUri,
     ResourceRequirements,
+    SecretKeySelector,
     ServingUri,
     ShortText,
     Split,
@@ -72,6 +73,51 @@ class ModelServing(_Model):
     )
 
 
+#: An HTTP header name (what `qpa harness serve --identity-header` accepts).
+HEADER_NAME: Final = r"^[A-Za-z0-9-]{1,64}$"
+#: Headers a client or HTTP itself sets: none of them can carry a proxy's identity.
+RESERVED_HEADERS: Final = ("authorization", "host", "content-type", "content-length")
+
+
+class HarnessAuth(_Model):
+    """How the Harness authenticates its callers, exactly one of two modes.
+
+    Without it callers are anonymous and every episode gets a throwaway memory.
+    """
+
+    tokens_secret_ref: SecretKeySelector | None = Field(
+        default=None,
+        description="Secret key with the bearer tokens: YAML mapping `sha256:<hex of a token>` "
+        "to a user id; mounted read-only into the Harness (`--tokens-file`), re-read when the "
+        "Secret changes.",
+    )
+    identity_header: str | None = Field(
+        default=None,
+        pattern=HEADER_NAME,
+        max_length=64,
+        description="Header a trusted proxy sets to the authenticated user id "
+        "(`--identity-header`, e.g. x-forwarded-user); the proxy must overwrite a client's "
+        "value and be the only way to the Harness.",
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="has(self.tokensSecretRef) != has(self.identityHeader)",
+            message="set exactly one of tokensSecretRef or identityHeader",
+            check=lambda m: (m.tokens_secret_ref is None) != (m.identity_header is None),
+        ),
+        CrossFieldRule(
+            cel="!has(self.identityHeader) || !(self.identityHeader.lowerAscii() in ["
+            + ", ".join(f"'{h}'" for h in RESERVED_HEADERS)
+            + "])",
+            message="identityHeader cannot be " + ", ".join(RESERVED_HEADERS),
+            check=lambda m: (
+                m.identity_header is None or m.identity_header.lower() not in RESERVED_HEADERS
+            ),
+        ),
+    )
+
+
 class HarnessServing(_Model):
     """The Harness served as a KServe custom predictor (`qpa harness serve`)."""
 
@@ -87,6 +133,11 @@ class HarnessServing(_Model):
     )
     config_map_ref: ConfigMapKeySelector | None = Field(
         default=None, description="ConfigMap key with the Harness YAML (--harness-config)."
+    )
+    auth: HarnessAuth | None = Field(
+        default=None,
+        description="How the Harness authenticates callers (bearer tokens or a trusted proxy's "
+        "header); unset: anonymous callers, each episode with a throwaway memory.",
     )
 
 
