@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
+from helpers.uvicorn_thread import serve
 from typer.testing import CliRunner
 
 from qpa.bench.gate import load_report
@@ -252,24 +252,8 @@ def test_a_corrupt_file_or_another_policy_is_refused(runs: dict[str, Path], tmp_
 
 @contextlib.contextmanager
 def serving() -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app("sandbox"), log_level="warning", access_log=False)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve(create_app("sandbox")) as url:
+        yield url
 
 
 def test_run_against_an_environment_server(tmp_path: Path) -> None:

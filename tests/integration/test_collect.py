@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fakes.seaweed import SeaweedS3
+from helpers.uvicorn_thread import serve
 from typer.testing import CliRunner
 
 from qpa.api.v1alpha1 import Resolved, TaskBatch, TaskGenerator, TaskSource, dump_work_order
@@ -59,24 +57,8 @@ TASKS = suite_tasks(12)
 @contextlib.contextmanager
 def serving(**options: Any) -> Iterator[str]:
     """An environment server in a background thread on a free loopback port; yields its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app("sandbox", **options), log_level="warning", access_log=False)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve(create_app("sandbox", **options)) as url:
+        yield url
 
 
 def pairs(trajectories: list[Trajectory]) -> Counter[tuple[str, int]]:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
+from helpers.uvicorn_thread import serve
 
 from qpa.contract import Check, Finish, MessageUser, Task, ToolCall, VerifierSpec
 from qpa.envs.factory import env_kinds, make_env
@@ -40,22 +40,8 @@ GHOST = "ghost-session-0000000000000000000000000000"  # well-formed, never creat
 def serving(**options: Any) -> Iterator[str]:
     """An environment server in a background thread; yields its base URL."""
     app = create_app("sandbox", **options)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

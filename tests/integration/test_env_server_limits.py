@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
+from helpers.uvicorn_thread import serve
 
 from qpa.contract import Task
 from qpa.envs.remote import RemoteEnv
@@ -40,22 +39,8 @@ MAX_BODY = 64 * 1024
 @contextlib.contextmanager
 def serving(read_timeout_s: float = 15.0, **options: Any) -> Iterator[str]:
     app = create_app("sandbox", **options)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(app, read_timeout_s=read_timeout_s))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve(None, uvicorn_config(app, read_timeout_s=read_timeout_s)) as url:
+        yield url
 
 
 def client(base: str, source: str = "127.0.0.1", **headers: str) -> httpx.Client:

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.uvicorn_thread import serve
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -423,7 +422,6 @@ def test_resume_reaches_the_same_final_step(
 @contextlib.contextmanager
 def serving(counts: Counter[str]) -> Iterator[str]:
     """A sandbox environment server in a thread (counting requests by path); yields its URL."""
-    import uvicorn
 
     from qpa.envs.server import create_app
 
@@ -434,22 +432,8 @@ def serving(counts: Counter[str]) -> Iterator[str]:
             counts[scope["path"]] += 1
         await app(scope, receive, send)
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(counted, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve(counted) as url:
+        yield url
 
 
 def test_rollouts_through_an_env_server(
