@@ -179,6 +179,7 @@ RELEASE = {
     "harness": {
         "image": "ghcr.io/qpa-ai/qpa-harness:0.1.0", "version": "harness-v4",
         "configMapRef": {"name": "harness-v4", "key": "harness.yaml"},
+        "auth": {"tokensSecretRef": {"name": "harness-tokens", "key": "tokens.yaml"}},
     },
     "benchmark": {
         "suite": "mobilepa", "split": "test", "samples": 2, "limit": 50, "concurrency": 8,
@@ -240,6 +241,13 @@ def releases() -> list[Any]:
     return [resource("HarnessRelease", "max-release", RELEASE)]
 
 
+def release_variants() -> list[Any]:
+    """The maximal release and one with the other `harness.auth` mode (a proxy's header)."""
+    header = copy.deepcopy(RELEASE)
+    header["harness"]["auth"] = {"identityHeader": "x-forwarded-user"}
+    return [*releases(), resource("HarnessRelease", "max-release-header", header)]
+
+
 def _unset(model: BaseModel, path: str) -> Iterator[str]:
     for name, field in type(model).model_fields.items():
         here = f"{path}.{field.alias or name}"
@@ -259,7 +267,10 @@ def _unset(model: BaseModel, path: str) -> Iterator[str]:
         (taskbatches, set()),
         (pools, {"spec.llmSim", "spec.devicePoolRef"}),
         (runs, {"spec.sft", "spec.rl"}),
-        (releases, set()),
+        (
+            release_variants,
+            {"spec.harness.auth.tokensSecretRef", "spec.harness.auth.identityHeader"},
+        ),
     ],
     ids=["TaskBatch", "RolloutPool", "TrainingRun", "HarnessRelease"],
 )

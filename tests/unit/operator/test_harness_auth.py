@@ -1,0 +1,135 @@
+"""A HarnessRelease's `spec.harness.auth` reaches the Harness predictor: the tokens Secret key
+mounted read-only at a fixed path with `--tokens-file`, or `--identity-header`; the pod stays
+restricted, the operator reads no Secret, and changing the auth is a new version."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from helpers.podsecurity import violations
+from qpa_operator.builders import Defaults, harnessrelease
+
+from qpa.api import HarnessRelease, parse_resource
+from qpa.cli import app
+from qpa.harness.serve_config import HarnessServeConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+D = Defaults(harness_image="registry.example/harness:1")
+TOKENS = {"tokensSecretRef": {"name": "harness-tokens", "key": "alice-and-bob.yaml"}}
+HEADER = {"identityHeader": "X-Forwarded-User"}
+
+
+def release(auth: dict[str, Any] | None) -> HarnessRelease:
+    docs = [d for d in yaml.safe_load_all((ROOT / "examples" / "harnessrelease.yaml").read_text())]
+    body = copy.deepcopy(next(d for d in docs if d))
+    body["metadata"].update(namespace="team-a", uid="uid-planner")
+    if auth is not None:
+        body["spec"]["harness"]["auth"] = auth
+    hr = parse_resource(body)
+    assert isinstance(hr, HarnessRelease)
+    return hr
+
+
+def predictor(hr: HarnessRelease) -> dict[str, Any]:
+    spec: dict[str, Any] = harnessrelease.harness_service(hr, D)["spec"]["predictor"]
+    return spec
+
+
+def serve_options() -> set[str]:
+    command: Any = typer.main.get_command(app)
+    command = command.commands["harness"].commands["serve"]
+    return {opt for param in command.params for opt in param.opts}
+
+
+def flag_value(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, argv
+    return argv[argv.index(flag) + 1]
+
+
+def test_tokens_secret_is_mounted_read_only_and_passed_as_tokens_file() -> None:
+    pod = predictor(release(TOKENS))
+    (container,) = pod["containers"]
+    argv = container["command"]
+    assert flag_value(argv, "--tokens-file") == "/var/run/secrets/qpa/harness-tokens/tokens.yaml"
+    assert "--identity-header" not in argv
+    # the key is renamed to a fixed file: no name from the spec reaches argv
+    assert not any("alice-and-bob" in word for word in argv)
+    volume = next(v for v in pod["volumes"] if v["name"] == "harness-tokens")
+    assert volume == {
+        "name": "harness-tokens",
+        "secret": {
+            "secretName": "harness-tokens",
+            "items": [{"key": "alice-and-bob.yaml", "path": "tokens.yaml"}],
+            "defaultMode": 0o440,
+        },
+    }
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "harness-tokens")
+    assert mount == {
+        "name": "harness-tokens",
+        "mountPath": "/var/run/secrets/qpa/harness-tokens",
+        "readOnly": True,
+    }
+    # the kubelet reads the Secret: no secretKeyRef, no token value, nothing for the operator
+    assert not any("valueFrom" in e for e in container["env"])
+    assert {"--tokens-file"} <= {w for w in argv if w.startswith("--")} <= serve_options()
+    assert violations(pod) == []
+
+
+def test_identity_header_is_passed_and_mounts_nothing() -> None:
+    plain = predictor(release(None))
+    pod = predictor(release(HEADER))
+    (container,) = pod["containers"]
+    argv = container["command"]
+    assert flag_value(argv, "--identity-header") == "X-Forwarded-User"
+    assert "--tokens-file" not in argv
+    assert pod["volumes"] == plain["volumes"]
+    assert container["volumeMounts"] == plain["containers"][0]["volumeMounts"]
+    assert {w for w in argv if w.startswith("--")} <= serve_options()
+    assert violations(pod) == []
+
+
+def test_without_auth_no_auth_flag_and_no_tokens_volume() -> None:
+    pod = predictor(release(None))
+    argv = pod["containers"][0]["command"]
+    assert "--tokens-file" not in argv and "--identity-header" not in argv
+    assert all(v["name"] != "harness-tokens" for v in pod["volumes"])
+
+
+@pytest.mark.parametrize("auth", [TOKENS, HEADER], ids=["tokens", "header"])
+def test_the_flags_parse_into_an_authenticating_serve_config(auth: dict[str, Any]) -> None:
+    """What the builder passes is what `qpa harness serve` accepts as authentication."""
+    argv = predictor(release(auth))["containers"][0]["command"]
+    settings: dict[str, Any] = {}
+    if "--tokens-file" in argv:
+        settings["tokens_file"] = flag_value(argv, "--tokens-file")
+    if "--identity-header" in argv:
+        settings["identity_header"] = flag_value(argv, "--identity-header")
+    config = HarnessServeConfig(**settings)
+    assert config.authenticates
+    if "identity_header" in settings:
+        assert config.identity_header == "x-forwarded-user"
+
+
+def test_the_release_renders_no_secret_and_the_bench_job_no_tokens() -> None:
+    hr = release(TOKENS)
+    children = [*harnessrelease.services(hr, D), harnessrelease.bench_job(hr, D)]
+    assert all(child["kind"] != "Secret" for child in children)
+    job = harnessrelease.bench_job(hr, D)["spec"]["template"]["spec"]
+    assert all(v["name"] != "harness-tokens" for v in job["volumes"])
+
+
+def test_changing_the_auth_is_a_new_version_and_candidate() -> None:
+    plain, tokens, header = (release(a) for a in (None, TOKENS, HEADER))
+    ids = {harnessrelease.candidate(hr, D).id for hr in (plain, tokens, header)}
+    assert len(ids) == 3
+    candidates = {harnessrelease.candidate_id(hr, D) for hr in (plain, tokens, header)}
+    assert len(candidates) == 3
+    # the version carries the auth, so the stable version's Harness keeps its own
+    stable = harnessrelease.candidate(tokens, D)
+    served = harnessrelease.harness_service(plain, D, version=stable)
+    assert "--tokens-file" in served["spec"]["predictor"]["containers"][0]["command"]
