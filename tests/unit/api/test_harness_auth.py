@@ -116,3 +116,28 @@ def test_the_crd_enforces_the_same_rules() -> None:
     assert ref["properties"]["key"]["maxLength"] == 253
     assert schema.get("additionalProperties") in (None, False)
     assert "tokens" not in schema["properties"]  # by reference only: no inline token field
+
+
+@pytest.mark.parametrize(
+    ("auth", "valid"),
+    [
+        ({"tokensSecretRef": {"name": "t", "key": "k"}}, True),
+        ({"identityHeader": "x-forwarded-user"}, True),
+        ({"tokensSecretRef": {"name": "t", "key": "k"}, "identityHeader": "x-user"}, False),
+        ({}, False),
+        ({"identityHeader": "Authorization"}, False),
+        ({"identityHeader": "content-length"}, False),
+    ],
+)
+def test_the_crd_rules_decide_as_qpa_api_does(auth: dict[str, Any], valid: bool) -> None:
+    """The CRD's CEL (evaluated by the test API server's evaluator) agrees with pydantic."""
+    from fakes.kube_cel import evaluate
+
+    rules = [r["rule"] for r in crd_auth_schema()["x-kubernetes-validations"]]
+    assert all(evaluate(rule, {"self": auth}) is True for rule in rules) is valid
+    try:
+        HarnessAuth.model_validate(auth)
+    except ValidationError:
+        assert not valid
+    else:
+        assert valid
