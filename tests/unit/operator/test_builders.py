@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 D = Defaults()
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-TB_OUTPUTS = {"nightly-tool-use": "s3://qpa/taskbatches/nightly-tool-use/"}
+TB_OUTPUTS = {"nightly-tool-use": "s3://qpa/default/taskbatches/nightly-tool-use/"}
 
 
 def load(file: str, index: int = 0, name: str | None = None) -> Any:
@@ -363,7 +363,7 @@ def test_training_work_order_carries_the_run_and_what_was_resolved() -> None:
     assert cm["metadata"]["name"] == "planner-sft-order"
     order = WorkOrder.parse(yaml.safe_load(cm["data"][WORK_ORDER_KEY]), TrainingRun)
     assert order.resource.spec == sft.spec
-    assert order.resolved.dataset_uri == "s3://qpa/trainingruns/planner-sft/data/mix/"
+    assert order.resolved.dataset_uri == "s3://qpa/default/trainingruns/planner-sft/data/mix/"
     assert order.resolved.attempt == 2 and order.resolved.store == sft.spec.store
     assert order.resolved.rollout_pool_url is None
     rl = load("trainingrun.yaml", 1)
@@ -390,7 +390,7 @@ def test_data_plans() -> None:
     single = sft.model_copy(deep=True)
     single.spec.datasets = single.spec.datasets[1:]
     plan = trainingrun.data_plan(single, {})
-    assert plan.dataset == "s3://qpa/datasets/curated-2026-01/" and not plan.steps
+    assert plan.dataset == "s3://qpa/default/datasets/curated-2026-01/" and not plan.steps
     assert trainingrun.data_job(single, plan, D) is None
 
 
@@ -509,7 +509,7 @@ def test_trainingrun_attempts_and_summaries() -> None:
     )
     assert status.phase == "Succeeded" and status.restarts == 1 and status.step == 40
     assert status.latest_checkpoint == "s3://x/checkpoint-40/"
-    assert status.model_uri == "s3://qpa/trainingruns/planner-care-rl/final/"
+    assert status.model_uri == "s3://qpa/default/trainingruns/planner-care-rl/final/"
 
 
 def test_train_summary_round_trips_through_the_termination_message() -> None:
@@ -521,13 +521,13 @@ def test_train_summary_round_trips_through_the_termination_message() -> None:
         step=400,
         total_steps=400,
         checkpoints=[
-            Checkpoint(step=s, uri=f"s3://qpa/trainingruns/planner-sft/checkpoints/checkpoint-{s}/")
+            Checkpoint(step=s, uri=f"s3://qpa/default/trainingruns/planner-sft/checkpoints/checkpoint-{s}/")
             for s in (100, 200, 300, 400)
         ],
-        model_uri="s3://qpa/trainingruns/planner-sft/final/",
+        model_uri="s3://qpa/default/trainingruns/planner-sft/final/",
         loss=0.25,
         metrics={"tokens_per_second": 1234.5},
-        resumed_from="s3://qpa/trainingruns/planner-sft/checkpoints/checkpoint-100/",
+        resumed_from="s3://qpa/default/trainingruns/planner-sft/checkpoints/checkpoint-100/",
         resumed_step=100,
     )
     pod: dict[str, Any] = {
