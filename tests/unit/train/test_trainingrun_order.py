@@ -180,7 +180,7 @@ def test_every_spec_field_reaches_the_pods() -> None:
 def test_work_order_maps_the_spec() -> None:
     sft_tr, rl_tr = (TrainingRun.model_validate(example(i)) for i in (0, 1))
     sft = outputs_of(sft_tr)["config"]
-    assert sft["dataset"] == "s3://qpa/trainingruns/planner-sft/data/mix/"
+    assert sft["dataset"] == "s3://qpa/default/trainingruns/planner-sft/data/mix/"
     assert sft["checkpoint"] | {"save_final": True} == {
         "every_steps": 200,
         "keep_last": 3,
