@@ -185,7 +185,7 @@ def test_work_order_maps_the_spec() -> None:
         "every_steps": 200,
         "keep_last": 3,
         "store": "s3://qpa",
-        "prefix": "trainingruns/planner-sft",
+        "prefix": "default/trainingruns/planner-sft",
         "resume": "auto",
         "resume_from": None,
         "save_final": True,
