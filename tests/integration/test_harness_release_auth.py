@@ -5,10 +5,7 @@ paths swapped for this machine's) refuses a wrong or missing-user token and anot
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,7 @@ import httpx
 import orjson
 import pytest
 import yaml
+from helpers.harness_process import serving
 from qpa_operator.builders import Defaults, harnessrelease
 
 from qpa.api import HarnessRelease, parse_resource
@@ -71,31 +69,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         local[local.index(flag) + 1] = value
     changed = {i for i, (a, b) in enumerate(zip(argv[1:], local[1:], strict=True)) if a != b}
     assert {local[1:][i - 1] for i in changed} <= set(here)  # only those flags' values differ
-    proc = subprocess.Popen(
-        local,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "HOME": str(tmp)},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
-        else:
-            proc.kill()
-        if proc.poll() is not None or time.monotonic() >= deadline:
-            raise AssertionError(proc.stdout.read().decode() if proc.stdout else "")
+    with serving(local, port, {"HOME": str(tmp)}) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def predict(url: str, body: dict[str, Any], token: str | None) -> httpx.Response:

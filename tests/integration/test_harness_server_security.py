@@ -11,9 +11,7 @@ the server still serving a good request afterwards.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -26,6 +24,7 @@ import orjson
 import pytest
 import uvicorn
 from fakes.openai_server import ChatRequest, FakeOpenAI, Reply, ToolCallReply
+from helpers.harness_process import serving
 
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.envs.server import create_app, uvicorn_config
@@ -96,52 +95,33 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     model = FakeOpenAI(solver)
     with model, env_server() as (env_url, resets):
         port = free_port()
-        proc = subprocess.Popen(
-            [
-                QPA,
-                "harness",
-                "serve",
-                "--planner",
-                "openai",
-                "--model-url",
-                model.base_url,
-                "--harness-config",
-                str(config),
-                "--env-url",
-                env_url,
-                "--tokens-file",
-                str(tokens),
-                "--identity-header",
-                HEADER,
-                "--max-body-bytes",
-                str(MAX_BODY),
-                "--read-timeout-seconds",
-                "2",
-                "--host",
-                "127.0.0.1",
-                "--http-port",
-                str(port),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.3)
-            else:
-                proc.kill()
-                raise AssertionError(proc.stdout.read().decode() if proc.stdout else "")
+        argv = [
+            QPA,
+            "harness",
+            "serve",
+            "--planner",
+            "openai",
+            "--model-url",
+            model.base_url,
+            "--harness-config",
+            str(config),
+            "--env-url",
+            env_url,
+            "--tokens-file",
+            str(tokens),
+            "--identity-header",
+            HEADER,
+            "--max-body-bytes",
+            str(MAX_BODY),
+            "--read-timeout-seconds",
+            "2",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(port),
+        ]
+        with serving(argv, port) as url:
             yield {"url": url, "memory": memory, "resets": resets}
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
 
 
 def predict(url: str, body: bytes | None, headers: dict[str, Any] | None = None) -> httpx.Response:

@@ -3,17 +3,16 @@ Harness served as a KServe predictor (`qpa harness serve`) on 127.0.0.1."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply, ToolCallReply, scripted
+from helpers.harness_process import serving
 from typer.testing import CliRunner
 
 from qpa.cli import app
@@ -96,41 +95,21 @@ def test_model_flags_are_validated() -> None:
 def harness_server() -> Iterator[tuple[str, FakeOpenAI]]:
     with solving_model() as model:
         port = free_port()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(
-            [
-                QPA,
-                "harness",
-                "serve",
-                "--planner",
-                "openai",
-                "--model-url",
-                model.base_url,
-                "--host",
-                "127.0.0.1",
-                "--http-port",
-                str(port),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.3)
-            else:
-                proc.kill()
-                raise AssertionError(proc.stdout.read().decode() if proc.stdout else "no output")
+        argv = [
+            QPA,
+            "harness",
+            "serve",
+            "--planner",
+            "openai",
+            "--model-url",
+            model.base_url,
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(port),
+        ]
+        with serving(argv, port) as url:
             yield url, model
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
 
 
 def test_harness_served_as_a_kserve_predictor(harness_server: tuple[str, FakeOpenAI]) -> None:
