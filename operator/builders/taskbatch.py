@@ -207,7 +207,8 @@ def pod_labels(tb: TaskBatch, defaults: Defaults) -> dict[str, str]:
 
 def children(tb: TaskBatch, defaults: Defaults) -> list[JsonDict]:
     """Every child of a TaskBatch, in creation order (the egress policy and the ConfigMap the
-    pods need come before the Job). None for a URI outside the namespace's store prefix."""
+    pods need come before the Job). `OutsideStorePrefix` for a URI outside the namespace's store
+    prefix (`storeaccess.check` raises)."""
     storeaccess.check(tb, defaults)
     return [egress_policy(tb, defaults), config_map(tb, defaults), job(tb, defaults)]
 
