@@ -241,8 +241,7 @@ def options(*path: str) -> set[str]:
 
     command: Any = typer.main.get_command(app)
     for part in path:
-        if part not in command.commands:
-            pytest.skip(f"`qpa {' '.join(path)}` is not there yet")
+        assert part in command.commands, f"`qpa {' '.join(path)}` does not exist"
         command = command.commands[part]
     return {opt for param in command.params for opt in param.opts + param.secondary_opts}
 
