@@ -9,6 +9,7 @@ that no longer exists is deleted when the operator (re)starts and lists the Leas
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +18,7 @@ import kopf
 from qpa_operator.builders import devicepool as builder
 from qpa_operator.builders.common import kind_label
 from qpa_operator.handlers.apply import ensure_all
-from qpa_operator.handlers.runtime import measured, now, runtime
+from qpa_operator.handlers.runtime import measured, now, retry_delay, runtime, serialized
 from qpa_operator.handlers.status import child_event, observed, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 from qpa_operator.kube import ApiError
@@ -59,17 +60,22 @@ async def refresh_status(
     )
 
 
+#: How often a Lease event's reconcile is tried: kopf never retries an event handler.
+LEASE_EVENT_TRIES = 5
+
+
 async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     resource = parse(obj, DevicePool)
     if resource is None:
         return
     rt = await runtime()
-    leases = views.values(
-        "qpa_phone_leases", (resource.metadata.namespace or "", resource.metadata.name or "")
-    )
-    live = await ensure_all(builder.children(resource, rt.defaults, leases), views, resource)
-    daemonset = live.get(("DaemonSet", builder.daemonset_name(resource)))
-    await refresh_status(obj, views, daemonset=daemonset, generation=generation_of(obj))
+    namespace, name = resource.metadata.namespace or "", resource.metadata.name or ""
+    async with serialized(KIND, namespace, name):
+        # the Leases are read inside the lock: the last reconcile to run saw every Lease
+        leases = views.values("qpa_phone_leases", (namespace, name))
+        live = await ensure_all(builder.children(resource, rt.defaults, leases), views, resource)
+        daemonset = live.get(("DaemonSet", builder.daemonset_name(resource)))
+        await refresh_status(obj, views, daemonset=daemonset, generation=generation_of(obj))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -94,22 +100,27 @@ async def devicepool_lease_event(type: str | None, body: Any, **kwargs: Any) -> 
         meta.get("namespace") or "",
         (meta.get("labels") or {}).get(builder.POOL_LABEL, ""),
     )
-    parent = views.parent(KIND, namespace, pool)
-    try:
-        async with measured(KIND, "lease"):
-            if parent is not None and type in ("ADDED", "DELETED", None):
-                await reconcile(parent, views, "lease")  # the Roles name the pool's Leases
-            elif parent is not None:
-                await refresh_status(parent, views)
-            elif type != "DELETED" and not meta.get("ownerReferences"):
-                rt = await runtime()
-                await rt.client.delete(
-                    "coordination.k8s.io/v1", "leases", namespace, str(meta.get("name"))
-                )
-                logger.info("deleted Lease %s/%s of DevicePool %s, which is gone",
-                            namespace, meta.get("name"), pool)  # fmt: skip
-    except kopf.TemporaryError as exc:
-        logger.warning("Lease %s/%s: %s", namespace, meta.get("name"), exc)
+    for attempt in range(1, LEASE_EVENT_TRIES + 1):
+        parent = views.parent(KIND, namespace, pool)
+        try:
+            async with measured(KIND, "lease"):
+                if parent is not None and type in ("ADDED", "DELETED", None):
+                    await reconcile(parent, views, "lease")  # the Roles name the pool's Leases
+                elif parent is not None:
+                    await refresh_status(parent, views)
+                elif type != "DELETED" and not meta.get("ownerReferences"):
+                    rt = await runtime()
+                    await rt.client.delete(
+                        "coordination.k8s.io/v1", "leases", namespace, str(meta.get("name"))
+                    )
+                    logger.info("deleted Lease %s/%s of DevicePool %s, which is gone",
+                                namespace, meta.get("name"), pool)  # fmt: skip
+            return
+        except kopf.TemporaryError as exc:
+            logger.warning("Lease %s/%s (try %d of %d): %s", namespace, meta.get("name"),
+                           attempt, LEASE_EVENT_TRIES, exc)  # fmt: skip
+            if attempt < LEASE_EVENT_TRIES:
+                await asyncio.sleep(exc.delay if exc.delay is not None else retry_delay(attempt))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -37,6 +37,9 @@ class _State:
     retry_scale: float = 1.0
     runtime: Runtime | None = None
     lock: asyncio.Lock | None = None
+    #: One lock per object whose reconciles must not interleave (`serialized`), keyed
+    #: (kind, ns, name).
+    serial: dict[tuple[str, str, str], asyncio.Lock] = {}
     #: The newest version of each custom resource this operator wrote, keyed (kind, ns, name):
     #: an index can lag behind our own write, and computing from it would only earn a 409.
     written: dict[tuple[str, str, str], JsonDict] = {}
@@ -52,6 +55,7 @@ def configure(*, defaults: Defaults, retry_scale: float) -> None:
     STATE.retry_scale = retry_scale
     STATE.runtime = None
     STATE.lock = None
+    STATE.serial = {}
 
 
 def remember_login(
@@ -89,6 +93,17 @@ async def shutdown() -> None:
         await STATE.runtime.client.close()
     STATE.runtime = None
     STATE.lock = None
+    STATE.serial = {}
+
+
+def serialized(kind: str, namespace: str, name: str) -> asyncio.Lock:
+    """The lock that makes reconciles of one object run one after another.
+
+    Two events of different children (two phone Leases) run their handlers concurrently; each
+    computes the parent's children from the indexes it saw, so without the lock the write of
+    the one that saw less could land last and stay.
+    """
+    return STATE.serial.setdefault((kind, namespace, name), asyncio.Lock())
 
 
 def now() -> datetime:
@@ -126,5 +141,6 @@ __all__ = [
     "remember_login",
     "retry_delay",
     "runtime",
+    "serialized",
     "shutdown",
 ]
