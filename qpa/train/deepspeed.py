@@ -11,7 +11,9 @@ A multi-node TrainingRun is an indexed Job (one pod per node, `completionMode: I
 headless Service for rendezvous. `launch_env` turns the pod's `JOB_COMPLETION_INDEX` into the
 rendezvous variables (the master is pod 0, reached through the Service's DNS), and `launch_argv`
 builds the `torchrun` (or `deepspeed`) command line that starts `gpus_per_node` ranks per pod,
-each running `qpa train sft|rl ...`. This module is pure: it never imports torch or DeepSpeed.
+each running `qpa train sft|rl ...`. `local_rank_env` gives the same variables to ranks started
+as processes on one machine (tests, benchmarks). This module never imports torch, and imports
+DeepSpeed only inside `skip_cpu_shm_op`.
 """
 
 from __future__ import annotations
@@ -127,6 +129,39 @@ def ensure_single_process_env(environ: dict[str, str] | None = None) -> dict[str
     added = {k: v for k, v in defaults.items() if k not in env}
     env.update(added)
     return added
+
+
+def local_rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The rendezvous variables of rank `rank` of `world_size` processes on this machine (what
+    `torchrun --standalone` sets), the master on 127.0.0.1:`port`."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "NODE_RANK": "0",
+    }
+
+
+def skip_cpu_shm_op() -> None:
+    """On CPU, stop DeepSpeed from compiling its shared-memory collective op.
+
+    DeepSpeed builds `deepspeed_shm_comm` (a C++ extension, about a minute on 2 cores) when its
+    communication backend starts on CPU. Only its inference all-reduce (tensor-parallel
+    inference) uses it; training's collectives go through torch.distributed (gloo) at any world
+    size. Marking the op incompatible makes DeepSpeed skip the build. Call it only without CUDA.
+    """
+    try:
+        import deepspeed.ops
+    except ImportError:
+        return
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
 
 
 def master_address(

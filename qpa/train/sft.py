@@ -56,7 +56,7 @@ from qpa.train.checkpoint import (
     verify_local,
 )
 from qpa.train.config import SFTConfig
-from qpa.train.deepspeed import deepspeed_config, ensure_single_process_env
+from qpa.train.deepspeed import deepspeed_config, ensure_single_process_env, skip_cpu_shm_op
 from qpa.train.metrics import TrainMetrics
 
 IGNORE_INDEX = -100
@@ -492,24 +492,6 @@ def _cuda() -> tuple[bool, bool]:
     return cuda, bool(cuda and torch.cuda.is_bf16_supported())
 
 
-def _skip_cpu_shm_op() -> None:
-    """On CPU with one process, stop DeepSpeed from compiling its shared-memory collective op.
-
-    DeepSpeed builds `deepspeed_shm_comm` (a C++ extension, about a minute on 2 cores) when its
-    communication backend starts on CPU; with a world size of 1 there is nothing to share, and
-    gloo serves the few collectives. Marking the op incompatible makes DeepSpeed skip it.
-    """
-    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
-        return
-    try:
-        import deepspeed.ops
-    except ImportError:
-        return
-    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
-    if isinstance(compatible, dict):
-        compatible["deepspeed_shm_comm"] = False
-
-
 def _cpu_deepspeed_state(config: SFTConfig) -> SFTConfig:
     """DeepSpeed on CPU: the distributed state made here, before the trainer's, and kept.
 
@@ -605,7 +587,7 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
         ensure_single_process_env()
         ds_config = deepspeed_config(config.deepspeed, cuda=cuda)
         if not cuda:
-            _skip_cpu_shm_op()
+            skip_cpu_shm_op()
             config = _cpu_deepspeed_state(config)
     args = config.to_trl(bf16=config.resolve_bf16(cuda_bf16=cuda_bf16), deepspeed=ds_config)
 

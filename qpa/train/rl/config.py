@@ -50,6 +50,11 @@ class GenerationSettings(_Settings):
     the loss's log-probabilities are computed from. `max_prompt_tokens` ends an episode whose
     next prompt would be longer (recorded as an aborted episode). `workers` bounds concurrent
     episodes, `max_batch` the sequences of one `generate` call.
+
+    `backend: vllm` samples through a rollout server at `vllm_url` (`trl vllm-serve`, or
+    `qpa rollout serve`; `qpa.train.rl.vllm`): its per-token log-probs reach the loss, and the
+    main process pushes the weights to it after every step over the weight-sync group it hosts
+    on `vllm_group_port`.
     """
 
     backend: Literal["local", "vllm"] = "local"
@@ -61,15 +66,41 @@ class GenerationSettings(_Settings):
     stop_at_action: bool = True
     workers: int = Field(default=64, ge=1)
     max_batch: int = Field(default=64, ge=1)
-    vllm_url: str | None = None
-    vllm_group_port: int = 51216
-    vllm_timeout_s: float = Field(default=240.0, gt=0)
+    vllm_url: str | None = Field(default=None, description="rollout server base URL (vllm)")
+    vllm_group_port: int = Field(
+        default=51216, ge=1, le=65535, description="weight-sync rendezvous port (on the trainer)"
+    )
+    vllm_timeout_s: float = Field(
+        default=240.0, gt=0, description="seconds to wait for the server and the weight group"
+    )
 
     @model_validator(mode="after")
     def _vllm_needs_url(self) -> GenerationSettings:
         if self.backend == "vllm" and not self.vllm_url:
             raise ValueError("generation.backend 'vllm' needs generation.vllm_url")
         return self
+
+    @classmethod
+    def from_order(cls, order: WorkOrder[TrainingRun]) -> GenerationSettings:
+        """A TrainingRun's sampling: through the rollout server the operator started for
+        `spec.rl.generation` (its URL and rendezvous port resolved in the work order), else
+        each rank's own model; prompts bounded by `maxSeqLength`."""
+        spec = order.resource.spec
+        limit = spec.hyperparameters.max_seq_length
+        if spec.rl is None or spec.rl.generation is None:
+            return cls(max_prompt_tokens=limit)
+        resolved = order.resolved
+        if not resolved.rollout_server_url or resolved.rollout_group_port is None:
+            raise ConfigError(
+                "resolved.rolloutServerUrl: spec.rl.generation is set but the work order "
+                "names no rollout server (URL and rolloutGroupPort)"
+            )
+        return cls(
+            backend="vllm",
+            max_prompt_tokens=limit,
+            vllm_url=resolved.rollout_server_url,
+            vllm_group_port=resolved.rollout_group_port,
+        )
 
 
 class LossSettings(_Settings):
@@ -83,6 +114,21 @@ class LossSettings(_Settings):
     pack_turns: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="sequences per forward pass")
     skip_zero_advantage: bool = True
+    importance_sampling: bool = Field(
+        default=True,
+        description="weight each token by the truncated sampler/trainer ratio where the sampler "
+        "reported log-probabilities (TRL's vllm_importance_sampling_correction, token_truncate)",
+    )
+    importance_sampling_cap: float = Field(
+        default=3.0,
+        gt=0,
+        description="C in min(exp(logp_trainer - logp_sampler), C) (TRL 1.16's default 3.0)",
+    )
+    kl_ratio_correction: bool = Field(
+        default=False,
+        description="multiply the KL term by the ratio (DeepSeek-V3.2's unbiased KL gradient; "
+        "TRL's use_bias_correction_kl, on by default there)",
+    )
 
 
 class OptimSettings(_Settings):
@@ -213,7 +259,7 @@ class RLConfig(_Settings):
             tasks=TaskSource(dataset_uri=dataset, split="train") if dataset else TRAIN_SPLIT,
             env=EnvSettings(urls=[url]),
             harness=HarnessConfig(max_turns=rl.max_turns),
-            generation=GenerationSettings(max_prompt_tokens=hp.max_seq_length),
+            generation=GenerationSettings.from_order(order),
             loss=LossSettings(micro_batch_size=hp.per_device_batch_size),
             optim=OptimSettings(
                 learning_rate=hp.learning_rate, max_grad_norm=spec.deepspeed.gradient_clipping

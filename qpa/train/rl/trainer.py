@@ -185,6 +185,12 @@ class RLTrainer:
             # (evaluation, tests) must get whole models again.
             self._hf_deepspeed = None
         else:
+            if (
+                int(os.environ.get("WORLD_SIZE", "1")) > 1
+                and not torch.distributed.is_initialized()
+            ):
+                # several ranks without DeepSpeed: `_optimizer_step` averages their gradients
+                torch.distributed.init_process_group(backend="nccl" if self.cuda else "gloo")
             self.model = model.to(self.device)
             self.optimizer = torch.optim.AdamW(
                 [p for p in self.model.parameters() if p.requires_grad],
@@ -220,10 +226,16 @@ class RLTrainer:
         import deepspeed
         import torch
 
-        from qpa.train.deepspeed import deepspeed_config, ensure_single_process_env
+        from qpa.train.deepspeed import (
+            deepspeed_config,
+            ensure_single_process_env,
+            skip_cpu_shm_op,
+        )
 
         cfg = self.config
         ensure_single_process_env()
+        if not self.cuda:
+            skip_cpu_shm_op()
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo")
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -299,7 +311,8 @@ class RLTrainer:
             group_port=settings.vllm_group_port,
             connection_timeout=settings.vllm_timeout_s,
         )
-        self._vllm.init_communicator(device=self.device)
+        if self.rank == 0:  # as TRL: the main process alone joins the weight-sync group
+            self._vllm.init_communicator(device=self.device)
         self._push_weights()
 
     # ------------------------------------------------------------------ helpers
@@ -480,17 +493,23 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ the update
     def update(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step on `samples` (micro-batched; see the module doc)."""
+        """One optimizer step on this rank's `samples` (micro-batched; see the module doc).
+
+        Across ranks the step is one update on the global batch: every rank runs the same
+        number of forward/backward passes (the most any rank needs; a rank with fewer pads with
+        zero-weight micro-batches, since ZeRO-3 gathers parameters on every forward and ZeRO-2
+        reduces gradients on every backward, so unequal counts would hang), and every rank
+        divides by one normaliser, the global batch's trained-token (or sample) count. Each
+        rank's loss is scaled by the world size because gradients are averaged over ranks
+        (DeepSpeed's reduction, or `_optimizer_step`'s all-reduce): the gradient is then that
+        of a single process holding the whole batch.
+        """
         import torch
 
         cfg = self.config
         loss_cfg = cfg.loss
         temperature = cfg.generation.temperature
         pad = self.tokenizer.pad_token_id
-        total_tokens = sum(s.trained_tokens for s in samples)
-        normalizer = float(
-            max(1, total_tokens if loss_cfg.loss_type == "token_mean" else len(samples))
-        )
         active = [
             s
             for s in samples
@@ -502,9 +521,16 @@ class RLTrainer:
             active[i : i + loss_cfg.micro_batch_size]
             for i in range(0, len(active), loss_cfg.micro_batch_size)
         ]
-        if not chunks and self.world_size > 1 and samples:
-            # Other ranks step: take part in the collectives with a zero-advantage sample.
-            chunks = [[Sample(samples[0].input_ids, samples[0].prompt_len, samples[0].mask, 0.0)]]
+        local_tokens = sum(s.trained_tokens for s in samples)
+        total_tokens, total_samples, passes = self._global_counts(
+            local_tokens, len(samples), len(chunks)
+        )
+        global_norm = max(1, total_tokens if loss_cfg.loss_type == "token_mean" else total_samples)
+        normalizer = global_norm / self.world_size
+        padding = passes - len(chunks)
+        if padding:
+            filler = self._filler(samples)
+            chunks += [[filler] for _ in range(padding)]
         batches = [collate(chunk, pad, self.device) for chunk in chunks]
         old: list[Any] = [None] * len(batches)
         ref: list[Any] = [None] * len(batches)
@@ -516,9 +542,9 @@ class RLTrainer:
                     if self.ref_model is not None:
                         ref[i] = token_logprobs(self.ref_model, batch, temperature)
         self.model.train()
-        totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0}
+        # loss, clip-fraction and KL sums weighted by trained tokens, and those tokens
+        sums = [0.0, 0.0, 0.0, 0.0]
         grad_norm = 0.0
-        weighted = 0.0
         for _ in range(loss_cfg.ppo_epochs if batches else 0):
             for i, batch in enumerate(batches):
                 with self._autocast():
@@ -531,20 +557,59 @@ class RLTrainer:
                     self.engine.backward(loss, scale_wrt_gas=False)
                 else:
                     loss.backward()
-                totals["loss"] += float(loss.detach()) / loss_cfg.ppo_epochs
                 share = stats["tokens"]
-                weighted += share
-                totals["clip_fraction"] += stats["clip_fraction"] * share
-                totals["kl"] += stats["kl"] * share
+                sums[0] += float(loss.detach()) / loss_cfg.ppo_epochs
+                sums[1] += stats["clip_fraction"] * share
+                sums[2] += stats["kl"] * share
+                sums[3] += share
             grad_norm = self._optimizer_step()
-        if weighted:
-            totals["clip_fraction"] /= weighted
-            totals["kl"] /= weighted
-        totals["grad_norm"] = grad_norm
-        totals["learning_rate"] = self._learning_rate()
-        totals["train_tokens"] = float(total_tokens)
-        totals["micro_batches"] = float(len(batches))
-        return totals
+        loss_sum, clipped, kl, weighted = self._all_reduce_sum(sums)
+        return {
+            "loss": loss_sum / self.world_size,
+            "clip_fraction": clipped / weighted if weighted else 0.0,
+            "kl": kl / weighted if weighted else 0.0,
+            "grad_norm": grad_norm,
+            "learning_rate": self._learning_rate(),
+            "train_tokens": float(total_tokens),
+            "micro_batches": float(passes),
+            "padded_micro_batches": float(padding),
+        }
+
+    def _filler(self, samples: Sequence[Sample]) -> Sample:
+        """A zero-weight micro-batch: a real sequence (this rank's first, else two pad tokens)
+        with no trained token, so its forward and backward run and its gradient is exactly 0."""
+        if samples:
+            first = samples[0]
+            return Sample(list(first.input_ids), first.prompt_len, [0] * len(first.mask), 0.0)
+        pad = self.tokenizer.pad_token_id
+        return Sample([pad, pad], 1, [0], 0.0)
+
+    def _global_counts(self, tokens: int, samples: int, passes: int) -> tuple[int, int, int]:
+        """(trained tokens, samples) summed over ranks and micro-batches maxed over ranks."""
+        import torch
+
+        if not self._distributed:
+            return tokens, samples, passes
+        summed = torch.tensor([tokens, samples], dtype=torch.long, device=self.device)
+        most = torch.tensor([passes], dtype=torch.long, device=self.device)
+        torch.distributed.all_reduce(summed, op=torch.distributed.ReduceOp.SUM)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+        return int(summed[0]), int(summed[1]), int(most[0])
+
+    def _all_reduce_sum(self, values: list[float]) -> list[float]:
+        import torch
+
+        if not self._distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+        return [float(v) for v in tensor.tolist()]
+
+    @property
+    def _distributed(self) -> bool:
+        import torch
+
+        return bool(self.world_size > 1 and torch.distributed.is_initialized())
 
     @property
     def _forward_model(self) -> Any:
@@ -565,11 +630,31 @@ class RLTrainer:
             norm = self.engine.get_global_grad_norm()
             return float(norm) if norm is not None else 0.0
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if self._distributed:
+            self._average_gradients(params)
         norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def _average_gradients(self, params: Sequence[Any]) -> None:
+        """Without DeepSpeed: the ranks' gradients averaged in place (what DDP does), one
+        all-reduce per dtype over a flat buffer."""
+        import torch
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        groups: dict[Any, list[Any]] = {}
+        for param in params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            groups.setdefault(param.grad.dtype, []).append(param.grad)
+        for grads in groups.values():
+            flat = _flatten_dense_tensors(grads)
+            torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
+            flat.div_(self.world_size)
+            for grad, value in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+                grad.copy_(value)
 
     def _learning_rate(self) -> float:
         groups = getattr(self.optimizer, "param_groups", None)
@@ -843,7 +928,7 @@ class RLTrainer:
 
     def close(self) -> None:
         """Release the vLLM communicator (if any)."""
-        if self._vllm is not None:  # pragma: no cover - needs a GPU and a vLLM server
+        if self._vllm is not None and self.rank == 0:  # pragma: no cover - needs vLLM
             with contextlib.suppress(Exception):
                 self._vllm.close_communicator()
 
