@@ -32,6 +32,7 @@ from qpa.train.rl.generation import (
     Episode,
     GenerationFailed,
     PolicyBackend,
+    Sampled,
     TokenBatcher,
     hf_generate,
 )
@@ -115,22 +116,24 @@ class RLTrainer:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        from qpa.store import ResolveError, resolve_local
+        from qpa.store import ResolveError
         from qpa.train.checkpoint import CheckpointStore
         from qpa.train.metrics import TrainMetrics
+        from qpa.train.placement import choose_device, choose_dtype, resolve_model_source
 
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.cuda = torch.cuda.is_available()
+        self.device: Any = choose_device(cfg.device)
+        self.cuda = self.device.type == "cuda"
         self.bf16 = (
             bool(self.cuda and torch.cuda.is_bf16_supported()) if cfg.bf16 == "auto" else cfg.bf16
         )
         torch.manual_seed(cfg.seed)
         cache = self.run_dir / "cache"
         try:
-            model_dir = resolve_local(cfg.model, field="model", cache_dir=cache)
+            model_dir = resolve_model_source(cfg.model, field="model", cache_dir=cache)
             tokenizer_dir = (
-                resolve_local(cfg.tokenizer, field="tokenizer", cache_dir=cache)
+                resolve_model_source(cfg.tokenizer, field="tokenizer", cache_dir=cache)
                 if cfg.tokenizer
                 else None
             )
@@ -149,13 +152,9 @@ class RLTrainer:
         )
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "auto": "auto"}[
-            cfg.model_dtype
-        ]
-        self.device: Any = (
-            torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            if self.cuda
-            else torch.device("cpu")
+        # bf16 weights only where the optimizer keeps fp32 masters (qpa.train.placement)
+        dtype = choose_dtype(
+            cfg.model_dtype, self.device, fp32_master=cfg.deepspeed.enabled and self.bf16
         )
         hidden = getattr(AutoConfig.from_pretrained(weights_dir), "hidden_size", None)
         if cfg.deepspeed.enabled:
@@ -178,7 +177,9 @@ class RLTrainer:
             model.gradient_checkpointing_enable()
         model.config.use_cache = not checkpointing
         if cfg.loss.beta > 0:
-            self.ref_model = self._reference_model(model_dir, dtype)
+            self.ref_model = self._reference_model(
+                model_dir, choose_dtype(cfg.model_dtype, self.device)
+            )
         if cfg.deepspeed.enabled:
             self._setup_deepspeed(model)
             # zero.Init was for loading only: later `from_pretrained` calls in this process
@@ -302,17 +303,22 @@ class RLTrainer:
             return engine
         return ref.to(self.device)
 
-    def _setup_vllm(self) -> None:  # pragma: no cover - needs a GPU and a vLLM server
-        from trl.generation.vllm_client import VLLMClient
+    def _setup_vllm(self) -> None:
+        """Every rank generates through the rollout server (`qpa.train.rl.vllm`); the main
+        process alone joins its weight-sync group (as TRL), then the starting (or resumed)
+        weights are pushed."""
+        from qpa.train.rl.vllm import RolloutClient
 
         settings = self.config.generation
-        self._vllm = VLLMClient(
-            base_url=settings.vllm_url,
+        assert settings.vllm_url is not None  # GenerationSettings refuses vllm without a URL
+        self._vllm = RolloutClient(
+            settings.vllm_url,
             group_port=settings.vllm_group_port,
-            connection_timeout=settings.vllm_timeout_s,
+            timeout_s=settings.vllm_timeout_s,
         )
-        if self.rank == 0:  # as TRL: the main process alone joins the weight-sync group
-            self._vllm.init_communicator(device=self.device)
+        self._vllm.wait_ready()
+        if self.rank == 0:
+            self._vllm.open_communicator(self.device)
         self._push_weights()
 
     # ------------------------------------------------------------------ helpers
@@ -331,13 +337,16 @@ class RLTrainer:
         else:
             yield
 
-    def _push_weights(self) -> None:  # pragma: no cover - needs a GPU and a vLLM server
+    def _push_weights(self) -> None:
+        """The policy's weights to the rollout server: gathered on every rank under ZeRO-3,
+        sent by the main process only; the other ranks wait until it is done, so no rank
+        samples from stale weights."""
         if self._vllm is None:
             return
         with self.full_parameters():
             if self.rank == 0:
-                self._vllm.update_model_params(self.model)
-                self._vllm.reset_prefix_cache()
+                self._vllm.push_weights(self.model.named_parameters())
+        self._barrier()
 
     def _skill_library(self) -> SkillLibrary:
         if self._skills is None:
@@ -355,24 +364,17 @@ class RLTrainer:
             return RemoteEnv(url, timeout=env_cfg.timeout_s)
         return make_env(env_cfg.kind, **env_cfg.options)
 
-    def _generate(self, prompts: list[list[int]]) -> list[list[int]]:
+    def _generate(self, prompts: list[list[int]]) -> Sequence[list[int] | Sampled]:
         settings = self.config.generation
-        if self._vllm is not None:  # pragma: no cover - needs a GPU and a vLLM server
-            out = self._vllm.generate(
+        if self._vllm is not None:  # the server's samples, with its per-token log-probs
+            return self._vllm.generate(
                 prompts,
-                n=1,
+                max_tokens=settings.max_new_tokens,
                 temperature=settings.temperature,
                 top_p=settings.top_p,
                 top_k=settings.top_k,
-                max_tokens=settings.max_new_tokens,
-                logprobs=None,
-                generation_kwargs={
-                    "stop": list(STOP_STRINGS) if settings.stop_at_action else None,
-                    "include_stop_str_in_output": True,
-                    "skip_special_tokens": False,
-                },
+                stop=list(STOP_STRINGS) if settings.stop_at_action else None,
             )
-            return [list(ids) for ids in out["completion_ids"]]
         return hf_generate(self.model, self.tokenizer, prompts, settings)
 
     # ------------------------------------------------------------------ rollouts
@@ -413,8 +415,10 @@ class RLTrainer:
         torch.manual_seed(hash((cfg.seed, step, self.rank)) & 0x7FFFFFFF)
         was_training = self.model.training
         self.model.eval()
+        # A rollout server samples: the local (ZeRO-3 partitioned) weights need no gathering.
+        gathered = self.full_parameters() if self._vllm is None else contextlib.nullcontext()
         try:
-            with self.full_parameters():
+            with gathered:
                 for thread in threads:
                     thread.start()
                 batcher.serve()
@@ -682,7 +686,7 @@ class RLTrainer:
                     episode=episodes.index(episode),
                 )
         update = self.update(samples)
-        if self._vllm is not None:  # pragma: no cover - needs a GPU and a vLLM server
+        if self._vllm is not None:
             self._push_weights()
         finished = time.perf_counter()
         self.step = step
@@ -928,9 +932,10 @@ class RLTrainer:
 
     def close(self) -> None:
         """Release the vLLM communicator (if any)."""
-        if self._vllm is not None and self.rank == 0:  # pragma: no cover - needs vLLM
+        if self._vllm is not None:
             with contextlib.suppress(Exception):
-                self._vllm.close_communicator()
+                self._vllm.close()
+            self._vllm = None
 
 
 def trainable(episode: Episode) -> bool:
