@@ -24,6 +24,7 @@ from qpa.train.config import (
     read_settings_file,
     validate_settings,
 )
+from qpa.train.placement import DEVICE_PATTERN, is_hub_id
 
 Auto = Literal["auto"]
 #: The default task pool: the canonical suite's train split (never train on test).
@@ -148,14 +149,19 @@ class RLConfig(_Settings):
 
     Parameters:
         name: run name (metrics label, default store prefix `trainingruns/<name>`).
-        model: starting checkpoint: a Hugging Face folder or a store URI of one.
-        tokenizer: tokenizer folder (default: the model's).
+        model: starting checkpoint: a Hugging Face folder, a store URI of one, or a Hub repo
+            id (`org/name[@revision]`; `qpa.train.placement.resolve_model_source`).
+        tokenizer: tokenizer folder, URI or Hub id (default: the model's).
         output_dir: local working folder (checkpoints, metrics). Default `runs/<name>`.
         steps: total optimizer steps (a resumed run stops at the same count).
         tasks_per_step: tasks per step; samples_per_task: k, the group size (>= 2).
         seed: seeds task sampling, generation and initialisation.
-        model_dtype / bf16 / gradient_checkpointing: as for SFT (`auto`: bf16 where CUDA has
-            it; checkpointing for hidden sizes >= 1024).
+        device: `auto` (this rank's GPU, `cuda:$LOCAL_RANK`, wherever CUDA is available; the
+            CPU only where it is not), `cpu`, `cuda` or `cuda:N` (`qpa.train.placement`).
+        model_dtype: weights' dtype; `auto`: bfloat16 on CUDA (float32 weights under bf16
+            autocast when plain AdamW trains them, see `qpa.train.placement`), float32 on CPU.
+        bf16 / gradient_checkpointing: as for SFT (`auto`: bf16 where CUDA has it;
+            checkpointing for hidden sizes >= 1024).
         tasks: the task pool (`qpa.api` TaskSource, read by `qpa.data.tasks.select_tasks`);
             default: the canonical suite's train split.
         env, harness, generation, loss, optim, care: see their classes (`care` is the CRD's
@@ -171,7 +177,8 @@ class RLConfig(_Settings):
     tasks_per_step: int = Field(default=8, ge=1)
     samples_per_task: int = Field(default=8, ge=2)
     seed: int = 0
-    model_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    device: str = Field(default="auto", pattern=DEVICE_PATTERN)
+    model_dtype: Literal["float32", "bfloat16", "auto"] = "auto"
     bf16: Auto | bool = "auto"
     gradient_checkpointing: Auto | bool = "auto"
     tasks: TaskSource = Field(default_factory=lambda: TRAIN_SPLIT)
@@ -209,10 +216,16 @@ class RLConfig(_Settings):
                 return value
             return str((base / value).resolve())
 
+        def fix_model(value: str | None) -> str | None:
+            # A Hub repo id (org/name) stays one unless a folder of that name exists here.
+            if value is not None and is_hub_id(value) and not (base / value).exists():
+                return value
+            return fix(value)
+
         return self.model_copy(
             update={
-                "model": fix(self.model),
-                "tokenizer": fix(self.tokenizer),
+                "model": fix_model(self.model),
+                "tokenizer": fix_model(self.tokenizer),
                 "output_dir": fix(self.output_dir),
                 "harness": self.harness.model_copy(
                     update={"skills_path": fix(self.harness.skills_path)}
