@@ -49,6 +49,7 @@ _COMMAND_MODULES = [
     "crds",
     "train",
     "train_rl",
+    "rollout",
     "loop",
     "release",
     "device",

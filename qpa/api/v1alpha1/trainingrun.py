@@ -152,6 +152,46 @@ class CareSettings(_Model):
         return (self.token_weight + self.call_weight) * self.cost_cap
 
 
+class RolloutGeneration(_Model):
+    """A rollout server for the run's sampling (TRL's vLLM server mode): the operator starts it
+    as its own Deployment and Service; the ranks generate through it and sync their weights to
+    it every step."""
+
+    backend: Literal["vllm", "hf"] = Field(
+        default="vllm",
+        description="vllm: vLLM's server (GPU); hf: a transformers model speaking the same API.",
+    )
+    gpus: int = Field(default=1, ge=0, le=64, description="GPUs of the rollout server's pod.")
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=64, description="Tensor-parallel size of the vLLM server."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="Weights' dtype in the rollout server."
+    )
+    max_model_length: int | None = Field(
+        default=None, ge=1, le=1_048_576, description="Longest prompt plus completion, in tokens."
+    )
+    image: str | None = Field(
+        default=None,
+        pattern=IMAGE,
+        max_length=MAX_IMAGE_LENGTH,
+        description="Rollout server image (vllm: the operator's vLLM image; hf: the trainer's).",
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="self.backend != 'vllm' || (self.gpus >= 1 && self.tensorParallel <= self.gpus)",
+            message="backend vllm needs gpus >= 1 and tensorParallel <= gpus",
+            check=lambda m: m.backend != "vllm" or (m.gpus >= 1 and m.tensor_parallel <= m.gpus),
+        ),
+        CrossFieldRule(
+            cel="self.backend != 'hf' || self.tensorParallel == 1",
+            message="backend hf serves on one device: tensorParallel must be 1",
+            check=lambda m: m.backend != "hf" or m.tensor_parallel == 1,
+        ),
+    )
+
+
 class RLSettings(_Model):
     """Online agentic RL (GRPO with CARE) in a RolloutPool's environments."""
 
@@ -164,6 +204,11 @@ class RLSettings(_Model):
     tasks_per_step: int = Field(default=8, ge=1, le=4096, description="Tasks per RL step.")
     max_turns: int = Field(default=40, ge=1, le=1000, description="Turn budget per rollout.")
     care: CareSettings = _defaulted(CareSettings, "CARE reward and advantage settings.")
+    generation: RolloutGeneration | None = Field(
+        default=None,
+        description="Sample through a rollout server the operator starts (unset: each rank "
+        "samples with its own model).",
+    )
 
 
 class SFTSettings(_Model):

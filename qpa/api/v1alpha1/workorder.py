@@ -58,6 +58,15 @@ class Resolved(_Model):
     device_bridge: str | None = Field(
         default=None, description="HOST:PORT of the referenced DevicePool's adb bridge."
     )
+    rollout_server_url: ResolvedUri | None = Field(
+        default=None, description="Base URL of the run's rollout server (TrainingRun)."
+    )
+    rollout_group_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port of the rollout server's weight-sync rendezvous (TrainingRun).",
+    )
     attempt: int = Field(default=0, ge=0, description="Attempt of the run (TrainingRun).")
     dataset_uri: ResolvedUri | None = Field(
         default=None, description="The dataset the data plan resolved (TrainingRun)."

@@ -17,10 +17,20 @@ from qpa.train.rl.config import GenerationSettings
 
 @dataclass
 class Turn:
-    """One model call: the prompt as tokenized for generation and the sampled tokens."""
+    """One model call: the prompt as tokenized for generation, the sampled tokens and, when the
+    sampler reported them (a rollout server), its log-probability of each sampled token."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
+    sampler_logprobs: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One completion from a sampler: token ids and (when known) each one's log-probability."""
+
+    ids: list[int]
+    logprobs: list[float] | None = None
 
 
 @dataclass
@@ -41,22 +51,25 @@ class GenerationFailed(RuntimeError):
 class _Request:
     prompt_ids: list[int]
     order: tuple[int, int]
-    result: list[int] | None = None
+    result: Sampled | None = None
     error: BaseException | None = None
 
 
 class TokenBatcher:
     """Collects the model calls of concurrent episodes; the main thread answers them in batches.
 
-    Worker threads call `submit(prompt_ids)` and block. `serve()` runs in the thread that owns
-    the model: it waits until every live worker is blocked on the model (or `max_batch` requests
-    are pending), runs `generate` on all of them at once (ordered by episode, so a batch's
-    content does not depend on thread timing), hands the results back, and returns when every
-    worker has left.
+    Worker threads call `submit(prompt_ids)` (or `submit_sampled`, which keeps the sampler's
+    log-probs) and block. `serve()` runs in the thread that owns the model: it waits until every
+    live worker is blocked on the model (or `max_batch` requests are pending), runs `generate` on
+    all of them at once (ordered by episode, so a batch's content does not depend on thread
+    timing), hands the results back, and returns when every worker has left. `generate` returns
+    one token-id list or one `Sampled` per prompt.
     """
 
     def __init__(
-        self, generate: Callable[[list[list[int]]], list[list[int]]], max_batch: int
+        self,
+        generate: Callable[[list[list[int]]], Sequence[list[int] | Sampled]],
+        max_batch: int,
     ) -> None:
         self._generate = generate
         self.max_batch = max_batch
@@ -77,6 +90,9 @@ class TokenBatcher:
             self._cond.notify_all()
 
     def submit(self, prompt_ids: list[int], order: tuple[int, int] = (0, 0)) -> list[int]:
+        return self.submit_sampled(prompt_ids, order).ids
+
+    def submit_sampled(self, prompt_ids: list[int], order: tuple[int, int] = (0, 0)) -> Sampled:
         request = _Request(list(prompt_ids), order)
         with self._cond:
             self._pending.append(request)
@@ -117,8 +133,12 @@ class TokenBatcher:
             with self._cond:
                 self.calls += 1
                 self.sequences += len(batch)
-                for request, ids in zip(batch, results, strict=True):
-                    request.result = list(ids)
+                for request, out in zip(batch, results, strict=True):
+                    request.result = (
+                        Sampled(list(out.ids), out.logprobs)
+                        if isinstance(out, Sampled)
+                        else Sampled(list(out))
+                    )
                 self._cond.notify_all()
 
 
@@ -170,8 +190,9 @@ class PolicyBackend(LocalBackend):
             raise PromptTooLong(
                 f"prompt of {len(prompt_ids)} tokens exceeds max_prompt_tokens={self._max_prompt}"
             )
-        completion = self._batcher.submit(prompt_ids, self._order)
-        self.turns.append(Turn(prompt_ids, completion))
+        sampled = self._batcher.submit_sampled(prompt_ids, self._order)
+        completion = sampled.ids
+        self.turns.append(Turn(prompt_ids, completion, sampled.logprobs))
         eos = tokenizer.eos_token_id
         hit_eos = bool(completion) and eos is not None and completion[-1] == eos
         with self._token_lock:

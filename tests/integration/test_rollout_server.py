@@ -1,0 +1,206 @@
+"""RL rollouts through a rollout server: `qpa rollout serve --backend hf` as a real process.
+
+The server speaks the API TRL's `VLLMClient` uses against `trl vllm-serve` (vLLM's own server in
+dev mode); the trainer runs with `generation.backend: vllm` against it (`qpa.train.rl.vllm`).
+What is checked, on the tiny model on CPU, over 2 RL steps:
+
+- every completion comes from the server (the trainer's own `generate` is never called), with
+  the sampler's log-probability of each sampled token on every turn;
+- the weights are synced at start-up and after each step over the gloo weight-sync group: the
+  server's weight digest equals the trainer's each time, and it changes as the policy learns;
+- the sampler's log-probs reach the loss (the batch's `sampler_logprobs` on every trained
+  token), and they are right: at synced weights they equal the trainer's own log-probs of the
+  same tokens (to 1e-4; only padding and batching differ);
+- a server that is not there, and a tensor the server has no parameter for, fail clearly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from qpa.contract import Task, Verification  # noqa: E402
+from qpa.envs.sandbox import SandboxEnv  # noqa: E402
+from qpa.envs.sandbox.suite import generate_suite  # noqa: E402
+from qpa.train.rl import RLConfig, RLTrainer  # noqa: E402
+from qpa.train.rl import trainer as trainer_module  # noqa: E402
+from qpa.train.rl.loss import Batch  # noqa: E402
+from qpa.train.rl.rollout_server import weights_digest  # noqa: E402
+from qpa.train.rl.vllm import RolloutClient, RolloutServerError  # noqa: E402
+from qpa.train.tiny import TinyConfig, make_tiny_checkpoint, suite_corpus  # noqa: E402
+
+TINY = TinyConfig(
+    vocab_size=1024,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    max_position_embeddings=8192,
+)
+PATTERN = (1.0, 0.0, 1 / 3, 1.0)
+
+
+class ScoredSandbox(SandboxEnv):
+    """The sandbox with a stand-in verifier (a random tiny policy never solves a task), so
+    groups have mixed outcomes and non-zero advantages."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def verify(self) -> Verification:
+        progress = PATTERN[self.index % len(PATTERN)]
+        return Verification(done=True, success=progress == 1.0, progress=progress)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    return make_tiny_checkpoint(out, TINY, corpus=suite_corpus(conversations=6))
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[Task]:
+    pool = [t for t in generate_suite() if t.split == "train" and t.domain == "messaging"]
+    return sorted(pool, key=lambda t: len(t.instruction))[:2]
+
+
+@contextlib.contextmanager
+def rollout_server(model: Path) -> Iterator[str]:
+    """`qpa rollout serve --backend hf` on 127.0.0.1 until `/health` answers."""
+    port = free_port()
+    argv = [str(Path(sys.executable).with_name("qpa")), "rollout", "serve", "--backend", "hf"]
+    argv += ["--model", str(model), "--port", str(port), "--group-timeout", "60"]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        else:
+            proc.kill()
+            raise AssertionError(proc.stdout.read().decode() if proc.stdout else "no output")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def server_digest(url: str) -> str:
+    return str(httpx.get(f"{url}/qpa/weights/digest", timeout=10).json()["sha256"])
+
+
+def test_rl_through_the_rollout_server(
+    checkpoint: Path, tasks: list[Task], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_local_generation(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the trainer generated with its own model")
+
+    monkeypatch.setattr(trainer_module, "hf_generate", no_local_generation)
+    seen: list[tuple[Any, Any]] = []  # (batch, old log-probs) of every loss call
+    real_loss = trainer_module.policy_loss
+
+    def spy_loss(*args: Any, **kwargs: Any) -> Any:
+        batch = next(a for a in args if isinstance(a, Batch))
+        seen.append((batch, args[1].detach().clone()))
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "policy_loss", spy_loss)
+
+    with rollout_server(checkpoint) as url:
+        start = server_digest(url)
+        config = RLConfig.from_dict(
+            {
+                "name": "rl-rollout",
+                "model": str(checkpoint),
+                "output_dir": str(tmp_path / "run"),
+                "steps": 2,
+                "tasks_per_step": 2,
+                "samples_per_task": 2,
+                "seed": 3,
+                "harness": {"token_budget": 100, "max_tools": 1, "max_turns": 2},
+                "generation": {
+                    "backend": "vllm",
+                    "max_new_tokens": 8,
+                    "vllm_url": url,
+                    "vllm_group_port": free_port(),
+                    "vllm_timeout_s": 60,
+                },
+                "loss": {"micro_batch_size": 8},
+                "optim": {"learning_rate": 0.05},
+                "checkpoint": {"every_steps": 10, "save_final": False},
+            }
+        )
+        trainer = RLTrainer(config, tasks=tasks, environment=ScoredSandbox)
+        try:
+            # the starting weights were pushed at set-up: the server holds the trainer's
+            assert server_digest(url) == weights_digest(trainer.model) == start
+            digests = [start]
+            for step in (1, 2):
+                seen.clear()
+                result = trainer.train_step()
+                turns = [turn for episode in result.episodes for turn in episode.turns]
+                assert turns and all(t.sampler_logprobs is not None for t in turns)
+                for turn in turns:
+                    assert turn.sampler_logprobs is not None
+                    assert len(turn.sampler_logprobs) == len(turn.completion_ids)
+                    assert all(v <= 0.0 and math.isfinite(v) for v in turn.sampler_logprobs)
+                # the loss got the sampler's log-probs, and they are the synced policy's
+                assert seen, "no loss was computed"
+                for batch, old in seen:
+                    sampler = batch.sampler_logprobs
+                    assert sampler is not None
+                    trained = batch.loss_mask > 0
+                    assert not torch.isnan(sampler[trained]).any()
+                    gap = (sampler[trained] - old[trained]).abs().max()
+                    assert float(gap) < 1e-4, (step, float(gap))
+                # the step's new weights reached the server
+                digest = server_digest(url)
+                assert digest == weights_digest(trainer.model), step
+                assert digest not in digests, step  # the policy moved, and so did the server
+                digests.append(digest)
+                assert trainer._vllm is not None
+            with pytest.raises(RolloutServerError, match="nope: no such parameter"):
+                trainer._vllm.push_weights([("nope", torch.zeros(2))])
+            assert server_digest(url) == digests[-1]
+        finally:
+            trainer.close()
+
+
+def test_unreachable_server_is_a_clear_error() -> None:
+    client = RolloutClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
+    with pytest.raises(RolloutServerError, match=r"not ready after 0\.5 s"):
+        client.wait_ready()
+    with pytest.raises(ValueError, match=r"generation\.vllm_url"):
+        RolloutClient("http://:80")
