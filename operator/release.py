@@ -23,13 +23,25 @@ A release moves through phases, all visible in `status.phase` (and `kubectl get 
   `qpa.ai/override=promote` starts the canary.
 - **Canary**: the Harness's `canaryTrafficPercent` walks `canary.steps`, each held for
   `canary.stepSeconds` once the Harness is Ready; a failed revision, or a step not Ready
-  within `timeouts.deploySeconds`, rolls back. A first release (no stable version) has
-  nothing to shift traffic from and is promoted at once.
+  within `timeouts.deploySeconds`, rolls back. With `rollout.analysis`, every step (the last
+  one too) is also judged by the candidate's live metrics (`qpa_operator.analysis`): a baseline
+  when the step is Ready, a measurement every `intervalSeconds`; more failed measurements than
+  `failureLimit` roll back (`AnalysisFailed`), and a step advances only when a measurement taken
+  after its hold passed; one with too few requests by `timeouts.deploySeconds` rolls back
+  (`AnalysisInconclusive`). Condition `AnalysisPassed` and `status.analysis` say where it
+  stands. A first release (no stable version) has nothing to shift traffic from and is
+  promoted at once.
 - **Promoted**: the candidate is `stable` (100%); the former stable version becomes
-  `previous` and its model stays deployed for a rollback.
-- **RolledBack**: the candidate's model is removed and the Harness's candidate revision gets
-  0% (KServe then serves the last rolled-out revision, the stable one); with no stable
+  `previous` and its model stays deployed for a rollback. The `<release>-model` Service (the
+  stable model endpoint, `status.modelEndpoint`) follows the stable version's model.
+- **RolledBack**: the candidate's model is removed and the Harness InferenceService gets the
+  stable version's spec back at 100% (no candidate left in it at 0%); with no stable
   version, both InferenceServices go. Condition `Rejected` carries every reason.
+
+`rollout.deploymentMode: RawDeployment` (no `canaryTrafficPercent` there), or a Harness
+InferenceService that KServe reports in another mode than Serverless, is RolledBack with reason
+`UnsupportedDeploymentMode` naming the mode. A store Secret that cannot give the storage
+initializer its keys (`Observed.storage_problem`) rolls back with `StorageCredentials`.
 
 A release naming a store URI outside its namespace's prefix (`spec.reportUri`,
 `spec.model.uri`, a stable or previous version's URIs) is RolledBack at once with reason
@@ -51,6 +63,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from qpa_operator import analysis as canary_analysis
 from qpa_operator.builders import harnessrelease as builder
 from qpa_operator.builders import storeaccess
 from qpa_operator.builders.common import Defaults, JsonDict, job_state, spec_hash_of
@@ -58,8 +71,11 @@ from qpa_operator.builders.common import Defaults, JsonDict, job_state, spec_has
 from qpa.api import HarnessRelease
 from qpa.api.v1alpha1 import (
     OVERRIDE_ANNOTATION,
+    AnalysisStatus,
+    CanaryAnalysis,
     ConditionStatus,
     HarnessReleaseStatus,
+    MetricsSample,
     OverrideAction,
     ReleaseOverride,
     ReleaseVersion,
@@ -87,6 +103,11 @@ class Observed:
     report_problem: str | None = None
     #: why the release may not use a store URI it names (outside its namespace's prefix)
     refused: str | None = None
+    #: the candidate's request counters now (canary analysis), or why they cannot be read
+    metrics: MetricsSample | None = None
+    metrics_problem: str | None = None
+    #: why the storage initializer's Secret cannot be derived from the namespace's store keys
+    storage_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +158,36 @@ def wants_report(hr: HarnessRelease, bench: Mapping[str, Any] | None, defaults: 
     return job_state(bench).complete
 
 
+def wants_metrics(hr: HarnessRelease, defaults: Defaults) -> bool:
+    """True when the candidate is in its canary with an analysis: its counters are read."""
+    status = hr.status
+    if status is None or status.phase != "Canary" or status.candidate is None:
+        return False
+    if hr.spec.rollout.analysis is None:
+        return False
+    return status.candidate.id == builder.candidate(hr, defaults).id
+
+
+def needs_storage(hr: HarnessRelease) -> bool:
+    """The spec's, the stable or the previous model is downloaded from the object store."""
+    status = hr.status or HarnessReleaseStatus()
+    versions = [v.model for v in (status.stable, status.previous) if v is not None]
+    return any(builder.uses_store(m) for m in [hr.spec.model, *versions])
+
+
+def deployed_models(hr: HarnessRelease, status: HarnessReleaseStatus) -> list[Any]:
+    """The models `status` keeps deployed: the spec's while active, stable's, previous'."""
+    models = [hr.spec.model] if status.phase in ACTIVE else []
+    models += [v.model for v in (status.stable, status.previous) if v is not None]
+    return models
+
+
+def reported_mode(isvc: Mapping[str, Any] | None) -> str | None:
+    """The deployment mode KServe reports for an InferenceService (`status.deploymentMode`)."""
+    mode = ((isvc or {}).get("status") or {}).get("deploymentMode")
+    return str(mode) if mode else None
+
+
 def stable_report(hr: HarnessRelease) -> str | None:
     stable = hr.status.stable if hr.status else None
     return stable.report_uri if stable is not None else None
@@ -168,8 +219,8 @@ def harness_manifest(
     if status.phase == "Promoted" and status.stable is not None:
         return builder.harness_service(hr, defaults, status.stable, 100)
     if status.phase == "RolledBack" and status.stable is not None:
-        # KServe's rollback: the candidate's revision keeps 0%, the last rolled-out one the rest.
-        return builder.harness_service(hr, defaults, builder.candidate(hr, defaults), 0)
+        # The stable spec comes back whole: no candidate is left in it, not even at 0%.
+        return builder.harness_service(hr, defaults, status.stable, 100)
     return None
 
 
@@ -178,16 +229,24 @@ def children(
     status: HarnessReleaseStatus | None,
     defaults: Defaults,
     bench: Mapping[str, Any] | None = None,
+    storage: tuple[str, str] | None = None,
 ) -> Desired:
+    """The children `status` calls for; `storage` is (the store Secret's resourceVersion, the
+    uid of the storage initializer's Secret derived from it), which its account records."""
     status = status or HarnessReleaseStatus()
     apply: list[JsonDict] = []
-    models = []
     if status.phase in ACTIVE:
         storeaccess.check_harnessrelease(hr, defaults)  # no pod for a URI outside the prefix
-        models.append(hr.spec.model)
-    for version in (status.stable, status.previous):
-        if version is not None:
-            models.append(version.model)
+    models = deployed_models(hr, status)
+    keep_extra: set[tuple[str, str]] = set()
+    if any(builder.uses_store(m) for m in models):
+        name = builder.storage_name(hr)
+        keep_extra.add(("ServiceAccount", name))
+        if storage is not None:
+            store = builder.model_store(hr, defaults)
+            apply.append(builder.storage_account(hr, defaults, store, *storage))
+    if status.stable is not None:
+        apply.append(builder.stable_endpoint(hr, defaults, status.stable.model))
     seen: set[str] = set()
     for model in models:
         name = builder.model_name(hr, model)
@@ -197,7 +256,7 @@ def children(
     harness = harness_manifest(hr, status, defaults)
     if harness is not None:
         apply.append(harness)
-    keep = {("InferenceService", m["metadata"]["name"]) for m in apply}
+    keep = {(str(c["kind"]), c["metadata"]["name"]) for c in apply} | keep_extra
     job_name = builder.bench_job_name(hr, defaults)
     if status.phase == "Benchmarking":
         apply += [builder.bench_work_order(hr, defaults), builder.bench_job(hr, defaults)]
@@ -332,6 +391,7 @@ class _Machine:
             override=None,
             benchmark_job=None,
             report_uri=None,
+            analysis=None,
             since=self.now,
         )
         stable = self.status.stable
@@ -622,24 +682,167 @@ class _Machine:
                 return
             self.wake(self.after(limit + 1))
             return
-        if index == len(steps) - 1:
-            self.promote()
-            return
+        analysis = self.hr.spec.rollout.analysis
         hold = self.hr.spec.canary.step_seconds
-        if self.elapsed() < hold:
-            self.wake(self.after(hold))
-            return
+        if analysis is None:
+            if index == len(steps) - 1:
+                self.promote()
+                return
+            if self.elapsed() < hold:
+                self.wake(self.after(hold))
+                return
+        else:
+            verdict = self.analyse(index, analysis)
+            if verdict == "failed":
+                return
+            if verdict != "passed":
+                if self.elapsed() > max(limit, hold):
+                    last = self.status.analysis.message if self.status.analysis else ""
+                    self.rollback(
+                        "AnalysisInconclusive",
+                        [f"canary step {index + 1} ({steps[index]}%) had no passing analysis "
+                         f"within {max(limit, hold)} s: {last}"],
+                    )  # fmt: skip
+                return
+            if index == len(steps) - 1:
+                self.promote()
+                return
         nxt = index + 1
         self.update(canary_step=nxt, traffic_percent=steps[nxt], since=self.now)
+        found = f"; analysis: {self.status.analysis.message}" if self.status.analysis else ""
         self.event(
             "CanaryStep", f"{self.candidate.id}: {steps[nxt]}% of traffic "
-            f"(step {nxt + 1} of {len(steps)})",
+            f"(step {nxt + 1} of {len(steps)}){found}",
         )  # fmt: skip
+
+    def analyse(self, index: int, analysis: CanaryAnalysis) -> str:
+        """Measure the step's analysis if one is due: "passed" (a measurement after the hold
+        passed), "failed" (rolled back), or "pending" (the wake-up is set)."""
+        steps = self.hr.spec.canary.steps
+        hold_end = self.after(self.hr.spec.canary.step_seconds)
+        interval = timedelta(seconds=analysis.interval_seconds)
+        current = self.status.analysis
+        sample = self.observed.metrics
+        if current is not None and current.step != index:
+            current = None
+        if current is not None and current.baseline is not None and current.measured_at:
+            if current.passed and current.measured_at >= hold_end:
+                return "passed"
+            due = _next_due(current.measured_at, hold_end, interval)
+            if self.now < due:
+                self.wake(due)
+                return "pending"
+        if sample is None:
+            why = self.observed.metrics_problem or "no metrics read"
+            state = current or AnalysisStatus(step=index)
+            return self.analysis_failed(
+                index, state, f"the candidate's metrics cannot be read: {why}"
+            )
+        if current is None or current.baseline is None:
+            self.update(
+                analysis=AnalysisStatus(
+                    step=index,
+                    baseline=sample,
+                    measured_at=self.now,
+                    message=f"baseline: {sample.requests:g} requests so far",
+                )
+            )
+            self.condition(
+                "AnalysisPassed", "Unknown", "Measuring",
+                f"step {index + 1} ({steps[index]}%): baseline taken",
+            )  # fmt: skip
+            self.wake(self.now + interval)
+            return "pending"
+        result = canary_analysis.measure(current.baseline, sample, analysis)
+        if result.outcome == "reset":
+            self.update(
+                analysis=current.model_copy(
+                    update={"baseline": sample, "measured_at": self.now, "passed": False,
+                            "message": result.message}
+                )
+            )  # fmt: skip
+            self.wake(self.now + interval)
+            return "pending"
+        measured = current.model_copy(
+            update={
+                "measurements": current.measurements + 1,
+                "requests": result.requests,
+                "error_rate": result.error_rate,
+                "p95_latency_seconds": result.p95_seconds,
+                "passed": result.outcome == "passed",
+                "measured_at": self.now,
+                "message": result.message,
+            }
+        )
+        if result.outcome == "failed":
+            return self.analysis_failed(index, measured, result.message)
+        self.update(analysis=measured)
+        where = f"step {index + 1} ({steps[index]}%): {result.message}"
+        if result.outcome == "inconclusive":
+            self.condition("AnalysisPassed", "Unknown", "Inconclusive", where)
+        else:
+            self.condition("AnalysisPassed", "True", "Passed", where)
+        if result.outcome == "passed" and self.now >= hold_end:
+            return "passed"
+        self.wake(_next_due(self.now, hold_end, interval))
+        return "pending"
+
+    def analysis_failed(self, index: int, state: AnalysisStatus, message: str) -> str:
+        steps = self.hr.spec.canary.steps
+        analysis = self.hr.spec.rollout.analysis
+        allowed = analysis.failure_limit if analysis is not None else 0
+        state = state.model_copy(
+            update={
+                "failures": state.failures + 1,
+                "passed": False,
+                "measured_at": self.now,
+                "message": message,
+            }
+        )
+        self.update(analysis=state)
+        where = f"step {index + 1} ({steps[index]}%)"
+        self.condition("AnalysisPassed", "False", "Failed", f"{where}: {message}")
+        if state.failures > allowed:
+            self.rollback(
+                "AnalysisFailed",
+                [f"canary analysis failed at {where} ({state.failures} failed measurement(s), "
+                 f"failureLimit {allowed}): {message}"],
+            )  # fmt: skip
+            return "failed"
+        self.event("AnalysisFailed", f"{self.candidate.id} {where}: {message}", warning=True)
+        if analysis is not None:
+            self.wake(self.now + timedelta(seconds=analysis.interval_seconds))
+        return "pending"
+
+
+def _next_due(last: datetime, hold_end: datetime, interval: timedelta) -> datetime:
+    """The next measurement: an interval after the last, and at the end of the hold."""
+    due = last + interval
+    return min(due, hold_end) if last < hold_end else due
 
 
 def harness_traffic_for(stable: ReleaseVersion | None, phase: str) -> int:
     """The candidate's share while deploying: all of it on a first release, else none."""
     return 100 if stable is None and phase in ACTIVE else 0
+
+
+def unsupported_mode(hr: HarnessRelease, observed: Observed) -> str | None:
+    """Why the release's deployment mode cannot carry its canary, or None."""
+    wanted = hr.spec.rollout.deployment_mode
+    if wanted != builder.SUPPORTED_MODE:
+        return (
+            f"spec.rollout.deploymentMode {wanted}: the canary needs KServe's "
+            f"{builder.SUPPORTED_MODE} mode (Knative revisions split canaryTrafficPercent; "
+            f"{wanted} has no traffic split); set {builder.SUPPORTED_MODE}"
+        )
+    reported = reported_mode(observed.harness)
+    if reported is not None and reported != builder.SUPPORTED_MODE:
+        return (
+            f"KServe runs {builder.harness_name(hr)} in {reported} mode despite the "
+            f"{builder.DEPLOYMENT_MODE} annotation {builder.SUPPORTED_MODE}: the canary needs "
+            f"{builder.SUPPORTED_MODE} (is Knative Serving installed?)"
+        )
+    return None
 
 
 def next_step(hr: HarnessRelease, observed: Observed, defaults: Defaults) -> Decision:
@@ -666,9 +869,22 @@ def next_step(hr: HarnessRelease, observed: Observed, defaults: Defaults) -> Dec
     if observed.refused is not None and machine.phase in ACTIVE:
         # Before any pod is scheduled or any report read: no override lifts this.
         machine.rollback("OutsideStorePrefix", [observed.refused])
+    mode = unsupported_mode(hr, observed)
+    if mode is not None and machine.phase in ACTIVE:
+        machine.rollback("UnsupportedDeploymentMode", [mode])
+    if observed.storage_problem is not None and machine.phase in ACTIVE:
+        machine.rollback(
+            "StorageCredentials",
+            [f"the storage initializer gets no keys for {hr.spec.model.uri}: "
+             f"{observed.storage_problem}"],
+        )  # fmt: skip
     for _ in range(MAX_CHAIN):
         if not machine.advance():
             break
+    stable = machine.status.stable
+    endpoint = builder.stable_model_url(hr, defaults) if stable is not None else None
+    if machine.status.model_endpoint != endpoint:
+        machine.update(model_endpoint=endpoint)
     return Decision(
         status=machine.status,
         events=tuple(machine.events),

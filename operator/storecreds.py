@@ -8,6 +8,10 @@ what that namespace's own credentials can read (no confused deputy). The chart g
 these Secret names only (`resourceNames`), and the operator refuses any other name before
 asking (`Defaults.readable_secrets`).
 
+The same keys, and only they, become the Secret of a HarnessRelease's model storage initializer
+(`namespace_store_keys`, in KServe's format: `builders.harnessrelease.storage_secret`), in the
+same namespace.
+
 The keys go to files in a private temporary folder (mode 0600), which `qpa.store` reads
 (`StoreConfig.access_key_file`/`secret_key_file`); nothing falls back to the operator's
 environment.
@@ -19,6 +23,7 @@ import base64
 import binascii
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -63,10 +68,20 @@ def _key(secret: dict[str, Any], key: str, where: str) -> str:
         raise StoreCredentialsError(f"{where}: key {key!r} is not base64 UTF-8 text") from None
 
 
-async def namespace_store_config(
+@dataclass(frozen=True)
+class StoreKeys:
+    """The keys of a store Secret of a namespace, and the Secret's resourceVersion."""
+
+    access_key: str
+    secret_key: str
+    resource_version: str
+
+
+async def namespace_store_keys(
     client: Any, namespace: str, store: ObjectStore, field: str, defaults: Defaults
-) -> StoreConfig:
-    """The S3 settings to read `store` with: its endpoint, the keys of its Secret in `namespace`.
+) -> StoreKeys:
+    """The keys of `store`'s Secret in `namespace`, under the same restrictions as every read
+    here (only the Secret names the chart allows, only in the resource's own namespace).
 
     `field` names where the store came from (`spec.store`, or the chart's default), for errors.
     """
@@ -88,6 +103,19 @@ async def namespace_store_config(
     secret_key = _key(secret, store.secret_ref.secret_access_key_key, where)
     if not access or not secret_key:
         raise StoreCredentialsError(f"{where}: an empty key")
+    version = str((secret.get("metadata") or {}).get("resourceVersion") or "")
+    return StoreKeys(access, secret_key, version)
+
+
+async def namespace_store_config(
+    client: Any, namespace: str, store: ObjectStore, field: str, defaults: Defaults
+) -> StoreConfig:
+    """The S3 settings to read `store` with: its endpoint, the keys of its Secret in `namespace`.
+
+    `field` names where the store came from (`spec.store`, or the chart's default), for errors.
+    """
+    keys = await namespace_store_keys(client, namespace, store, field, defaults)
+    access, secret_key, name = keys.access_key, keys.secret_key, store.secret_ref.name
     folder = _folder() / f"{namespace}.{name}"
     folder.mkdir(mode=0o700, exist_ok=True)
     _write(folder / ACCESS_FILE, access)

@@ -2,10 +2,21 @@
 
 - `<release>-model-<model id>`: one InferenceService per model version, on KServe's Hugging
   Face runtime with the vLLM backend (`storageUri` = the model URI, `nvidia.com/gpu` per
-  replica); it serves the OpenAI API at
+  replica, `--tensor-parallel-size` = the GPUs, `--dtype` (bfloat16 unless the spec says
+  otherwise), `--max-model-len`, CPU and memory requests (the spec's, else `MODEL_CPU_PER_GPU`
+  and `MODEL_MEMORY_PER_GPU` per GPU) with the memory limit at the request, and a memory-backed
+  `/dev/shm` for NCCL when it spans GPUs); it serves the OpenAI API at
   `http://<release>-model-<model id>-predictor.<ns>.svc.<domain>/openai/v1`. The candidate's,
   the stable version's and the previous stable version's models run side by side (the same
-  InferenceService when they share a model);
+  InferenceService when they share a model). An `s3://` model is downloaded by KServe's storage
+  initializer with the service account `<release>-model-storage`, whose Secret of the same name
+  holds the store's keys in KServe's format (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`,
+  annotations `serving.kserve.io/s3-endpoint`, `-usehttps`, `-region`): the handler derives it
+  from the store Secret of the release's namespace (`qpa_operator.storecreds`' rules), this
+  module only shapes it;
+- `<release>-model`: a Service, the release's **stable model endpoint**
+  (`http://<release>-model.<ns>.svc.<domain>:8080/openai/v1`), selecting the stable version's
+  model predictor pods, for TaskBatches and other clients that must not follow the candidate;
 - `<release>-harness`: the Harness as a KServe custom predictor, a container running
   `qpa harness serve --planner openai --model-url <its model> --http-port 8080 ...` with the
   Harness version's YAML from its ConfigMap, and the callers' authentication of `harness.auth`:
@@ -14,7 +25,9 @@
   (validated by the CRD and `qpa.api`); without it callers are anonymous with a throwaway
   memory. It is the release's endpoint: its
   `canaryTrafficPercent` splits requests between the candidate's revision and the last
-  rolled-out one (KServe keeps the previous revision; setting 0 is KServe's rollback);
+  rolled-out one (KServe keeps the previous revision; KServe's Serverless mode, pinned by the
+  `serving.kserve.io/deploymentMode` annotation); a rollback writes the stable version's spec
+  back, so no candidate is left in it;
 - `<release>-bench-<candidate>`: a Job running `qpa bench run --spec` on its work order (a
   ConfigMap of the same name: the release plus the candidate's endpoint, store and report
   prefix the operator resolved), i.e. the suite split against the candidate's model with the
@@ -32,8 +45,10 @@ benchmark Job. Which of these exist and at what traffic is decided by the releas
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from qpa_operator.builders import netpol
 from qpa_operator.builders.common import (
@@ -50,6 +65,7 @@ from qpa_operator.builders.common import (
     env_var,
     gpu_placement,
     harness_config_parts,
+    kind_label,
     labels,
     metadata,
     owner_namespace,
@@ -74,6 +90,7 @@ from qpa.api.v1alpha1 import (
     ObjectStore,
     ReleaseVersion,
     Resolved,
+    ResourceRequirements,
 )
 
 ISVC_API: Final = "serving.kserve.io/v1beta1"
@@ -93,6 +110,36 @@ REPORT_FILE: Final = "report.json"
 TOKENS_MOUNT: Final = "/var/run/secrets/qpa/harness-tokens"
 TOKENS_FILE: Final = "tokens.yaml"
 TOKENS_PATH: Final = f"{TOKENS_MOUNT}/{TOKENS_FILE}"
+#: The KServe deployment mode every InferenceService of a release is pinned to (the canary
+#: splits traffic with Knative's revisions; RawDeployment has no canaryTrafficPercent).
+DEPLOYMENT_MODE: Final = "serving.kserve.io/deploymentMode"
+SUPPORTED_MODE: Final = "Serverless"
+#: The port of KServe's model server container (`kserve-container`).
+MODEL_PORT: Final = 8080
+#: CPU and memory requests of a model replica whose spec names none, per GPU (and for a
+#: replica without GPUs); the memory limit equals the memory request.
+MODEL_CPU_PER_GPU: Final = 4
+MODEL_MEMORY_PER_GPU_GI: Final = 32
+MODEL_CPU_WITHOUT_GPU: Final = 2
+MODEL_MEMORY_WITHOUT_GPU_GI: Final = 8
+#: The memory-backed `/dev/shm` of a replica spanning GPUs (NCCL's intra-node buffers).
+SHM_SIZE: Final = "8Gi"
+#: KServe's S3 settings, read from the storage initializer's service account Secret.
+S3_ENDPOINT_ANNOTATION: Final = "serving.kserve.io/s3-endpoint"
+S3_USE_HTTPS_ANNOTATION: Final = "serving.kserve.io/s3-usehttps"
+S3_REGION_ANNOTATION: Final = "serving.kserve.io/s3-region"
+S3_ANONYMOUS_ANNOTATION: Final = "serving.kserve.io/s3-useanoncredential"
+#: KServe's default key names of that Secret (inferenceservice-config `credentials.s3`).
+KSERVE_ACCESS_KEY: Final = "AWS_ACCESS_KEY_ID"
+KSERVE_SECRET_KEY: Final = "AWS_SECRET_ACCESS_KEY"
+#: On the service account: a hash of what its Secret was derived from (store, Secret name and
+#: resourceVersion), so the handler rewrites the Secret only when its source changed.
+STORAGE_SOURCE_ANNOTATION: Final = "qpa.ai/storage-source"
+#: On the service account: the uid of the Secret this release created, the precondition of
+#: every later write to it (a Secret it did not create is never overwritten).
+STORAGE_UID_ANNOTATION: Final = "qpa.ai/storage-secret-uid"
+#: Pods of the namespace's TaskBatches may call the stable model endpoint.
+TASKBATCH_PODS: Final = kind_label("TaskBatch")
 
 
 #: KServe names the predictor's Service `<isvc>-predictor` (and revisions
@@ -194,6 +241,12 @@ def model_url(hr: HarnessRelease, defaults: Defaults, model: ModelServing | None
     return f"http://{host}/openai/v1"
 
 
+def candidate_metrics_url(hr: HarnessRelease, defaults: Defaults) -> str:
+    """The candidate revision's /metrics: KServe's tag route of the latest revision."""
+    host = service_host(f"latest-{harness_name(hr)}-predictor", owner_namespace(hr), defaults)
+    return f"http://{host}/metrics"
+
+
 def harness_url(hr: HarnessRelease, defaults: Defaults) -> str:
     host = service_host(f"{harness_name(hr)}-predictor", owner_namespace(hr), defaults)
     return f"http://{host}/v1/models/harness:predict"
@@ -202,26 +255,150 @@ def harness_url(hr: HarnessRelease, defaults: Defaults) -> str:
 # --------------------------------------------------------------------------- manifests
 
 
+def model_args(model: ModelServing) -> list[str]:
+    """The model server's flags: KServe's Hugging Face server passes vLLM's own through."""
+    args = [
+        f"--model_name={model.served_model_name}",
+        f"--backend={model.runtime}",
+        f"--dtype={model.dtype}",
+    ]
+    if model.runtime == "vllm":
+        args.append(f"--tensor-parallel-size={max(1, model.gpus)}")
+    if model.max_model_length is not None:
+        args.append(f"--max-model-len={model.max_model_length}")
+    return args
+
+
+def model_resources(model: ModelServing) -> JsonDict:
+    """The replica's requests and limits: the spec's, CPU and memory defaulted per GPU, the
+    memory limit at the memory request (vLLM's host memory is not elastic)."""
+    spec = model.resources
+    requests = dict(spec.requests) if spec else {}
+    limits = dict(spec.limits) if spec else {}
+    gpus = model.gpus
+    if "cpu" not in requests:
+        requests["cpu"] = str(MODEL_CPU_PER_GPU * gpus if gpus else MODEL_CPU_WITHOUT_GPU)
+    if "memory" not in requests:
+        requests["memory"] = limits.get("memory") or (
+            f"{MODEL_MEMORY_PER_GPU_GI * gpus if gpus else MODEL_MEMORY_WITHOUT_GPU_GI}Gi"
+        )
+    limits.setdefault("memory", requests["memory"])
+    return resources(ResourceRequirements(requests=requests, limits=limits), gpus=gpus)
+
+
+def uses_store(model: ModelServing) -> bool:
+    """The model is downloaded from the object store (needs the storage service account)."""
+    return model.uri.startswith("s3://")
+
+
+def model_store(hr: HarnessRelease, defaults: Defaults) -> ObjectStore:
+    """The store an `s3://` model is downloaded from: `spec.store`, else the operator's."""
+    store = hr.spec.store or defaults.store
+    if store is None:
+        raise MissingSetting(
+            f"{hr.kind} {owner_namespace(hr)}/{hr.metadata.name}: spec.store is not set for the "
+            "s3:// spec.model.uri and the operator has no default object store "
+            "(QPA_OPERATOR_STORE_ENDPOINT/QPA_OPERATOR_STORE_SECRET, the chart's objectStore)"
+        )
+    return store
+
+
+def storage_name(hr: HarnessRelease) -> str:
+    """The storage initializer's service account and its Secret (one name for both)."""
+    return bounded_name(hr, "model-storage", 63)
+
+
+def s3_annotations(store: ObjectStore) -> dict[str, str]:
+    """KServe's S3 annotations for `store`: endpoint as host[:port], https or not, region."""
+    parts = urlsplit(store.endpoint)
+    https = parts.scheme.lower() == "https"
+    return {
+        S3_ENDPOINT_ANNOTATION: parts.netloc,
+        S3_USE_HTTPS_ANNOTATION: "1" if https else "0",
+        S3_REGION_ANNOTATION: store.region,
+        S3_ANONYMOUS_ANNOTATION: "false",
+    }
+
+
+def storage_source(store: ObjectStore, source_version: str) -> str:
+    """What the storage Secret is derived from, hashed: store, Secret, key names, version."""
+    return content_hash({"store": store.to_k8s(), "resourceVersion": source_version}, 16)
+
+
+def storage_secret(
+    hr: HarnessRelease, defaults: Defaults, store: ObjectStore, access_key: str, secret_key: str
+) -> JsonDict:
+    """The storage initializer's Secret in KServe's S3 format, from the store's keys.
+
+    No spec hash: its data are credentials, and no digest of them is written anywhere.
+    """
+    meta = metadata(
+        hr,
+        storage_name(hr),
+        MODEL_COMPONENT,
+        defaults,
+        annotations={**s3_annotations(store), "qpa.ai/derived-from": store.secret_ref.name},
+    )
+    encode = lambda value: base64.b64encode(value.encode()).decode()  # noqa: E731
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "data": {KSERVE_ACCESS_KEY: encode(access_key), KSERVE_SECRET_KEY: encode(secret_key)},
+    }
+
+
+def storage_account(
+    hr: HarnessRelease, defaults: Defaults, store: ObjectStore, source_version: str, uid: str
+) -> JsonDict:
+    """The service account KServe's storage initializer downloads an `s3://` model with:
+    its Secret, KServe's S3 annotations, what the Secret was derived from and its uid."""
+    annotations = {
+        **s3_annotations(store),
+        STORAGE_SOURCE_ANNOTATION: storage_source(store, source_version),
+        STORAGE_UID_ANNOTATION: uid,
+    }
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata(
+            hr, storage_name(hr), MODEL_COMPONENT, defaults, annotations=annotations
+        ),
+        "automountServiceAccountToken": False,
+        "secrets": [{"name": storage_name(hr)}],
+    }
+    return with_spec_hash(manifest)
+
+
 def model_service(
     hr: HarnessRelease, defaults: Defaults, model: ModelServing | None = None
 ) -> JsonDict:
     """The InferenceService of one model version (the spec's when `model` is None)."""
     model = model or hr.spec.model
-    args = [f"--model_name={model.served_model_name}", f"--backend={model.runtime}"]
-    if model.max_model_length is not None:
-        args.append(f"--max_model_len={model.max_model_length}")
     predictor_model: JsonDict = {
         "modelFormat": {"name": "huggingface"},
         "runtime": HF_RUNTIME,
         "storageUri": model.uri,
-        "args": args,
+        "args": model_args(model),
+        "resources": model_resources(model),
+        "ports": [{"containerPort": MODEL_PORT, "protocol": "TCP"}],
     }
-    model_resources = resources(model.resources, gpus=model.gpus)
-    if model_resources:
-        predictor_model["resources"] = model_resources
-    meta = metadata(hr, model_name(hr, model), MODEL_COMPONENT, defaults)
+    meta = metadata(
+        hr,
+        model_name(hr, model),
+        MODEL_COMPONENT,
+        defaults,
+        annotations={DEPLOYMENT_MODE: SUPPORTED_MODE},
+    )
     meta["labels"][MODEL_LABEL] = model_id(model)
     predictor: JsonDict = {"minReplicas": 1, "model": predictor_model}
+    if uses_store(model):
+        model_store(hr, defaults)  # names the missing setting before anything is applied
+        predictor["serviceAccountName"] = storage_name(hr)
+    if model.gpus > 1:
+        predictor["volumes"] = [empty_dir("dshm", memory=True, size_limit=SHM_SIZE)]
+        predictor_model["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     if model.gpus > 0:
         predictor.update(gpu_placement(defaults))  # GPU nodes: their taint, the chart's selector
     manifest = {
@@ -229,6 +406,33 @@ def model_service(
         "kind": "InferenceService",
         "metadata": meta,
         "spec": {"predictor": predictor},
+    }
+    return with_spec_hash(manifest)
+
+
+def stable_endpoint_name(hr: HarnessRelease) -> str:
+    return bounded_name(hr, "model", 63)
+
+
+def stable_model_url(hr: HarnessRelease, defaults: Defaults) -> str:
+    """The stable model's OpenAI endpoint: what TaskBatches and other clients point at."""
+    host = service_host(stable_endpoint_name(hr), owner_namespace(hr), defaults)
+    return f"http://{host}:{MODEL_PORT}/openai/v1"
+
+
+def stable_endpoint(hr: HarnessRelease, defaults: Defaults, model: ModelServing) -> JsonDict:
+    """`<release>-model`: a Service in front of the stable version's model predictor pods."""
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(hr, stable_endpoint_name(hr), MODEL_COMPONENT, defaults),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": netpol.predictor_pods(model_name(hr, model)),
+            "ports": [
+                {"name": "http", "port": MODEL_PORT, "targetPort": MODEL_PORT, "protocol": "TCP"}
+            ],
+        },
     }
     return with_spec_hash(manifest)
 
@@ -318,7 +522,11 @@ def harness_service(
         "securityContext": restricted_container_security(),
     }
     meta = metadata(
-        hr, harness_name(hr), HARNESS_COMPONENT, defaults, annotations={TAG_ROUTING: "true"}
+        hr,
+        harness_name(hr),
+        HARNESS_COMPONENT,
+        defaults,
+        annotations={TAG_ROUTING: "true", DEPLOYMENT_MODE: SUPPORTED_MODE},
     )
     meta["labels"][VERSION_LABEL] = version.id
     manifest = {
@@ -464,6 +672,7 @@ def network_policies(
 
     - `<model isvc>-ingress`: from this release's benchmark pods and Harness predictor pods
       and the admin's serving gateway (`networkPolicy.ingress.servingGateway`), KServe ports;
+      the stable model (behind `<release>-model`) also from the namespace's TaskBatch pods;
     - `<harness isvc>-ingress`: from the benchmark pods and the serving gateway;
     - `<harness isvc>-egress`: the Harness predictor reaches DNS and the release's models;
     - `<release>-bench-egress` while a benchmark Job is among `children`.
@@ -474,8 +683,19 @@ def network_policies(
     gateway = netpol.gateway_peers(defaults.network.ingress.serving_gateway)
     ports = defaults.network.kserve_ports
     harness_pods = [netpol.pods_peer(netpol.predictor_pods(h)) for h in harnesses]
+    stable = {
+        str(c["spec"]["selector"].get(netpol.ISVC_LABEL))
+        for c in children
+        if c.get("kind") == "Service" and c["metadata"]["name"] == stable_endpoint_name(hr)
+    }
+    taskbatches = {"podSelector": {"matchExpressions": [
+        {"key": TASKBATCH_PODS, "operator": "Exists"}
+    ]}}  # fmt: skip
     result: list[JsonDict] = []
     for name in models:
+        clients = [*bench, *harness_pods, *gateway]
+        if name in stable:  # the stable endpoint: the namespace's TaskBatches call it
+            clients.append(taskbatches)
         result.append(
             netpol.ingress_policy(
                 hr,
@@ -483,7 +703,7 @@ def network_policies(
                 MODEL_COMPONENT,
                 defaults,
                 pod_selector=netpol.predictor_pods(name),
-                sources=[([*bench, *harness_pods, *gateway], ports)],
+                sources=[(clients, ports)],
             )
         )
     for name in harnesses:

@@ -60,6 +60,10 @@ from qpa_operator.builders.common import (
     work_order_name,
     work_order_parts,
 )
+from qpa_operator.builders.rolloutserver import GROUP_PORT as ROLLOUT_GROUP_PORT
+from qpa_operator.builders.rolloutserver import children as rollout_children
+from qpa_operator.builders.rolloutserver import rank_rules as rollout_rank_rules
+from qpa_operator.builders.rolloutserver import url as rollout_url
 
 from qpa.api import TrainingRun
 from qpa.api.v1alpha1 import Resolved, TrainingRunStatus, TrainSummary, set_condition
@@ -168,6 +172,8 @@ def resolved(tr: TrainingRun, plan: DataPlan, defaults: Defaults, attempt: int =
         rollout_pool_url=rollout_pool_url(rl.rollout_pool_ref.name, namespace, defaults)
         if rl is not None
         else None,
+        rollout_server_url=rollout_url(tr, defaults) if rl and rl.generation else None,
+        rollout_group_port=ROLLOUT_GROUP_PORT if rl and rl.generation else None,
         attempt=attempt,
         dataset_uri=plan.dataset,
     )
@@ -354,6 +360,7 @@ def egress_policy(tr: TrainingRun, defaults: Defaults) -> JsonDict:
     rules: list[JsonDict] = [{"to": [netpol.pods_peer(ranks)]}]
     if spec.rl is not None:
         rules.append(netpol.env_pool_rule(spec.rl.rollout_pool_ref.name))
+    rules += rollout_rank_rules(tr)[0]  # the rollout server, if any: every port
     return netpol.egress_policy(
         tr,
         COMPONENT,
@@ -384,7 +391,7 @@ def ingress_policy(tr: TrainingRun, defaults: Defaults) -> JsonDict:
         COMPONENT,
         defaults,
         pod_selector=ranks,
-        sources=[([netpol.pods_peer(ranks)], None)],
+        sources=[([netpol.pods_peer(ranks), *rollout_rank_rules(tr)[1]], None)],
     )
 
 
@@ -411,6 +418,7 @@ def children(
         *network_policies(tr, defaults),
         config_map(tr, plan, defaults, attempt),
         service(tr, defaults),
+        *rollout_children(tr, defaults, selector_labels(tr, COMPONENT)),
     ]
     prepare = data_job(tr, plan, defaults)
     if prepare is not None:

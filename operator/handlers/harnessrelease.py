@@ -8,7 +8,12 @@ Every trigger runs the same `reconcile`, one at a time per release (an asyncio l
    operator's default store `QPA_OPERATOR_STORE_*`; the keys are that Secret's **in the
    release's namespace** (`qpa_operator.storecreds`), never the operator's own), gated against
    the stable version's report. A release naming a store URI outside its namespace's prefix
-   (`builders.storeaccess`) is refused before anything is read;
+   (`builders.storeaccess`) is refused before anything is read. For an `s3://` model, the
+   storage initializer's Secret (`<release>-model-storage`, KServe's S3 format) is derived from
+   the same namespace Secret (`storecreds.namespace_store_keys`) and written only when its
+   source changed: created once, then patched with its uid as precondition, so a Secret this
+   release did not create is never overwritten. In the canary with `rollout.analysis`, the
+   candidate's request counters are read (`qpa_operator.analysis.read_sample`);
 2. **decide**: `qpa_operator.release.next_step` (pure) gives the new status, the Events and
    when to look again;
 3. **apply**: the status (guarded by resourceVersion, recomputed on a conflict), the Events,
@@ -25,6 +30,7 @@ that re-runs the reconcile when a deadline or the end of a canary step comes
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -32,17 +38,21 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 import kopf
-from qpa_operator import release
+from qpa_operator import analysis, release
 from qpa_operator.builders import harnessrelease as builder
 from qpa_operator.builders import storeaccess
-from qpa_operator.builders.common import JsonDict, kind_label
+from qpa_operator.builders.common import JsonDict, MissingSetting, kind_label
 from qpa_operator.handlers.apply import delete_child, ensure
 from qpa_operator.handlers.netpolicy import report_egress
 from qpa_operator.handlers.runtime import measured, now, retry_delay, runtime
 from qpa_operator.handlers.status import child_event, write_status
 from qpa_operator.handlers.views import Views, fresher, parse
 from qpa_operator.kube import ApiError
-from qpa_operator.storecreds import StoreCredentialsError, namespace_store_config
+from qpa_operator.storecreds import (
+    StoreCredentialsError,
+    namespace_store_config,
+    namespace_store_keys,
+)
 
 from qpa.api import GROUP, VERSION, HarnessRelease
 from qpa.api.v1alpha1 import OVERRIDE_ANNOTATION
@@ -54,7 +64,9 @@ logger = logging.getLogger("qpa_operator")
 KIND: Final = "HarnessRelease"
 PLURAL: Final = HarnessRelease.info.plural
 API_VERSION: Final = f"{GROUP}/{VERSION}"
-OWNED_KINDS: Final = ("InferenceService", "Job", "ConfigMap", "NetworkPolicy")
+OWNED_KINDS: Final = (
+    "InferenceService", "Job", "ConfigMap", "NetworkPolicy", "Service", "ServiceAccount",
+)  # fmt: skip
 
 #: (namespace, name) -> when the clock should run the reconcile again (None: no timer).
 WAKE: dict[tuple[str, str], datetime] = {}
@@ -117,10 +129,79 @@ async def observe(resource: HarnessRelease, views: Views) -> release.Observed:
         except (ReportUnavailable, StoreCredentialsError) as exc:
             problem = str(exc)
             logger.warning("HarnessRelease %s/%s: %s", namespace, resource.metadata.name, exc)
+    sample, metrics_problem = None, None
+    if refused is None and release.wants_metrics(resource, rt.defaults):
+        sample, metrics_problem = await read_metrics(resource, harness, rt.defaults)
     return release.Observed(
         now=now(), model=model, harness=harness, bench=bench, verdict=verdict,
-        report_problem=problem, refused=refused,
+        report_problem=problem, refused=refused, metrics=sample, metrics_problem=metrics_problem,
     )  # fmt: skip
+
+
+async def read_metrics(
+    resource: HarnessRelease, harness: Mapping[str, Any] | None, defaults: Any
+) -> tuple[Any, str | None]:
+    """The candidate's counters now, or (None, why not)."""
+    settings = resource.spec.rollout.analysis
+    assert settings is not None  # release.wants_metrics
+    predictor = (((harness or {}).get("status") or {}).get("components") or {}).get("predictor")
+    revision = (predictor or {}).get("latestCreatedRevision")
+    try:
+        sample = await analysis.read_sample(
+            settings,
+            metrics_url=settings.metrics_url or builder.candidate_metrics_url(resource, defaults),
+            namespace=resource.metadata.namespace or "default",
+            revision=str(revision) if revision else None,
+            at=now(),
+        )
+    except analysis.MetricsUnavailable as exc:
+        logger.warning("HarnessRelease %s: %s", resource.metadata.name, exc)
+        return None, str(exc)
+    return sample, None
+
+
+async def storage_secret(
+    resource: HarnessRelease, views: Views, client: Any, defaults: Any
+) -> tuple[tuple[str, str] | None, str | None]:
+    """Derive the storage initializer's Secret from the namespace's store keys when its source
+    changed. Returns ((source resourceVersion, Secret uid) or None, problem or None)."""
+    if not release.needs_storage(resource):
+        return None, None
+    namespace = resource.metadata.namespace or "default"
+    name = builder.storage_name(resource)
+    try:
+        store = builder.model_store(resource, defaults)
+        field = "spec.store" if resource.spec.store else "the operator's store (objectStore)"
+        keys = await namespace_store_keys(client, namespace, store, field, defaults)
+    except (MissingSetting, StoreCredentialsError) as exc:
+        return None, str(exc)
+    account = views.child("ServiceAccount", namespace, name) or {}
+    annotations = (account.get("metadata") or {}).get("annotations") or {}
+    uid = annotations.get(builder.STORAGE_UID_ANNOTATION)
+    if uid and annotations.get(builder.STORAGE_SOURCE_ANNOTATION) == builder.storage_source(
+        store, keys.resource_version
+    ):
+        return (keys.resource_version, str(uid)), None  # up to date: nothing to write
+    body = builder.storage_secret(resource, defaults, store, keys.access_key, keys.secret_key)
+    try:
+        try:
+            if not uid:
+                raise ApiError(404, "NotFound", "no Secret created yet")
+            # The uid makes the patch fail on any Secret but the one this release created.
+            patch = {**body, "metadata": {**body["metadata"], "uid": uid}}
+            written = await client.patch("v1", "secrets", namespace, name, patch)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            written = await client.create(body)
+    except ApiError as exc:
+        if exc.already_exists:
+            return None, (
+                f"Secret {namespace}/{name} exists and was not created by this release; the "
+                "operator never overwrites it (delete it, or rename the release)"
+            )
+        return None, f"Secret {namespace}/{name} cannot be written ({exc})"
+    return (keys.resource_version, str(written["metadata"]["uid"])), None
 
 
 async def report_store(
@@ -218,6 +299,12 @@ async def _reconcile(obj: Mapping[str, Any], views: Views, key: tuple[str, str])
         return
     rt = await runtime()
     observed = await observe(resource, views)
+    storage, storage_problem = None, None
+    if observed.refused is None:
+        storage, storage_problem = await storage_secret(resource, views, rt.client, rt.defaults)
+        if storage_problem is not None:
+            logger.warning("HarnessRelease %s/%s: %s", *key, storage_problem)
+            observed = dataclasses.replace(observed, storage_problem=storage_problem)
     wanted = builder.candidate(resource, rt.defaults).id
     decisions: list[release.Decision] = []
 
@@ -247,7 +334,7 @@ async def _reconcile(obj: Mapping[str, Any], views: Views, key: tuple[str, str])
     if decision.consume_override:
         await remove_override(written)
     latest = parse(written, HarnessRelease) or resource
-    desired = release.children(latest, decision.status, rt.defaults, observed.bench)
+    desired = release.children(latest, decision.status, rt.defaults, observed.bench, storage)
     policies = await apply_children(latest, desired, views)
     await report_egress(HarnessRelease, written, policies, reread=lambda: views.parent(KIND, *key))
     if decision.wake_at is None:

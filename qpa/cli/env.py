@@ -19,6 +19,8 @@ from qpa.envs.server import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_READ_TIMEOUT_S,
     DEFAULT_SESSION_TTL_S,
+    DRAIN_KEY_FILE_ENV,
+    MAX_DRAIN_S,
     serve,
 )
 from qpa.envs.tokens import TokenFileError, TokenTable
@@ -184,4 +186,41 @@ def run_server(config: EnvServeConfig) -> None:
         evict_idle_s=config.evict_idle_seconds,
         read_timeout_s=config.read_timeout_seconds,
         tokens=tokens,
+    )
+
+
+@env_app.command("drain")
+def drain_command(
+    url: Annotated[
+        str, typer.Option(help="The server to drain (a pod's preStop hook: its own port).")
+    ] = "http://127.0.0.1:8000",
+    timeout_seconds: Annotated[
+        float,
+        typer.Option(min=0, max=MAX_DRAIN_S, help="Seconds to wait for live episodes at most."),
+    ] = 60.0,
+    key_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=DRAIN_KEY_FILE_ENV,
+            help="The drain key the server wrote at start (only processes in the pod read it).",
+        ),
+    ] = None,
+) -> None:
+    """Stop new episodes on a server and wait for its live ones (a RolloutPool's preStop)."""
+    from qpa.envs.remote import RemoteEnvError, drain
+
+    if key_file is None:
+        die(f"--key-file: no drain key file given (or ${DRAIN_KEY_FILE_ENV})")
+    try:
+        key = key_file.read_text().strip()
+    except OSError as exc:
+        die(f"--key-file: cannot read {key_file}: {exc.strerror or exc}")
+    try:
+        answer = drain(url, key, timeout_seconds)
+    except RemoteEnvError as exc:
+        die(str(exc))
+    err_console.print(
+        f"qpa env drain: {answer.get('live', 0)} episodes live after "
+        f"{answer.get('waited_s', 0):g}s ({'drained' if answer.get('drained') else 'bound hit'})",
+        highlight=False,
     )

@@ -17,6 +17,12 @@ step is the same JSON the environment produced in the server, parsed into the sa
   number of steps already applied since reset, and the server answers a duplicate from its
   record instead of applying it twice; so only transport failures are retried, and a 5xx on a
   step is reported, not repeated. The happy path makes exactly one request and no retry set-up.
+- A session lives in one pod of a pool: the server's reset answer names the pod and its own
+  URL, and every later call of the session (step, verify, tools, state, close) goes to that URL
+  with `qpa-session-pod: <pod>`, never through the pool's load-balanced Service (`url`), so a
+  reconnect, a mesh or a scale-down cannot land it on another pod. A reset goes to the session's
+  pod too; if that pod is gone or draining (503 `draining`) the reset starts over through `url`.
+  `follow_pod=False` keeps every call on `url` (a client outside the cluster, port-forwarded).
 - What the server refuses becomes error `Feedback` where the protocol has room for it (reset and
   step: an action the contract rejects, a lost or expired session, a server bug); an unreachable
   server, and errors of `verify`/`tools`/`state`, raise `RemoteEnvError`.
@@ -42,6 +48,9 @@ from qpa.contract import Action, EnvKind, Feedback, Task, ToolSpec, Verification
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRIES = 3
 TOKEN_ENV = "QPA_ENV_TOKEN"
+SESSION_POD_HEADER = "qpa-session-pod"  # qpa.envs.server's (the client never imports it)
+DRAIN_KEY_HEADER = "qpa-drain-key"
+_NAMES = ("reset", "step", "verify", "state", "tools", "health")
 _NO_EPISODE = "no episode: call reset(task) first"  # the sandbox's own words
 
 
@@ -73,6 +82,8 @@ class _Reply(BaseModel):
 
     feedback: Feedback
     session_id: str | None = None
+    pod: str | None = None
+    url: str | None = None
 
 
 class _ToolsReply(BaseModel):
@@ -178,8 +189,12 @@ class RemoteEnv:
         client: httpx.Client | None = None,
         kind: EnvKind | None = None,
         token: str | None = None,
+        follow_pod: bool = True,
     ) -> None:
         self.url = url.rstrip("/")
+        self.follow_pod = follow_pod
+        self.pod: str | None = None  # the pod holding the session (from the reset answer)
+        self.pod_url: str | None = None
         self.retries = max(0, retries)
         self.backoff_s = backoff_s
         self.session_id = session_id or secrets.token_urlsafe(32)
@@ -200,12 +215,11 @@ class RemoteEnv:
         headers = {"content-type": "application/json", "accept": "application/json"}
         if token:
             headers["authorization"] = f"Bearer {token}"
+        self._base_headers = headers
         self._headers = httpx.Headers(headers)
-        self._urls = {
-            name: httpx.URL(f"{self.url}/{name}")
-            for name in ("reset", "step", "verify", "state", "tools", "health")
-        }
-        self._session_url = httpx.URL(f"{self.url}/sessions/{self.session_id}")
+        self._urls: dict[str, httpx.URL] = {}
+        self._session_url = httpx.URL(self.url)
+        self._route(None, None)
         self._sid_json = orjson.dumps(self.session_id)
         self._session_body = b'{"session_id":' + self._sid_json + b"}"
         self._kind: EnvKind | None = kind
@@ -214,6 +228,26 @@ class RemoteEnv:
         self._lost: str | None = None  # why the session vanished mid-episode
         self._seq = 0
         self._tools: list[ToolSpec] | None = None
+
+    def _route(self, pod: str | None, pod_url: str | None) -> None:
+        """Send the session's calls to `pod_url` (its pod), or to the pool's `url` (None)."""
+        self.pod, self.pod_url = pod, pod_url
+        base = pod_url or self.url
+        self._urls = {name: httpx.URL(f"{base}/{name}") for name in _NAMES}
+        self._session_url = httpx.URL(f"{base}/sessions/{self.session_id}")
+        headers = dict(self._base_headers)
+        if pod is not None:
+            headers[SESSION_POD_HEADER] = pod
+        self._headers = httpx.Headers(headers)
+
+    def _follow(self, reply: _Reply) -> None:
+        """Pin the session to the pod the reset answer named (same scheme as the pool's)."""
+        if not self.follow_pod or not reply.pod or not reply.url:
+            return
+        target = reply.url.rstrip("/")
+        if httpx.URL(target).scheme != httpx.URL(self.url).scheme:
+            return  # never downgrade https, nor send a token somewhere unexpected
+        self._route(reply.pod, target)
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -239,15 +273,33 @@ class RemoteEnv:
         self._lost = None
         self._tools = None
         self._seq = 0
-        response = self._request("POST", self._urls["reset"], body)
+        response = self._reset_request(body)
         if response.status_code == 200:
             reply = self._parse(response)
+            self._follow(reply)
             self._active = self._created = True
             return reply.feedback
         kind, message, _ = _server_error(response)
         if response.status_code in (429, 503):
             return Feedback.fail("transient", f"server busy ({kind}): {message}")
         return Feedback.fail("environment_failure", f"reset refused ({kind}): {message}")
+
+    def _reset_request(self, body: bytes) -> httpx.Response:
+        """Reset on the session's pod; when it is gone or draining, start over via the pool."""
+        if self.pod_url is None:
+            return self._request("POST", self._urls["reset"], body)
+        try:
+            response = self._request("POST", self._urls["reset"], body)
+        except RemoteEnvError:
+            response = None
+        if response is not None and response.status_code not in (404, 503):
+            return response
+        if response is not None and response.status_code == 503:
+            # draining or full: free the old episode's slot there (a drain waits for it)
+            with contextlib.suppress(RemoteEnvError):
+                self._request("DELETE", self._session_url)
+        self._route(None, None)  # its pod is gone, draining or no longer knows it
+        return self._request("POST", self._urls["reset"], body)
 
     def step(self, action: Action) -> Feedback:
         if not self._active:
@@ -273,6 +325,7 @@ class RemoteEnv:
         if status in (404, 409):  # the session is gone or out of step: the episode is over
             if status == 404:
                 self._active = self._created = False
+                self._route(None, None)
             self._lost = f"{kind}: {message}"
             return Feedback.fail("environment_failure", self._lost, done=True)
         return Feedback.fail("environment_failure", f"server error ({kind}): {message}")
@@ -307,6 +360,7 @@ class RemoteEnv:
                 # When the server is gone, its session expires there.
                 with contextlib.suppress(RemoteEnvError):
                     self._request("DELETE", self._session_url)
+                self._route(None, None)
         finally:
             if self._owns_client:
                 self._client.close()
@@ -409,6 +463,7 @@ class RemoteEnv:
             kind, message, field = _server_error(response)
             if response.status_code == 404:
                 self._active = self._created = False
+                self._route(None, None)
             raise RemoteEnvError(
                 f"{method} {url.path}: {kind}: {message}",
                 status=response.status_code,
@@ -416,3 +471,24 @@ class RemoteEnv:
                 field=field,
             )
         return response
+
+
+def drain(url: str, key: str, timeout_s: float, *, slack_s: float = 10.0) -> dict[str, Any]:
+    """Ask the server at `url` to drain (`POST /drain`): no new episodes, then wait up to
+    `timeout_s` for the live ones. Returns its answer; raises `RemoteEnvError` when refused."""
+    try:
+        response = httpx.post(
+            f"{url.rstrip('/')}/drain",
+            content=orjson.dumps({"timeout_s": timeout_s}),
+            headers={"content-type": "application/json", DRAIN_KEY_HEADER: key},
+            timeout=timeout_s + slack_s,
+        )
+    except httpx.TransportError as exc:
+        raise RemoteEnvError(f"POST {url}/drain: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        kind, message, field = _server_error(response)
+        raise RemoteEnvError(
+            f"POST /drain: {kind}: {message}", status=response.status_code, kind=kind, field=field
+        )
+    answer: dict[str, Any] = orjson.loads(response.content)
+    return answer

@@ -8,7 +8,10 @@ OpenEnv-style endpoints, one environment per session id, so one server holds man
     GET    /state?session_id=ID                   -> {session_id, task_id, steps, finished, state}
     GET    /tools?session_id=ID                   -> {tools: [ToolSpec]}
     DELETE /sessions/ID                           -> {deleted}
-    GET    /health                                -> {status, kind, sessions, max_sessions}
+    GET    /health                                -> {status, kind, sessions, max_sessions, ...}
+    GET    /ready                                 -> 200, or 503 while draining (readiness)
+    GET    /metrics                               -> Prometheus text (sessions in use, capacity)
+    POST   /drain      {timeout_s}                -> {drained, live, pod, waited_s}
 
 Errors of the *request* (it cannot be understood, or names no live session) answer a JSON body
 `{"error": {"kind", "message", "field"?}}` with a matching HTTP status: 400 malformed JSON,
@@ -40,6 +43,23 @@ session first takes the slot of the least recently used session idle for `evict_
 clients holding sessions, itself included) takes the least recently used idle session of the
 client holding the most; only then 503. An evicted session's id answers 404 `session_evicted`.
 
+A session lives in one pod's memory, so it is addressed to its pod. A server that knows its
+pod (`PodIdentity`: the pod name and the pod's own base URL, from the downward API variables
+`QPA_POD_NAME` and `QPA_ENV_ADVERTISE_URL` that a RolloutPool's pods get) answers a reset with
+`pod` and `url` besides the session id; `RemoteEnv` then sends every later request of the
+session to that URL, not to the pool's load-balanced Service, with the header
+`qpa-session-pod: <pod>`. A request for a session this pod does not hold that names another
+pod answers 404 `session_on_other_pod`, naming the owner; any unknown session names this pod.
+
+Draining (a pod's preStop hook, `qpa env drain`): `POST /drain` with the drain key (the
+random key `serve` writes to `drain_key_file`, readable only inside the pod) stops new
+episodes (503 `draining`, so the client starts over on another pod; `/ready` answers 503 too)
+and answers once no episode is live (a session reset and not yet done, idle less than the
+session TTL) or after `timeout_s`. Steps, verify and close of live episodes keep working.
+`/metrics` exports `qpa_env_sessions_in_use` (slots taken), `qpa_env_sessions_capacity`,
+`qpa_env_sessions_live`, `qpa_env_draining` and `qpa_env_session_evictions_total`: what a
+HorizontalPodAutoscaler scales a pool on (through a metrics adapter).
+
 Slow clients are cut off: `serve` runs uvicorn with `TimedHttpToolsProtocol`, which closes a
 connection (after a 408 when nothing was answered yet) whose request line, headers and body have
 not all arrived `read_timeout_s` after the connection opened or the request began (half-sent
@@ -54,11 +74,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import logging
+import os
 import secrets
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Annotated, Any, TypeVar
@@ -67,6 +90,9 @@ import orjson
 import pydantic_core
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -101,7 +127,19 @@ SESSION_ID_PATTERN = r"^[A-Za-z0-9_\-]{32,128}$"
 _EXPIRED_MEMORY = 10_000  # how many expired ids are remembered (to say "expired", not "unknown")
 _JSON = "application/json"
 _CLIENT = "qpa.client"  # the ASGI scope key holding the caller's identity
-_OPEN_PATHS = frozenset({"/health"})  # answered without a token (probes)
+# No bearer token: probes, scrapers, and /drain (its own key: a preStop hook has no token).
+_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/drain"})
+#: The header naming the pod a session lives on (sent by `RemoteEnv` once it knows it).
+SESSION_POD_HEADER = "qpa-session-pod"
+#: The header carrying the drain key (`POST /drain`).
+DRAIN_KEY_HEADER = "qpa-drain-key"
+#: Downward API variables a pool's pods set: the pod's name, its IP (or its own base URL).
+POD_NAME_ENV = "QPA_POD_NAME"
+ADVERTISE_URL_ENV = "QPA_ENV_ADVERTISE_URL"
+POD_IP_ENV = "QPA_POD_IP"
+#: Where `serve` writes the drain key (a pod's private /tmp); unset: no /drain.
+DRAIN_KEY_FILE_ENV = "QPA_ENV_DRAIN_FILE"
+MAX_DRAIN_S = 86400.0
 
 SessionId = Annotated[str, StringConstraints(pattern=SESSION_ID_PATTERN)]
 M = TypeVar("M", bound=BaseModel)
@@ -134,6 +172,42 @@ class SessionRequest(_Body):
     session_id: SessionId
 
 
+class DrainRequest(_Body):
+    """Stop new episodes; answer when none is live or after `timeout_s` seconds."""
+
+    timeout_s: float = Field(default=0.0, ge=0, le=MAX_DRAIN_S)
+
+
+@dataclass(frozen=True)
+class PodIdentity:
+    """The pod a server runs in: its name and the base URL that reaches this pod alone."""
+
+    name: str
+    url: str | None = None
+
+    @classmethod
+    def from_env(cls, port: int, environ: Any = None) -> PodIdentity | None:
+        """From `QPA_POD_NAME` and `QPA_ENV_ADVERTISE_URL`, else `http://<QPA_POD_IP>:<port>`
+        (an IPv6 address in brackets); None outside a pod. A malformed value raises
+        ValueError naming its variable."""
+        env = os.environ if environ is None else environ
+        name = (env.get(POD_NAME_ENV) or "").strip()
+        if not name:
+            return None
+        url = (env.get(ADVERTISE_URL_ENV) or "").strip().rstrip("/") or None
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"{ADVERTISE_URL_ENV}: {url!r} is not an http(s) URL")
+        ip = (env.get(POD_IP_ENV) or "").strip()
+        if url is None and ip:
+            try:
+                address = ipaddress.ip_address(ip)
+            except ValueError:
+                raise ValueError(f"{POD_IP_ENV}: {ip!r} is not an IP address") from None
+            host = f"[{address}]" if address.version == 6 else str(address)
+            url = f"http://{host}:{port}"
+        return cls(name=name, url=url)
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -148,6 +222,7 @@ class ServerError(Exception):
         *,
         field: str | None = None,
         headers: dict[str, str] | None = None,
+        session_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -155,6 +230,7 @@ class ServerError(Exception):
         self.message = message
         self.field = field
         self.headers = headers
+        self.session_id = session_id
 
 
 def error_body(kind: str, message: str, field: str | None = None) -> bytes:
@@ -306,6 +382,13 @@ class Session:
     last_reply: bytes | None = None
     tools_json: bytes | None = None
     closed: bool = False
+    done: bool = False  # the episode's last step answered done
+
+    def live(self, now: float, ttl_s: float) -> bool:
+        """An episode is running: reset, not done, not idle past the TTL (or mid-request)."""
+        if self.closed or self.task_id is None or self.done:
+            return False
+        return self.lock.locked() or now - self.last_used <= ttl_s
 
 
 class SessionStore:
@@ -344,6 +427,11 @@ class SessionStore:
     def held_by(self, client: str) -> int:
         return self._owned[client]
 
+    def live(self) -> int:
+        """Episodes running now (what a drain waits for)."""
+        now = time.monotonic()
+        return sum(1 for s in self._sessions.values() if s.live(now, self.session_ttl_s))
+
     def _missing(self, session_id: str) -> ServerError:
         why = self._expired.get(session_id)
         if why == "expired":
@@ -367,6 +455,7 @@ class SessionStore:
             "unknown_session",
             f"no session '{session_id}'; start one with POST /reset",
             field="session_id",
+            session_id=session_id,
         )
 
     def get(self, session_id: str, client: str = "") -> Session:
@@ -517,9 +606,46 @@ class EnvService:
     behaviour is written once.
     """
 
-    def __init__(self, store: SessionStore, *, inline: bool) -> None:
+    def __init__(
+        self, store: SessionStore, *, inline: bool, identity: PodIdentity | None = None
+    ) -> None:
         self.store = store
         self.inline = inline
+        self.identity = identity
+        self.draining = False
+        # the handle's pod fields, pre-serialized: `,"pod":...,"url":...` or nothing
+        self._handle = b""
+        if identity is not None:
+            self._handle = b',"pod":' + orjson.dumps(identity.name)
+            if identity.url is not None:
+                self._handle += b',"url":' + orjson.dumps(identity.url)
+
+    def here(self) -> str:
+        """This server, as error messages name it."""
+        return f"pod '{self.identity.name}'" if self.identity is not None else "this server"
+
+    def locate(self, exc: ServerError, claimed: str | None) -> ServerError:
+        """An unknown session's error, naming the pod that owns it when the client said so."""
+        if exc.kind != "unknown_session" or self.identity is None:
+            return exc
+        here = self.identity.name
+        if claimed and claimed != here:
+            return ServerError(
+                404,
+                "session_on_other_pod",
+                f"session '{exc.session_id}' lives on pod '{claimed}', not on pod '{here}': "
+                "send its requests to the address its reset answered (the pod's own URL), "
+                "or start a new episode with POST /reset",
+                field="session_id",
+                session_id=exc.session_id,
+            )
+        return ServerError(
+            exc.status,
+            exc.kind,
+            f"{exc.message} (on pod '{here}')",
+            field=exc.field,
+            session_id=exc.session_id,
+        )
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self.inline:
@@ -528,6 +654,14 @@ class EnvService:
 
     async def reset(self, body: bytes, client: str = "") -> bytes:
         req = _parse(ResetRequest, body)
+        if self.draining:
+            raise ServerError(
+                503,
+                "draining",
+                f"{self.here()} is draining (shutting down) and starts no new episode; "
+                "reset through the pool's Service to start it on another pod",
+                headers={"Retry-After": "0"},
+            )
         session_id = req.session_id or secrets.token_urlsafe(32)
         session = self.store.get_or_create(session_id, client)
         async with session.lock:
@@ -537,10 +671,12 @@ class EnvService:
             session.steps = 0
             session.last_reply = None
             session.tools_json = None
+            session.done = feedback.done
             session.last_used = time.monotonic()
         return (
             b'{"session_id":'
             + orjson.dumps(session_id)
+            + self._handle
             + b',"feedback":'
             + dump_feedback(feedback)
             + b"}"
@@ -564,6 +700,7 @@ class EnvService:
             feedback = await self._run(session.env.step, req.action)
             reply = b'{"feedback":' + dump_feedback(feedback) + b"}"
             session.steps += 1
+            session.done = session.done or feedback.done
             session.last_reply = reply
             session.last_used = time.monotonic()
         return reply
@@ -610,14 +747,68 @@ class EnvService:
         return orjson.dumps({"deleted": session.id})
 
     def health(self) -> bytes:
+        payload: dict[str, Any] = {
+            "status": "ok",
+            "kind": self.store.kind,
+            "sessions": len(self.store),
+            "max_sessions": self.store.max_sessions,
+            "draining": self.draining,
+        }
+        if self.identity is not None:
+            payload["pod"] = self.identity.name
+        return orjson.dumps(payload)
+
+    async def drain(self, body: bytes, poll_s: float = 0.1) -> bytes:
+        """Stop new episodes, then wait (up to the request's `timeout_s`) for the live ones."""
+        req = _parse(DrainRequest, body or b"{}")
+        self.draining = True
+        started = time.monotonic()
+        deadline = started + req.timeout_s
+        live = self.store.live()
+        while live and time.monotonic() < deadline:
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+            live = self.store.live()
+        waited = time.monotonic() - started
+        if live:
+            logger.warning("drain: %d episodes still live after %.1fs", live, waited)
         return orjson.dumps(
             {
-                "status": "ok",
-                "kind": self.store.kind,
+                "drained": live == 0,
+                "live": live,
                 "sessions": len(self.store),
-                "max_sessions": self.store.max_sessions,
+                "pod": self.identity.name if self.identity else None,
+                "waited_s": round(waited, 3),
             }
         )
+
+
+class SessionMetrics(Collector):
+    """The server's load as Prometheus metrics, read from the store when scraped."""
+
+    def __init__(self, service: EnvService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        store = self.service.store
+        values = (
+            ("qpa_env_sessions_in_use", "Session slots taken (live or idle sessions).", len(store)),
+            ("qpa_env_sessions_capacity", "Session slots of this server.", store.max_sessions),
+            ("qpa_env_sessions_live", "Episodes running (reset, not done).", store.live()),
+            (
+                "qpa_env_draining",
+                "1 while the server drains (no new episodes).",
+                int(self.service.draining),
+            ),
+        )
+        for name, text, value in values:
+            gauge = GaugeMetricFamily(name, text, labels=["kind"])
+            gauge.add_metric([store.kind], value)
+            yield gauge
+        evictions = CounterMetricFamily(
+            "qpa_env_session_evictions", "Idle sessions that gave their slot.", labels=["kind"]
+        )
+        evictions.add_metric([store.kind], store.evictions)
+        yield evictions
 
 
 # --------------------------------------------------------------------------- ASGI layer
@@ -635,6 +826,11 @@ async def _send_json(
 
 class _ClientGone(Exception):
     pass
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    key = name.encode("latin-1")
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == key), None)
 
 
 async def _receive_body(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -695,6 +891,7 @@ class _FastPath:
         self.app = app
         self.limit = max_body_bytes
         self.tokens = tokens
+        self.service = service
         self.routes: dict[str, Callable[[bytes, str], Awaitable[bytes]]] = (
             {"/reset": service.reset, "/step": service.step, "/verify": service.verify}
             if enabled
@@ -717,9 +914,13 @@ class _FastPath:
         if handler is not None:
             try:
                 payload = await handler(await _receive_body(scope, receive, self.limit), client)
-            except ServerError as exc:
+            except ServerError as error:
+                found = self.service.locate(error, _header(scope, SESSION_POD_HEADER))
                 await _send_json(
-                    send, exc.status, error_body(exc.kind, exc.message, exc.field), exc.headers
+                    send,
+                    found.status,
+                    error_body(found.kind, found.message, found.field),
+                    found.headers,
                 )
             except _ClientGone:
                 return
@@ -823,6 +1024,8 @@ def create_app(
     max_sessions_per_client: int | None = None,
     evict_idle_s: float = DEFAULT_EVICT_IDLE_S,
     tokens: TokenTable | None = None,
+    identity: PodIdentity | None = None,
+    drain_key: str | None = None,
 ) -> EnvServerApp:
     """The environment server for one environment kind (a FastAPI application).
 
@@ -830,7 +1033,9 @@ def create_app(
     take microseconds); otherwise they run in the thread pool. `fast_path=False` serves every
     endpoint through FastAPI routing (same behaviour, slower). `max_sessions_per_client`
     (default: `max_sessions`) and `evict_idle_s` bound what one client holds; `tokens` requires
-    a bearer token on every request but `/health`. An unknown kind raises ValueError.
+    a bearer token on every request but `/health`, `/ready`, `/metrics` and `/drain`.
+    `identity` names the pod in session handles and errors; `drain_key` enables `POST /drain`
+    (for callers sending it in `qpa-drain-key`). An unknown kind raises ValueError.
     """
     if max_sessions < 1 or session_ttl_s <= 0 or max_body_bytes < 1 or evict_idle_s <= 0:
         raise ValueError(
@@ -849,7 +1054,11 @@ def create_app(
         evict_idle_s=evict_idle_s,
         bind_owner=tokens is not None,
     )
-    service = EnvService(store, inline=kind in INLINE_KINDS if inline is None else inline)
+    service = EnvService(
+        store, inline=kind in INLINE_KINDS if inline is None else inline, identity=identity
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SessionMetrics(service))
     limit = max_body_bytes
 
     @contextlib.asynccontextmanager
@@ -881,13 +1090,14 @@ def create_app(
     app.state.store = store
     app.state.service = service
     app.state.kind = kind
+    app.state.registry = registry
     app.front = _FastPath(
         app.behind, service=service, max_body_bytes=limit, enabled=fast_path, tokens=tokens
     )
 
     @app.exception_handler(ServerError)
-    async def _server_error(_: Request, exc: ServerError) -> Response:
-        return _error_response(exc)
+    async def _server_error(request: Request, exc: ServerError) -> Response:
+        return _error_response(service.locate(exc, request.headers.get(SESSION_POD_HEADER)))
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -952,8 +1162,34 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Response:
-        """Liveness and load: kind and number of live sessions."""
+        """Liveness and load: kind and number of live sessions (200 while draining too)."""
         return _ok(service.health())
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: 503 while draining, so the pool's Service sends no new session here."""
+        if service.draining:
+            raise ServerError(503, "draining", f"{service.here()} is draining")
+        return _ok(service.health())
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus exposition: sessions in use, capacity, live episodes, draining."""
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+    @app.post("/drain", openapi_extra=_body_doc(DrainRequest, "how long to wait"))
+    async def drain(request: Request) -> Response:
+        """Stop new episodes and wait for the live ones (the pod's preStop hook)."""
+        if drain_key is None:
+            raise ServerError(
+                403, "drain_disabled", "this server was started without a drain key file"
+            )
+        given = request.headers.get(DRAIN_KEY_HEADER) or ""
+        if not hmac.compare_digest(given.encode(), drain_key.encode()):
+            raise ServerError(
+                403, "forbidden", "POST /drain needs the pod's drain key", field=DRAIN_KEY_HEADER
+            )
+        return _ok(await service.drain(await _read_body(request, limit)))
 
     return app
 
@@ -1056,10 +1292,19 @@ def serve(
     evict_idle_s: float = DEFAULT_EVICT_IDLE_S,
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     tokens: TokenTable | None = None,
+    identity: PodIdentity | None = None,
+    drain_key_file: str | None = None,
 ) -> None:
-    """Run the server with uvicorn until interrupted (one process: sessions live in memory)."""
+    """Run the server with uvicorn until interrupted (one process: sessions live in memory).
+
+    `identity` defaults to the pod's (`PodIdentity.from_env`), `drain_key_file` to
+    `$QPA_ENV_DRAIN_FILE`: a fresh drain key is written there (mode 0600) for
+    `qpa env drain`; without one the server has no `/drain`.
+    """
     import uvicorn
 
+    identity = identity if identity is not None else PodIdentity.from_env(port)
+    key_file = drain_key_file or os.environ.get(DRAIN_KEY_FILE_ENV) or None
     app = create_app(
         kind,
         max_sessions=max_sessions,
@@ -1069,8 +1314,21 @@ def serve(
         max_sessions_per_client=max_sessions_per_client,
         evict_idle_s=evict_idle_s,
         tokens=tokens,
+        identity=identity,
+        drain_key=write_drain_key(key_file) if key_file else None,
     )
     config = uvicorn_config(
         app, host=host, port=port, log_level=log_level, read_timeout_s=read_timeout_s
     )
     uvicorn.Server(config).run()
+
+
+def write_drain_key(path: str) -> str:
+    """A fresh random drain key, written to `path` readable by this user only."""
+    key = secrets.token_urlsafe(32)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a stale key of an earlier run (or someone else's file) goes first
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(key)
+    return key

@@ -661,7 +661,13 @@ def test_cli_serves_episodes(messaging_task: Task, tmp_path: Path) -> None:
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "qpa env serve did not come up"
                 time.sleep(0.1)
-        assert health == {"status": "ok", "kind": "sandbox", "sessions": 0, "max_sessions": 8}
+        assert health == {
+            "status": "ok",
+            "kind": "sandbox",
+            "sessions": 0,
+            "max_sessions": 8,
+            "draining": False,
+        }
         with RemoteEnv(base) as remote:
             trajectory = run_episode(remote, messaging_task, OraclePlanner())
             assert trajectory.success, trajectory.error

@@ -15,6 +15,7 @@ from qpa.api.v1alpha1.base import (
     ConfigMapKeySelector,
     Count,
     CrossFieldRule,
+    EndpointUrl,
     EnvironmentKind,
     LocalObjectReference,
     Message,
@@ -42,6 +43,9 @@ from qpa.api.v1alpha1.resource import (
 )
 from qpa.api.v1alpha1.workorder import PodSummary
 
+#: `--dtype` values vLLM accepts that a release may ask for.
+ModelDtype = Literal["bfloat16", "float16", "float32", "auto"]
+
 
 class ModelServing(_Model):
     """The planner model served by KServe."""
@@ -58,10 +62,17 @@ class ModelServing(_Model):
         default=None,
         ge=128,
         le=16_777_216,
-        description="Context length limit passed to the runtime.",
+        description="Context length limit passed to the runtime (vLLM --max-model-len).",
+    )
+    dtype: ModelDtype = Field(
+        default="bfloat16",
+        description="Weights and activations type (vLLM --dtype); bfloat16 unless the GPUs "
+        "lack it (auto: the checkpoint's own type).",
     )
     resources: ResourceRequirements | None = Field(
-        default=None, description="Extra resources of each replica."
+        default=None,
+        description="CPU and memory of each replica; unset cpu/memory requests get the "
+        "operator's defaults per GPU (docs/operator.md). GPUs come from gpus.",
     )
 
     RULES = (
@@ -241,6 +252,87 @@ class CanarySettings(_Model):
     )
 
 
+#: A Prometheus metric name (what the text format and PromQL accept).
+METRIC_NAME: Final = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+
+
+class CanaryAnalysis(_Model):
+    """Live metrics of the candidate that each canary step must pass, as Argo Rollouts'
+    analysis does: measured every `intervalSeconds` while a step is held, over the requests
+    since the step began (the Harness's `qpa_harness_requests_total{code}` and
+    `qpa_harness_request_seconds` unless named otherwise)."""
+
+    interval_seconds: int = Field(
+        default=30, ge=1, le=3600, description="Seconds between measurements."
+    )
+    min_requests: int = Field(
+        default=20,
+        ge=1,
+        le=1_000_000_000,
+        description="Fewest requests of the candidate a step needs before it is judged; a step "
+        "that has fewer at its end waits for more (up to timeouts.deploySeconds), then rolls "
+        "back (no evidence, no promotion).",
+    )
+    max_error_rate: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Largest share of the candidate's requests answered 5xx.",
+    )
+    max_p95_latency_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        description="Largest 95th percentile of the candidate's request latency; null: off.",
+    )
+    failure_limit: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="Failed measurements tolerated before the release rolls back.",
+    )
+    metrics_url: EndpointUrl | None = Field(
+        default=None,
+        description="The candidate's Prometheus text endpoint; default: KServe's tag route of "
+        "the latest revision, http://latest-<release>-harness-predictor.<ns>.svc.<domain>"
+        "/metrics. Ignored when prometheusUrl is set.",
+    )
+    prometheus_url: EndpointUrl | None = Field(
+        default=None,
+        description="Prometheus to query (its /api/v1/query), e.g. "
+        "http://prometheus.monitoring:9090; unset: the candidate's own /metrics endpoint.",
+    )
+    requests_metric: str = Field(
+        default="qpa_harness_requests_total",
+        pattern=METRIC_NAME,
+        max_length=200,
+        description="Counter of the candidate's requests with a `code` label (HTTP status).",
+    )
+    latency_metric: str = Field(
+        default="qpa_harness_request_seconds",
+        pattern=METRIC_NAME,
+        max_length=200,
+        description="Histogram of the candidate's request latency (seconds).",
+    )
+
+
+class RolloutSettings(_Model):
+    """How the candidate takes traffic: KServe's deployment mode and the canary's analysis."""
+
+    deployment_mode: Literal["Serverless", "RawDeployment"] = Field(
+        default="Serverless",
+        description="KServe deployment mode of the InferenceServices (annotation "
+        "serving.kserve.io/deploymentMode). The canary needs Serverless (Knative splits "
+        "canaryTrafficPercent); RawDeployment is refused with condition Rejected, reason "
+        "UnsupportedDeploymentMode, before anything is deployed.",
+    )
+    analysis: CanaryAnalysis | None = Field(
+        default=None,
+        description="Live metrics each canary step must pass besides readiness; unset: "
+        "readiness only.",
+    )
+
+
 class HarnessReleaseSpec(_Model):
     """A model + Harness candidate: deploy, benchmark, gate, then promote or roll back."""
 
@@ -250,6 +342,9 @@ class HarnessReleaseSpec(_Model):
     gate: GateSettings = _defaulted(GateSettings, "Thresholds the candidate must pass.")
     canary: CanarySettings = _defaulted(CanarySettings, "Canary traffic steps.")
     timeouts: ReleaseTimeouts = _defaulted(ReleaseTimeouts, "Deadlines of each stage.")
+    rollout: RolloutSettings = _defaulted(
+        RolloutSettings, "Deployment mode and canary analysis."
+    )
     promotion: Literal["auto", "manual"] = Field(
         default="auto",
         description="auto: start the canary when the gate passes; manual: wait for the "
@@ -328,6 +423,42 @@ class ReleaseOverride(_Model):
     at: datetime = Field(description="When the operator acted on it.")
 
 
+class MetricsSample(_Model):
+    """The candidate's request counters at one moment (sums over its pods)."""
+
+    requests: float = Field(ge=0, description="Requests so far.")
+    errors: float = Field(ge=0, description="Requests answered 5xx so far.")
+    buckets: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=MAX_MAP_ENTRIES,
+        description="Latency histogram: upper bound (le, seconds) -> requests at or below it.",
+    )
+    at: datetime = Field(description="When it was read.")
+
+
+class AnalysisStatus(_Model):
+    """The canary analysis of the current step: its baseline and the last measurement."""
+
+    step: int = Field(ge=0, le=20, description="Index of the canary step measured.")
+    baseline: MetricsSample | None = Field(
+        default=None, description="The counters when the step began."
+    )
+    measurements: Count = Field(default=0, description="Measurements taken in this step.")
+    failures: Count = Field(default=0, description="Measurements over a threshold (release).")
+    requests: float | None = Field(
+        default=None, ge=0, description="The candidate's requests since the step began."
+    )
+    error_rate: float | None = Field(
+        default=None, ge=0, le=1, description="Their share answered 5xx."
+    )
+    p95_latency_seconds: float | None = Field(
+        default=None, ge=0, description="Their 95th percentile latency."
+    )
+    passed: bool = Field(default=False, description="The last measurement passed.")
+    measured_at: datetime | None = _timestamp("When the last measurement was taken.")
+    message: Message = Field(default="", description="What the last measurement found.")
+
+
 class HarnessReleaseStatus(_Model):
     """Where a release stands, with the scores and the decision."""
 
@@ -364,6 +495,14 @@ class HarnessReleaseStatus(_Model):
         default=0, ge=0, le=100, description="Share of traffic on the candidate."
     )
     report_uri: UriText | None = Field(default=None, description="The candidate's report.json.")
+    analysis: AnalysisStatus | None = Field(
+        default=None, description="The canary analysis of the current step (spec.rollout)."
+    )
+    model_endpoint: UriText | None = Field(
+        default=None,
+        description="The stable model's OpenAI endpoint (the `<release>-model` Service), for "
+        "TaskBatches' policy.modelUrl.",
+    )
 
 
 class HarnessRelease(CustomResource):

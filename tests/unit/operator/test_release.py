@@ -170,6 +170,19 @@ class World:
         assert obj is not None
         return int(obj["spec"]["predictor"]["canaryTrafficPercent"])
 
+    def serves_stable(self) -> bool:
+        """The Harness InferenceService is exactly the stable version's at 100%: no candidate
+        left in its spec (a rollback restores the stable spec)."""
+        obj = self.child("InferenceService", builder.harness_name(self.hr))
+        stable = self.hr.status.stable if self.hr.status else None
+        assert obj is not None and stable is not None
+        expected = builder.harness_service(self.hr, D, stable, 100)
+        return (
+            obj["spec"] == expected["spec"]
+            and obj["metadata"]["labels"][builder.VERSION_LABEL] == stable.id
+            and spec_hash_of(obj) == spec_hash_of(expected)
+        )
+
     def reasons(self) -> list[str]:
         return [e.reason for e in self.events]
 
@@ -340,9 +353,9 @@ def test_a_capability_regression_rolls_back_with_every_reason() -> None:
     assert world.conditions()["GatePassed"] == ("False", "GateFailed")
     rejected = next(c for c in status["conditions"] if c["type"] == "Rejected")
     assert rejected["message"] == "; ".join(reasons)
-    # The candidate's model is gone; the Harness keeps the candidate's revision at 0%.
+    # The candidate's model is gone; the Harness serves the stable spec again, whole.
     assert candidate_model not in world.isvcs() and old_model in world.isvcs()
-    assert world.harness_traffic() == 0
+    assert world.serves_stable() and world.harness_traffic() == 100
     assert status["scores"]["overall"] == 0.8  # the numbers behind the decision are kept
     assert world.events[-1].warning and world.events[-1].reason == "RolledBack"
 
@@ -466,7 +479,7 @@ def test_a_failed_revision_rolls_back_while_deploying_and_in_the_canary() -> Non
     world.fail_isvc("planner-harness")
     world.step()
     assert world.conditions()["Rejected"] == ("True", "CanaryFailed")
-    assert world.harness_traffic() == 0
+    assert world.serves_stable()
 
 
 # --------------------------------------------------------------------------- overrides
@@ -490,7 +503,7 @@ def test_abort_rolls_back_an_active_release_and_is_consumed() -> None:
     assert status["phase"] == "RolledBack" and status["override"]["action"] == "abort"
     assert world.conditions()["Overridden"] == ("True", "Abort")
     assert world.conditions()["Rejected"] == ("True", "Aborted")
-    assert world.harness_traffic() == 0
+    assert world.serves_stable()
     assert "Override" in world.reasons()
 
     # Seen again before its removal reached the operator: already done, nothing new.
@@ -610,9 +623,16 @@ def test_children_follow_the_status_alone() -> None:
     assert hr.status is not None
     desired = release.children(hr, hr.status, D)
     names = [m["metadata"]["name"] for m in desired.apply]
-    assert names == [builder.model_name(hr), "planner-harness"]
-    harness = desired.apply[1]
+    # The stable model endpoint, the stable model, the Harness (the storage initializer's
+    # account only once the handler derived its Secret).
+    assert names == ["planner-model", builder.model_name(hr), "planner-harness"]
+    endpoint, harness = desired.apply[0], desired.apply[2]
+    assert endpoint["spec"]["selector"] == {
+        "serving.kserve.io/inferenceservice": builder.model_name(hr)
+    }
+    assert ("ServiceAccount", "planner-model-storage") in desired.keep
     assert harness["metadata"]["annotations"][builder.TAG_ROUTING] == "true"
+    assert harness["metadata"]["annotations"][builder.DEPLOYMENT_MODE] == "Serverless"
     assert harness["metadata"]["labels"][builder.VERSION_LABEL] == hr.status.stable.id  # type: ignore[union-attr]
     assert release.children(hr, None, D) == release.Desired((), frozenset())
 
