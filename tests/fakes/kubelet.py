@@ -21,7 +21,10 @@ plays, for every namespace:
   and taints ignored); `add_node()` creates Node objects. Status: desired/current/updated
   NumberScheduled, numberReady, numberAvailable, observedGeneration.
 - **the scheduler**: a Pod without `spec.nodeName` goes to the first Node matching its
-  `nodeSelector` (the kubelet's own Node first).
+  `nodeSelector` (the kubelet's own Node first). Nodes report `status.capacity` and
+  `allocatable` (the kubelet's own: this machine's CPUs, memory and disk, 110 pods; `add_node`
+  takes others, e.g. GPUs), which the scheduler here does not check (nothing is refused for
+  room), but the operator's gang admission reads.
 - **one machine as every Node's kubelet**: each container runs as
   `unshare --user --map-root-user --mount --uts` + bash: the volumes (configMap with items,
   secret, emptyDir, projected, downwardAPI, persistentVolumeClaim as a shared folder, hostPath
@@ -50,20 +53,21 @@ Networking (the simplest faithful model): pods share the host's network namespac
 `hostNetwork`; each Pod gets its own loopback address (127.1.x.y) as podIP, so a server on
 0.0.0.0 answers on it. Two Pods declaring the same `containerPort` cannot both run: the second
 stays Pending (PodScheduled=False, Unschedulable, "didn't have free ports", as a hostPort
-conflict) until the port is free; except the nodes of one Indexed Job (other indexes), which
-in a cluster run side by side and where one index alone serves the declared port (index 0's
-rendezvous of a TrainingRun's ranks: the others only connect to it). Each Pod's `/etc/hosts`
-(rewritten in place as things change) maps every Service name (`svc` in its own namespace,
-`svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`) and, for headless Services, every endpoint
-Pod (`<hostname>.<subdomain>.<ns>.svc.cluster.local`, ready ones or all with
-`publishNotReadyAddresses`). A Service whose every `port` equals its `targetPort` resolves to
-a ready endpoint's podIP directly; any other Service gets its own address (127.0.x.y) and a
+conflict) until the port is free (held by another pod, or by any process on the host: a pod is
+admitted only when its ports can be bound); except the nodes of one Indexed Job (other
+indexes), which in a cluster run side by side and where one index alone serves the declared
+port (index 0's rendezvous of a TrainingRun's ranks: the others only connect to it). Each Pod's
+`/etc/hosts` (rewritten in place as things change) maps every Service name (`svc` in its own
+namespace, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`) and, for headless Services,
+every endpoint Pod (`<hostname>.<subdomain>.<ns>.svc.cluster.local`, ready ones or all with
+`publishNotReadyAddresses`). A Service whose every `port` equals its `targetPort` resolves to a
+ready endpoint's podIP directly; any other Service gets its own address (127.0.x.y) and a
 userspace proxy there (kube-proxy's old userspace mode) from `port` to the named or numbered
-`targetPort` of ready endpoints, round robin. `url(service, namespace, port)` reaches a
-Service from the test. Runs as root (as in CI); an unprivileged user needs user namespaces, the
-mount points already on the host and `net.ipv4.ip_unprivileged_port_start` at or below the
-Service ports. Not modelled: Endpoints/EndpointSlice objects, Service env vars,
-NetworkPolicies, resource limits, startup probes, volume updates after start, image pulls.
+`targetPort` of ready endpoints, round robin. `url(service, namespace, port)` reaches a Service
+from the test. Runs as root (as in CI); an unprivileged user needs user namespaces, the mount
+points already on the host and `net.ipv4.ip_unprivileged_port_start` at or below the Service
+ports. Not modelled: Endpoints/EndpointSlice objects, Service env vars, NetworkPolicies,
+resource limits, startup probes, volume updates after start, image pulls.
 
 API access, as a real cluster gives it: every container gets `KUBERNETES_SERVICE_HOST` /
 `KUBERNETES_SERVICE_PORT` (+ `_HTTPS`, `KUBERNETES_PORT*`), pointing at a TLS front of the test
@@ -99,6 +103,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import socket
 import ssl
@@ -307,6 +312,18 @@ class _MountPoints:
                 stale.unlink(missing_ok=True)
 
 
+def host_allocatable(root: Path) -> dict[str, str]:
+    """What this machine offers as a Node: its CPUs, memory, the disk under `root`, 110 pods."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    disk = shutil.disk_usage(root if root.exists() else Path("/")).total
+    return {
+        "cpu": str(os.cpu_count() or 1),
+        "memory": f"{memory // 1024}Ki",
+        "ephemeral-storage": f"{disk // 1024}Ki",
+        "pods": "110",
+    }
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -437,6 +454,17 @@ class _Pod:
 
     def alive(self) -> bool:
         return any(c.running for c in self.containers)
+
+
+def _bindable(port: int) -> bool:
+    """Whether a server could listen on `port` (0.0.0.0, as pods' servers do) right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -573,8 +601,14 @@ class TestKubelet:
 
     # ------------------------------------------------------------------ test helpers
 
-    def add_node(self, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        """A Ready Node object labelled `labels` (plus kubernetes.io/hostname and os)."""
+    def add_node(
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        allocatable: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A Ready Node object labelled `labels` (plus kubernetes.io/hostname and os), with
+        `allocatable` as its capacity (default: this machine's, `host_allocatable`)."""
         all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **labels}
         node = {
             "apiVersion": "v1",
@@ -594,8 +628,12 @@ class TestKubelet:
             {"type": "InternalIP", "address": "127.0.0.1"},
             {"type": "Hostname", "address": name},
         ]
+        room = dict(allocatable) if allocatable is not None else host_allocatable(self.root)
         return self.api.patch_status(
-            "nodes", None, name, {"conditions": [ready], "addresses": addresses}
+            "nodes",
+            None,
+            name,
+            {"conditions": [ready], "addresses": addresses, "capacity": room, "allocatable": room},
         )
 
     def _find(self, name: str, namespace: str) -> _Pod:
@@ -739,6 +777,10 @@ class TestKubelet:
         for other in holders:
             if other is not pod and wanted & other.ports() and not _peers(pod.obj, other.obj):
                 return "/".join(other.key)
+        peers = any(p is not pod and _peers(pod.obj, p.obj) for p in holders)
+        for port in sorted(wanted) if not peers else ():
+            if not _bindable(port):  # a process outside any pod (or one a pod left behind)
+                return f"<a process on the host, port {port}>"
         return None
 
     def _finished(self, pod: _Pod) -> bool:
