@@ -44,6 +44,10 @@ class EnvSettings(_Settings):
     timeout_s: float = Field(default=30.0, gt=0)
 
 
+#: How long a TrainingRun's ranks wait for their rollout server (a large model loads slowly).
+ROLLOUT_SERVER_WAIT_S = 1800.0
+
+
 class GenerationSettings(_Settings):
     """How the policy samples during rollouts.
 
@@ -101,6 +105,7 @@ class GenerationSettings(_Settings):
             max_prompt_tokens=limit,
             vllm_url=resolved.rollout_server_url,
             vllm_group_port=resolved.rollout_group_port,
+            vllm_timeout_s=ROLLOUT_SERVER_WAIT_S,
         )
 
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from fastapi import Body, FastAPI, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -64,17 +65,19 @@ class RolloutServeConfig(BaseModel):
     def from_trainingrun(
         cls, order: WorkOrder[TrainingRun], *, host: str = "0.0.0.0"
     ) -> RolloutServeConfig:
-        """The server a TrainingRun's `spec.rl.generation` asks for (its base model)."""
+        """The server a TrainingRun's `spec.rl.generation` asks for: its base model, on the
+        port of the URL the operator gave the ranks (`resolved.rolloutServerUrl`)."""
         spec = order.resource.spec
         generation = spec.rl.generation if spec.rl is not None else None
         if generation is None:
             raise ValueError("spec.rl.generation: the TrainingRun asks for no rollout server")
+        url = order.resolved.rollout_server_url
         return cls(
             backend=generation.backend,
             model=spec.base_model_uri,
             served_model_name=order.name,
             host=host,
-            port=DEFAULT_PORT,
+            port=(urlsplit(url).port if url else None) or DEFAULT_PORT,
             dtype=generation.dtype,
             tensor_parallel_size=generation.tensor_parallel,
             max_model_len=generation.max_model_length,
