@@ -823,6 +823,9 @@ class RLTrainer:
                 self.checkpoints.mark_complete(base, step=self.step, nodes=nodes)
         if local_rank == 0:
             self._prune()
+        # No rank goes on before the checkpoint is complete: a rank killed in the next step
+        # (its peers then killed by the launcher) leaves this checkpoint to resume from.
+        self._barrier()
         self.last_checkpoint = folder
         return folder
 
@@ -958,8 +961,10 @@ def run_rl(
     env_urls: Sequence[str] = (),
     resume: bool = False,
     tasks: Sequence[Task] | None = None,
+    environment: Callable[[int], Environment] | None = None,
 ) -> RunResult:
-    """Run (or resume) an RL run to `config.steps`; CLI flags override the config."""
+    """Run (or resume) an RL run to `config.steps`; CLI flags override the config.
+    `environment` makes episode i's environment (default: from `config.env`)."""
     updates: dict[str, Any] = {}
     if care is not None:
         updates["care"] = config.care.model_copy(update={"enabled": care})
@@ -969,7 +974,7 @@ def run_rl(
         updates["checkpoint"] = config.checkpoint.model_copy(update={"resume": "latest"})
     if updates:
         config = config.model_copy(update=updates)
-    trainer = RLTrainer(config, tasks=tasks)
+    trainer = RLTrainer(config, tasks=tasks, environment=environment)
     try:
         return trainer.train()
     finally:
