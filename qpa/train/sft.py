@@ -58,6 +58,7 @@ from qpa.train.checkpoint import (
 from qpa.train.config import SFTConfig
 from qpa.train.deepspeed import deepspeed_config, ensure_single_process_env, skip_cpu_shm_op
 from qpa.train.metrics import TrainMetrics
+from qpa.train.placement import choose_dtype, is_hub_id, resolve_model_source
 
 IGNORE_INDEX = -100
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>")
@@ -541,7 +542,7 @@ def _local_main_first(fn: Callable[[], T]) -> T:
 def _fetch_inputs(config: SFTConfig, cache: Path) -> tuple[Path, Path, LoadedRows]:
     """The base checkpoint, tokenizer and dataset as local paths (downloaded when URIs)."""
     try:
-        model_dir = resolve_local(config.model, field="base checkpoint", cache_dir=cache)
+        model_dir = resolve_model_source(config.model, field="base checkpoint", cache_dir=cache)
     except ResolveError as exc:
         raise SFTInputError(str(exc)) from None
     if not (model_dir / "config.json").is_file():
@@ -551,7 +552,9 @@ def _fetch_inputs(config: SFTConfig, cache: Path) -> tuple[Path, Path, LoadedRow
     tokenizer_dir = model_dir
     if config.tokenizer:
         try:
-            tokenizer_dir = resolve_local(config.tokenizer, field="tokenizer", cache_dir=cache)
+            tokenizer_dir = resolve_model_source(
+                config.tokenizer, field="tokenizer", cache_dir=cache
+            )
         except ResolveError as exc:
             raise SFTInputError(str(exc)) from None
     loaded = load_rows(config.dataset, split=config.dataset_split, cache_dir=cache)
@@ -564,7 +567,12 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
     cache = output_dir / ".inputs"
     # 1. what must exist locally, before anything else
     for what, location in (("base checkpoint", config.model), ("tokenizer", config.tokenizer)):
-        if location and "://" not in location and not Path(location).exists():
+        if (
+            location
+            and "://" not in location
+            and not Path(location).exists()
+            and not is_hub_id(location)  # resolved below (qpa.train.placement)
+        ):
             raise SFTInputError(f"{what} {location} does not exist")
     resume_from = config.checkpoint.resume_from
     if resume_from and "://" not in resume_from and not Path(resume_from).is_dir():
@@ -843,9 +851,10 @@ def load_model(plan: SFTPlan) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype: Any = {"float32": torch.float32, "bfloat16": torch.bfloat16, "auto": "auto"}[
-        plan.config.model_dtype
-    ]
+    # `auto`: bf16 on CUDA only where DeepSpeed bf16 keeps fp32 masters (qpa.train.placement)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    masters = plan.deepspeed is not None and bool(getattr(plan.args, "bf16", False))
+    dtype = choose_dtype(plan.config.model_dtype, device, fp32_master=masters)
     return AutoModelForCausalLM.from_pretrained(plan.model_dir, local_files_only=True, dtype=dtype)
 
 

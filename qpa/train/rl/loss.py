@@ -172,23 +172,25 @@ def token_logprobs(
     batch: Batch,
     temperature: float = 1.0,
     *,
-    max_logits: int = LOGITS_BUDGET,
-    vocab_chunk: int = VOCAB_CHUNK,
+    max_logits: int | None = None,
+    vocab_chunk: int | None = None,
 ) -> Any:
     """Log-probabilities of the completion-region tokens under `model`, shape [rows, C].
 
     `model` is a causal LM (or a DeepSpeed engine around one). When `rows * C * vocab` exceeds
-    `max_logits`, the logits are never materialised (see the module doc); below it, one
+    `max_logits` (default `LOGITS_BUDGET`), the logits are never materialised (see the module
+    doc; tiles of `vocab_chunk`, default `VOCAB_CHUNK`, vocabulary entries); below it, one
     forward returns the `C + 1` last positions' logits, the cheaper path for small batches.
     Both give the same values (to float rounding) and the same gradients.
     """
     import torch
 
+    budget = LOGITS_BUDGET if max_logits is None else max_logits
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
     head = module.get_output_embeddings()
     vocab = int(head.weight.shape[0]) if head is not None else 0
     rows, width_c = batch.input_ids.shape[0], batch.completion_width
-    if head is None or rows * width_c * vocab <= max_logits or not _tileable(module, head):
+    if head is None or rows * width_c * vocab <= budget or not _tileable(module, head):
         output = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
@@ -202,7 +204,8 @@ def token_logprobs(
         targets = batch.input_ids[:, batch.prompt_width :]
         picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(logits, dim=-1)
-    return _tiled_logprobs(model, module, head, batch, temperature, vocab_chunk)
+    chunk = VOCAB_CHUNK if vocab_chunk is None else vocab_chunk
+    return _tiled_logprobs(model, module, head, batch, temperature, chunk)
 
 
 def _tileable(module: Any, head: Any) -> bool:
