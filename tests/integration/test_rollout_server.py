@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -204,3 +205,44 @@ def test_unreachable_server_is_a_clear_error() -> None:
         client.wait_ready()
     with pytest.raises(ValueError, match=r"generation\.vllm_url"):
         RolloutClient("http://:80")
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_the_operator_starts_the_rollout_server_of_a_trainingrun(
+    kube_api: Any, operator_env: Path
+) -> None:
+    """The real operator against the test API server: a TrainingRun with spec.rl.generation
+    gets the server's Deployment, Service and policies (owned by the run, validated by the
+    server against the official schemas), and its ranks' work order names the server."""
+    from helpers.operator_runner import example, exists, operator
+
+    from qpa.api.v1alpha1 import WORK_ORDER_KEY, TrainingRun, WorkOrder
+
+    run = example("trainingrun.yaml", 1)
+    run["spec"]["rl"]["generation"] = {"backend": "vllm", "gpus": 1, "maxModelLength": 4096}
+    name = run["metadata"]["name"]
+    with operator():
+        kube_api.create(run)
+        tr = await exists(kube_api, "qtr", name)
+        deployment = await exists(kube_api, "deployments", f"{name}-rollout")
+        service = await exists(kube_api, "services", f"{name}-rollout")
+        ingress = await exists(kube_api, "networkpolicies", f"{name}-rollout-ingress")
+        egress = await exists(kube_api, "networkpolicies", f"{name}-rollout-egress")
+        config = await exists(kube_api, "configmaps", f"{name}-order")
+        for child in (deployment, service, ingress, egress):
+            (ref,) = child["metadata"]["ownerReferences"]
+            assert (ref["kind"], ref["uid"]) == ("TrainingRun", tr["metadata"]["uid"])
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["command"][:3] == ["qpa", "rollout", "serve"]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert service["spec"]["ports"][0]["port"] == 8000
+        order = WorkOrder.parse(yaml.safe_load(config["data"][WORK_ORDER_KEY]), TrainingRun)
+        namespace = tr["metadata"]["namespace"]
+        assert order.resolved.rollout_server_url == (
+            f"http://{name}-rollout.{namespace}.svc.cluster.local:8000"
+        )
+        assert order.resolved.rollout_group_port == 51216
+        assert order.resource.spec.rl is not None and order.resource.spec.rl.generation
+        assert order.resource.spec.rl.generation.max_model_length == 4096
