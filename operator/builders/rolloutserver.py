@@ -8,7 +8,8 @@ with the NCCL weight-transfer engine) and requests `gpus` GPUs; `backend: hf` se
 API with transformers (CPU unless `gpus` asks for some).
 
 - Deployment `<run>-rollout` (1 replica, `Recreate`: a second server would miss the weight
-  updates): a readiness probe on `/health` (the trainer waits for it), a startup probe that
+  updates; 0 once the run has Succeeded or Failed, so a finished run holds no GPU): a readiness
+  probe on `/health` (the trainer waits for it), a startup probe that
   allows a large model's load (`STARTUP_SECONDS`), a memory-backed `/dev/shm` (vLLM's
   tensor-parallel workers share memory), writable `/work` and `/tmp` only;
 - Service `<run>-rollout` on `PORT` (`http`): the URL the ranks get in their work order
@@ -83,6 +84,11 @@ def url(tr: TrainingRun, defaults: Defaults) -> str:
     return f"http://{service_host(name(tr), owner_namespace(tr), defaults)}:{PORT}"
 
 
+def finished(tr: TrainingRun) -> bool:
+    """The run is over (no attempt will sample again): its server keeps no pod."""
+    return tr.status is not None and tr.status.phase in ("Succeeded", "Failed")
+
+
 def image(tr: TrainingRun, defaults: Defaults) -> str:
     """`generation.image`, else the run's image, else the trainer image (it carries vLLM)."""
     gen = generation(tr)
@@ -148,7 +154,7 @@ def deployment(tr: TrainingRun, defaults: Defaults) -> JsonDict:
         "kind": "Deployment",
         "metadata": metadata(tr, name(tr), COMPONENT, defaults),
         "spec": {
-            "replicas": 1,
+            "replicas": 0 if finished(tr) else 1,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector_labels(tr, COMPONENT)},
             "template": {

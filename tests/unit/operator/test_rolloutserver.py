@@ -24,7 +24,7 @@ from qpa_operator.builders import rolloutserver, trainingrun
 from qpa_operator.builders.common import LABEL_COMPONENT, Defaults
 
 from qpa.api import TrainingRun, parse_resource
-from qpa.api.v1alpha1 import WorkOrder
+from qpa.api.v1alpha1 import TrainingRunStatus, WorkOrder
 from qpa.api.v1alpha1.workorder import WORK_ORDER_PATH
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
@@ -132,6 +132,17 @@ def test_vllm_generation_starts_a_gpu_rollout_server_the_ranks_are_wired_to() ->
         ("--served-model-name", tr.metadata.name),
     ):
         assert argv[argv.index(flag) + 1] == value, flag
+
+
+@pytest.mark.parametrize(
+    ("phase", "replicas"),
+    [(None, 1), ("Running", 1), ("Resuming", 1), ("Succeeded", 0), ("Failed", 0)],
+)
+def test_a_finished_run_keeps_no_rollout_server_pod(phase: str | None, replicas: int) -> None:
+    tr = rl_run({"backend": "vllm"})
+    if phase is not None:
+        tr = tr.model_copy(update={"status": TrainingRunStatus(phase=phase)})
+    assert rolloutserver.deployment(tr, D)["spec"]["replicas"] == replicas
 
 
 def test_network_policies_let_exactly_ranks_and_server_reach_each_other() -> None:
