@@ -185,6 +185,8 @@ def token_logprobs(
     """
     import torch
 
+    if batch.prompt_width < 1:
+        raise ValueError("batch.prompt_width: 0 (the first completion token needs a context)")
     budget = LOGITS_BUDGET if max_logits is None else max_logits
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
     head = module.get_output_embeddings()
