@@ -45,7 +45,10 @@ plays, for every namespace:
   `FallbackToLogsOnError`), restartCount; `restartPolicy` restarts exited containers with
   backoff; readiness and liveness probes (httpGet, tcpSocket, exec) on their period.
 - **deletion**: a Pod that leaves the API server (deleted, or garbage-collected with its
-  owner) gets SIGTERM on its process group, SIGKILL after `terminationGracePeriodSeconds`;
+  owner) runs each running container's `lifecycle.preStop` hook (exec inside the container,
+  httpGet, as probes run; in parallel, bounded by the grace period), then gets SIGTERM on its
+  process group (a container with no hook at once), SIGKILL after
+  `terminationGracePeriodSeconds` from the deletion;
   `kill(pod)` SIGKILLs at once (a crash: its restartPolicy and controller react). SIGKILL
   reaches every process below the container's, in its session or not.
 
@@ -518,6 +521,7 @@ class TestKubelet:
         self.backoff = backoff
         self.interval = interval
         self.errors: list[str] = []
+        self.hook_failures: list[str] = []  # "<pod>/<container>" whose preStop hook failed
         self._pods: dict[str, _Pod] = {}
         self._gone: list[_Pod] = []  # deleted pods still being terminated
         self._all: list[_Pod] = []  # every pod that ran, for logs and reports
@@ -1146,8 +1150,28 @@ class TestKubelet:
         grace = pod.spec.get("terminationGracePeriodSeconds", 30)
         pod.deleted_at = time.monotonic()
         pod.kill_at = pod.deleted_at + float(grace if grace is not None else 30)
-        self._signal(pod, signal.SIGTERM if grace else signal.SIGKILL)
         self._gone.append(pod)
+        if not grace:
+            self._signal(pod, signal.SIGKILL)
+            return
+        for c in pod.containers:
+            hook = (c.spec.get("lifecycle") or {}).get("preStop")
+            if hook and c.running:
+                threading.Thread(
+                    target=self._pre_stop, args=(pod, c, hook), daemon=True, name="pre-stop"
+                ).start()
+            else:
+                self._signal_container(c, signal.SIGTERM)
+
+    def _pre_stop(self, pod: _Pod, c: _Container, hook: Mapping[str, Any]) -> None:
+        """A container's preStop hook (as a probe, with the grace left as its timeout), then
+        SIGTERM; the hook's failure is only reported, as kubelet's FailedPreStopHook event."""
+        left = max(0.1, (pod.kill_at or time.monotonic()) - time.monotonic())
+        if not self._run_probe(pod, c, {**hook, "timeoutSeconds": left}):
+            self.hook_failures.append(f"{pod.key[1]}/{c.name}")
+        with self._lock:
+            if c.running:
+                self._signal_container(c, signal.SIGTERM)
 
     # ------------------------------------------------------------------ probes
 
