@@ -22,7 +22,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,8 +88,9 @@ def tasks() -> list[Task]:
 
 
 @contextlib.contextmanager
-def rollout_server(model: Path) -> Iterator[str]:
-    """`qpa rollout serve --backend hf` on 127.0.0.1 until `/health` answers."""
+def rollout_server(model: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`qpa rollout serve --backend hf` on 127.0.0.1 (not waited for: the trainer's client
+    waits for `/health`, so the server's start overlaps the trainer's set-up)."""
     port = free_port()
     argv = [str(Path(sys.executable).with_name("qpa")), "rollout", "serve", "--backend", "hf"]
     argv += ["--model", str(model), "--port", str(port), "--group-timeout", "60"]
@@ -100,22 +100,18 @@ def rollout_server(model: Path) -> Iterator[str]:
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        else:
-            proc.kill()
-            raise AssertionError(proc.stdout.read().decode() if proc.stdout else "no output")
-        yield url
+        yield f"http://127.0.0.1:{port}", proc
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def output_of(proc: subprocess.Popen[bytes]) -> str:
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=20)
+    return proc.stdout.read().decode() if proc.stdout else "no output"
 
 
 def server_digest(url: str) -> str:
@@ -139,8 +135,7 @@ def test_rl_through_the_rollout_server(
 
     monkeypatch.setattr(trainer_module, "policy_loss", spy_loss)
 
-    with rollout_server(checkpoint) as url:
-        start = server_digest(url)
+    with rollout_server(checkpoint) as (url, proc):
         config = RLConfig.from_dict(
             {
                 "name": "rl-rollout",
@@ -156,17 +151,21 @@ def test_rl_through_the_rollout_server(
                     "max_new_tokens": 8,
                     "vllm_url": url,
                     "vllm_group_port": free_port(),
-                    "vllm_timeout_s": 60,
+                    "vllm_timeout_s": 120,
                 },
                 "loss": {"micro_batch_size": 8},
                 "optim": {"learning_rate": 0.05},
                 "checkpoint": {"every_steps": 10, "save_final": False},
             }
         )
-        trainer = RLTrainer(config, tasks=tasks, environment=ScoredSandbox)
+        try:
+            trainer = RLTrainer(config, tasks=tasks, environment=ScoredSandbox)
+        except RolloutServerError as exc:
+            raise AssertionError(f"{exc}\n{output_of(proc)}") from exc
         try:
             # the starting weights were pushed at set-up: the server holds the trainer's
-            assert server_digest(url) == weights_digest(trainer.model) == start
+            start = weights_digest(trainer.model)
+            assert server_digest(url) == start
             digests = [start]
             for step in (1, 2):
                 seen.clear()
