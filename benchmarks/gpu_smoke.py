@@ -109,7 +109,7 @@ class Profile:
     tasks_per_step: int
     samples_per_task: int
     max_new_tokens: int
-    max_turns: int
+    harness: dict[str, Any]
     resume_steps: int
     sft_steps: int
     sft_max_length: int
@@ -117,7 +117,6 @@ class Profile:
     update_tokens: int
     eval_limit: int | None
     eval_max_new_tokens: int
-    eval_max_turns: int
     parallel: bool
 
     @property
@@ -142,10 +141,11 @@ def make_profile(device: str, gpus: int, args: argparse.Namespace) -> Profile:
             tiny={"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 512,
                   "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
                   "head_dim": 64, "max_position_embeddings": 8192},
-            rl_steps=3, tasks_per_step=4, samples_per_task=4, max_new_tokens=32, max_turns=3,
+            rl_steps=3, tasks_per_step=4, samples_per_task=4, max_new_tokens=32,
+            harness={"token_budget": 400, "max_tools": 4, "max_turns": 3},
             resume_steps=3, sft_steps=4, sft_max_length=1024,
             update_model=QWEN3_06B, update_tokens=4096,
-            eval_limit=None, eval_max_new_tokens=48, eval_max_turns=4,
+            eval_limit=None, eval_max_new_tokens=48,
             parallel=True,
         )  # fmt: skip
     else:
@@ -155,10 +155,11 @@ def make_profile(device: str, gpus: int, args: argparse.Namespace) -> Profile:
             tiny={"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
                   "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
                   "head_dim": 32, "max_position_embeddings": 8192},
-            rl_steps=2, tasks_per_step=1, samples_per_task=2, max_new_tokens=8, max_turns=2,
+            rl_steps=2, tasks_per_step=1, samples_per_task=2, max_new_tokens=8,
+            harness={"token_budget": 100, "max_tools": 1, "max_turns": 2},
             resume_steps=2, sft_steps=2, sft_max_length=256,
             update_model=QWEN3_SMALL, update_tokens=256,
-            eval_limit=4, eval_max_new_tokens=8, eval_max_turns=2,
+            eval_limit=4, eval_max_new_tokens=8,
             parallel=False,
         )  # fmt: skip
     changes: dict[str, Any] = {}
@@ -369,9 +370,14 @@ def write_yaml(path: Path, data: Mapping[str, Any]) -> Path:
 
 
 def build_inputs(work: Path, profile: Profile) -> dict[str, Path]:
-    """The tiny Qwen3 checkpoint (the project's tokenizer) and a stand-in SFT dataset."""
+    """The tiny Qwen3 checkpoint (the project's tokenizer), a stand-in SFT dataset, and the
+    task lists (RL's train tasks, the evaluated test tasks) as JSON Lines: every process reads
+    them instead of generating the whole suite again."""
     import datasets
 
+    from qpa.bench.run import select_tasks
+    from qpa.contract import write_tasks
+    from qpa.envs.sandbox.suite import generate_suite
     from qpa.train.tiny import TinyConfig, make_tiny_checkpoint, sft_rows_from_suite, suite_corpus
 
     model = make_tiny_checkpoint(
@@ -379,11 +385,21 @@ def build_inputs(work: Path, profile: Profile) -> dict[str, Path]:
     )
     rows = sft_rows_from_suite(16 if not profile.cuda else 64, seed=1, error_rate=0.3)
     datasets.Dataset.from_list(rows).save_to_disk(str(work / "sft-data"))
-    return {"model": model, "data": work / "sft-data"}
+    suite = generate_suite()
+    train, test = work / "tasks-train.jsonl", work / "tasks-test.jsonl"
+    write_tasks(train, select_tasks(suite, split="train", limit=16))
+    write_tasks(test, select_tasks(suite, split="test", limit=profile.eval_limit))
+    return {"model": model, "data": work / "sft-data", "train_tasks": train, "test_tasks": test}
 
 
 def rl_settings(
-    profile: Profile, model: Path, out: Path, *, steps: int, zero: int | None, store: Path | None
+    profile: Profile,
+    inputs: Mapping[str, Path],
+    out: Path,
+    *,
+    steps: int,
+    zero: int | None,
+    store: Path | None,
 ) -> dict[str, Any]:
     """An RL run's YAML settings (`qpa.train.rl.RLConfig`).
 
@@ -391,9 +407,10 @@ def rl_settings(
     false` keeps those samples in the update, so each step still runs the forward/backward
     passes, the collectives and the optimizer step this smoke is about.
     """
+    tasks = inputs["train_tasks"]
     data: dict[str, Any] = {
         "name": out.name,
-        "model": str(model),
+        "model": str(inputs["model"]),
         "output_dir": str(out),
         "steps": steps,
         "tasks_per_step": profile.tasks_per_step,
@@ -402,8 +419,8 @@ def rl_settings(
         "model_dtype": profile.dtype,
         "bf16": profile.cuda,
         "gradient_checkpointing": False,
-        "tasks": {"generator": {"suite": "mobilepa", "seed": 0}, "split": "train", "limit": 16},
-        "harness": {"token_budget": 100, "max_tools": 1, "max_turns": profile.max_turns},
+        "tasks": {"dataset_uri": tasks.as_uri(), "split": "train"},
+        "harness": profile.harness,
         "generation": {"max_new_tokens": profile.max_new_tokens},
         "loss": {"micro_batch_size": 64, "skip_zero_advantage": False},
         "optim": {"learning_rate": 1e-3},
@@ -479,7 +496,7 @@ class Smoke:
         out = self.work / "rl"
         config = write_yaml(
             self.work / "rl.yaml",
-            rl_settings(p, self.inputs["model"], out, steps=p.rl_steps, zero=None, store=None),
+            rl_settings(p, self.inputs, out, steps=p.rl_steps, zero=None, store=None),
         )
         output = run_process(
             [*qpa_command(), "train", "rl", "--config", str(config)],
@@ -546,7 +563,7 @@ class Smoke:
         store = self.work / "store"
         total = p.resume_steps if kind == "rl" else p.sft_steps
         settings = (
-            rl_settings(p, self.inputs["model"], out, steps=total, zero=stage, store=store)
+            rl_settings(p, self.inputs, out, steps=total, zero=stage, store=store)
             if kind == "rl"
             else sft_settings(p, self.inputs, out, zero=stage, store=store)
         )
@@ -636,9 +653,9 @@ class Smoke:
             {
                 "model": str(model),
                 "out": str(self.work / "eval"),
-                "limit": p.eval_limit,
+                "tasks": str(self.inputs["test_tasks"]),
                 "max_new_tokens": p.eval_max_new_tokens,
-                "max_turns": p.eval_max_turns,
+                "harness": p.harness,
             },
         )
         figures["model"] = "rl final" if self.rl_model else "tiny (the rl step failed)"
@@ -805,16 +822,15 @@ def worker_eval(params: Mapping[str, Any]) -> dict[str, Any]:
     """Greedy episodes of the test split through the Harness, scored and diagnosed."""
     import torch
 
-    from qpa.bench.run import select_tasks
-    from qpa.envs.sandbox.suite import generate_suite
+    from qpa.contract import read_tasks
     from qpa.harness.agent import HarnessConfig
     from qpa.train.greedy import evaluate, load_model
 
-    tasks = select_tasks(generate_suite(), split="test", limit=params["limit"])
+    tasks = list(read_tasks(params["tasks"]))
     model_dir = Path(params["model"])
     loaded = load_model(model_dir)
     device = str(next(iter(loaded[0].parameters())).device)
-    harness = HarnessConfig(max_turns=int(params["max_turns"]))
+    harness = HarnessConfig(**params["harness"])
     started = time.perf_counter()
     summary = evaluate(
         model_dir, tasks, harness, Path(params["out"]), label="gpu-smoke",

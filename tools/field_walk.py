@@ -407,6 +407,7 @@ def kinds() -> list[KindWalk]:
                     ("spec.resumeFrom", "s3://qpa/trainingruns/x/checkpoints/checkpoint-7/"),
                     ("spec.image", "registry.example/trainer:2"),
                     ("spec.resources", {"requests": {"cpu": "4"}}),
+                    ("spec.scheduling.queueName", "training"),
                 )
             }
             | {"spec.rl.generation": RL_WITH_GENERATION},
@@ -465,6 +466,12 @@ RL_WITH_GENERATION: dict[str, Any] = {
 
 #: Fields only the operator acts on, with the module that reads them.
 OPERATOR_FIELDS: dict[str, dict[str, str]] = {
+    "TrainingRun": {
+        "spec.scheduling.admissionTimeoutSeconds": "operator gang admission "
+        "(`qpa_operator.builders.trainingrun`)",
+        "spec.scheduling.keepFailedAttempts": "operator kept attempts "
+        "(`qpa_operator.builders.trainingrun`)",
+    },
     "HarnessRelease": {
         "spec.gate.": "operator release gate (`qpa.bench.gate` via `qpa.release.verdict`)",
         "spec.canary.": "operator canary steps (`qpa_operator.release`)",

@@ -117,6 +117,9 @@ class Defaults:
     #: Secrets the operator may read for a namespace's store keys (the chart's
     #: `objectStore.secretName` + `objectStore.readableSecrets`); () = any the RBAC allows
     readable_secrets: tuple[str, ...] = ()
+    #: the Kueue LocalQueue of TrainingRuns that name none (the chart's
+    #: `trainingRuns.queueName`); None: the operator's own all-or-nothing admission
+    training_queue: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Defaults:
@@ -146,6 +149,7 @@ class Defaults:
                 )
             ),
             readable_secrets=_names_env(env, "QPA_OPERATOR_READABLE_SECRETS"),
+            training_queue=(env.get("QPA_OPERATOR_TRAINING_QUEUE") or "").strip() or None,
         )
 
     def prefix_for(self, namespace: str) -> str | None:

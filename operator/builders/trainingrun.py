@@ -12,13 +12,28 @@
   `JOB_COMPLETION_INDEX=i`, rank 0 is `<job>-0.<run>-ranks`. Pods request `nvidia.com/gpu: G`
   and mount a memory-backed `/dev/shm` (NCCL and the dataloaders need more than the default).
   The spec fields that shape the Job rather than the training (nodes, gpusPerNode, image,
-  resources, backoffLimit) are used here.
+  resources, workSize, scheduling, backoffLimit) are used here. `/work` is an emptyDir of
+  `workSize`, which is also the pod's ephemeral-storage request (unless the spec's resources
+  name one).
+- Gang admission: every attempt's Job is created suspended (`spec.suspend: true`) and admitted
+  whole. With a Kueue queue (`spec.scheduling.queueName`, else `Defaults.training_queue`) the
+  Job carries `kueue.x-k8s.io/queue-name` and Kueue un-suspends it; without one the handler
+  un-suspends it once `admission.gang_admission` finds room for every rank, and
+  `trainingrun_status` fails the run when that has not happened within
+  `scheduling.admissionTimeoutSeconds` (`Admitted=False`, `InsufficientCapacity`).
+- `podFailurePolicy` (`FAILURE_RULES`): a pod with the `DisruptionTarget` condition
+  (preemption, eviction, a drained or tainted node) fails the Job at once and the operator
+  restarts the gang without counting it against `backoffLimit` (`status.disruptions`); exit
+  codes that mean the input or the image is wrong (`BUG_EXIT_CODES`: 2, qpa refused its work
+  order or arguments; 126/127, the image cannot run the command) fail the run for good.
 - Job `<run>-data` (only when the data must be prepared): `qpa data curate` for every TaskBatch
   output, then `qpa data mix` of all inputs into `<outputUri>/data/mix/`, before any rank runs.
 
 A multi-node job cannot lose one rank and go on, so a failed attempt is not retried pod by pod
 (`backoffLimit: 0`): the operator starts attempt `r+1` as a new Job (up to `backoffLimit`
-attempts when `resume` is on), and it resumes from the latest checkpoint. Rank 0 leaves a
+counted attempts when `resume` is on), and it resumes from the latest checkpoint. The Jobs of
+the last `scheduling.keepFailedAttempts` failed attempts stay (their pods hold the logs);
+`stale_attempts` names the older ones, which are deleted. Rank 0 leaves a
 `TrainSummary` in its termination message (`QPA_STATUS_FILE`): step, checkpoints, final model.
 """
 
@@ -31,6 +46,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from qpa_operator.builders import netpol, storeaccess
+from qpa_operator.builders.admission import Verdict
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
@@ -66,7 +82,13 @@ from qpa_operator.builders.rolloutserver import rank_rules as rollout_rank_rules
 from qpa_operator.builders.rolloutserver import url as rollout_url
 
 from qpa.api import TrainingRun
-from qpa.api.v1alpha1 import Resolved, TrainingRunStatus, TrainSummary, set_condition
+from qpa.api.v1alpha1 import (
+    KUEUE_QUEUE_LABEL,
+    Resolved,
+    TrainingRunStatus,
+    TrainSummary,
+    set_condition,
+)
 from qpa.api.v1alpha1.workorder import WORK_ORDER_PATH
 
 COMPONENT: Final = "trainer"
@@ -76,6 +98,27 @@ WORK_DIR: Final = "/work"
 ATTEMPT_LABEL: Final = "qpa.ai/attempt"
 COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+EPHEMERAL_STORAGE: Final = "ephemeral-storage"
+#: Exit codes of the trainer's launch process that mean a retry would fail the same way:
+#: 2 is qpa's refusal of its input (`die`: a bad work order, config or launcher argument),
+#: 126/127 a command the image cannot run or does not have.
+BUG_EXIT_CODES: Final = (2, 126, 127)
+#: The Job's podFailurePolicy rules, in order, with what a failure by each means to the run.
+FAILURE_RULES: Final[tuple[tuple[str, JsonDict], ...]] = (
+    (
+        "disruption",
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ),
+    (
+        "bug",
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                            "values": list(BUG_EXIT_CODES)},
+        },
+    ),
+)  # fmt: skip
+_RULE_INDEX: Final = re.compile(r"matching FailJob rule at index (\d+)")
 
 
 def config_map_name(tr: TrainingRun) -> str:
@@ -92,6 +135,56 @@ def job_name(tr: TrainingRun, attempt: int) -> str:
 
 def data_job_name(tr: TrainingRun) -> str:
     return child_name(tr, "data")
+
+
+def queue_name(tr: TrainingRun, defaults: Defaults) -> str | None:
+    """The Kueue LocalQueue that admits the ranks' Job, or None for the operator's own."""
+    return tr.spec.scheduling.queue_name or defaults.training_queue
+
+
+def pod_failure_policy() -> JsonDict:
+    return {"rules": [dict(rule) for _, rule in FAILURE_RULES]}
+
+
+def failure_kind(state: JobState) -> str:
+    """Why a failed Job failed: `disruption`, `bug` (a podFailurePolicy rule) or `failure`."""
+    if state.reason != "PodFailurePolicy":
+        return "failure"
+    match = _RULE_INDEX.search(state.message)
+    index = int(match.group(1)) if match else -1
+    return FAILURE_RULES[index][0] if 0 <= index < len(FAILURE_RULES) else "failure"
+
+
+def suspended(job: Mapping[str, Any] | None) -> bool:
+    return bool(job and (job.get("spec") or {}).get("suspend"))
+
+
+def attempt_of(job: Mapping[str, Any]) -> int | None:
+    value = ((job.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def stale_attempts(
+    tr: TrainingRun, attempt: int, jobs: Iterable[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The ranks' Jobs to delete: those of attempts other than `attempt`, except the newest
+    `scheduling.keepFailedAttempts` earlier ones (kept with their pods, for the logs)."""
+    earlier: list[tuple[int, Mapping[str, Any]]] = []
+    stale: list[Mapping[str, Any]] = []
+    for job in jobs:
+        number = attempt_of(job)
+        if number is None or number == attempt:
+            continue
+        if number < attempt:
+            earlier.append((number, job))
+        else:
+            stale.append(job)  # a later attempt than the status knows: left by a lost write
+    earlier.sort(key=lambda item: item[0], reverse=True)
+    keep = tr.spec.scheduling.keep_failed_attempts
+    return stale + [job for _, job in earlier[keep:]]
 
 
 def _join(uri: str, *parts: str) -> str:
@@ -219,7 +312,7 @@ def _pod_parts(tr: TrainingRun, defaults: Defaults) -> PodParts:
                     env_var("HF_HOME", f"{WORK_DIR}/hf"),
                     env_var("TRITON_CACHE_DIR", f"{WORK_DIR}/triton"),
                 ),
-                volumes=(empty_dir("work"), empty_dir("tmp")),
+                volumes=(empty_dir("work", size_limit=str(tr.spec.work_size)), empty_dir("tmp")),
                 mounts=(
                     {"name": "work", "mountPath": WORK_DIR},
                     {"name": "tmp", "mountPath": "/tmp"},
@@ -252,8 +345,10 @@ def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     container_resources = resources(spec.resources, gpus=spec.gpus_per_node)
-    if container_resources:
-        container["resources"] = container_resources
+    requests = container_resources.setdefault("requests", {})
+    requests.setdefault(EPHEMERAL_STORAGE, str(spec.work_size))
+    container_resources["requests"] = dict(sorted(requests.items()))
+    container["resources"] = container_resources
     pod_labels = {**labels(tr, COMPONENT, defaults), ATTEMPT_LABEL: str(attempt)}
     if spec.rl is not None:  # admitted by the RolloutPool's ingress policy
         pod_labels[netpol.ENV_CLIENT_LABEL] = spec.rl.rollout_pool_ref.name
@@ -270,6 +365,9 @@ def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
         pod_spec.update(gpu_placement(defaults, GPU_RESOURCE))
     meta = metadata(tr, job_name(tr, attempt), COMPONENT, defaults)
     meta["labels"][ATTEMPT_LABEL] = str(attempt)
+    queue = queue_name(tr, defaults)
+    if queue is not None:
+        meta["labels"][KUEUE_QUEUE_LABEL] = queue
     manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -278,7 +376,10 @@ def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
             "completionMode": "Indexed",
             "completions": spec.nodes,
             "parallelism": spec.nodes,
+            # admitted whole: by Kueue, or by the operator once every rank has room
+            "suspend": True,
             "backoffLimit": 0,
+            "podFailurePolicy": pod_failure_policy(),
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }
@@ -431,11 +532,40 @@ def children(
 # --------------------------------------------------------------------------- status
 
 
-def next_attempt(tr: TrainingRun, attempt: int, state: JobState) -> int | None:
-    """The attempt to start after `attempt` failed, or None when the run has failed for good."""
+def next_attempt(
+    tr: TrainingRun, attempt: int, state: JobState, disruptions: int = 0
+) -> int | None:
+    """The attempt to start after `attempt` failed, or None when the run has failed for good.
+
+    A disruption starts the next attempt whatever the count; a bug never does; any other
+    failure does while fewer than `backoffLimit` attempts (less the disrupted ones) failed.
+    """
     if not state.failed_for_good or not tr.spec.resume:
         return None
-    return attempt + 1 if attempt < tr.spec.backoff_limit else None
+    kind = failure_kind(state)
+    if kind == "bug":
+        return None
+    if kind == "disruption":
+        return attempt + 1
+    return attempt + 1 if attempt - disruptions < tr.spec.backoff_limit else None
+
+
+def _created(job: Mapping[str, Any] | None) -> datetime | None:
+    stamp = ((job or {}).get("metadata") or {}).get("creationTimestamp")
+    if not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def admission_timed_out(tr: TrainingRun, job: Mapping[str, Any] | None, now: datetime) -> bool:
+    """The attempt's suspended Job has waited longer than `admissionTimeoutSeconds`."""
+    created = _created(job)
+    if created is None or not suspended(job):
+        return False
+    return (now - created).total_seconds() > tr.spec.scheduling.admission_timeout_seconds
 
 
 def rank0_summary(pod: Mapping[str, Any]) -> tuple[int, TrainSummary] | None:
@@ -465,12 +595,32 @@ def trainingrun_status(
     summaries: Iterable[tuple[int, TrainSummary]],
     observed_generation: int | None,
     now: datetime,
+    queue: str | None = None,
+    verdict: Verdict | None = None,
 ) -> TrainingRunStatus:
-    """The status of a run from its current attempt's Job, its data Job and rank-0 summaries."""
+    """The status of a run from its current attempt's Job, its data Job and rank-0 summaries.
+
+    `queue` is the Kueue queue admitting the Job (None: the operator admits it); `verdict`
+    the operator's admission check of this reconcile, if it made one (else the `Admitted`
+    condition's message stands).
+    """
     current = tr.status or TrainingRunStatus()
     state = job_state(job)
     data = job_state(data_job)
     name = job_name(tr, attempt)
+    waiting = suspended(job) and not state.finished
+    previous = next((c for c in current.conditions if c.type == "Admitted"), None)
+    if verdict is not None and not verdict.admitted:
+        shortage = verdict.message
+    elif previous is not None and previous.status == "False" and previous.message:
+        shortage = (
+            previous.message.split(": ", 1)[-1]
+            if previous.message.startswith("not admitted within")
+            else previous.message
+        )
+    else:
+        shortage = "waiting for the operator's admission check"
+    timeout = tr.spec.scheduling.admission_timeout_seconds
     if plan.waiting_for:
         phase, reason = "Pending", "WaitingForTaskBatch"
         message = "waiting for TaskBatch " + ", ".join(plan.waiting_for) + " to succeed"
@@ -481,15 +631,34 @@ def trainingrun_status(
         phase, reason = "Pending", "PreparingData"
         message = f"Job {data_job_name(tr)} curates and mixes the datasets"
     elif state.failed_for_good:
-        retry = next_attempt(tr, attempt, state)
+        retry = next_attempt(tr, attempt, state, current.disruptions)
+        kind = failure_kind(state)
         if retry is None:
-            phase, reason = "Failed", reason_word(state.reason, "JobFailed")
+            phase = "Failed"
+            reason = "BugExitCode" if kind == "bug" else reason_word(state.reason, "JobFailed")
             message = state.message or f"Job {name} failed"
+        elif kind == "disruption":
+            phase, reason = "Resuming", "AttemptDisrupted"
+            message = (
+                f"Job {name} was disrupted ({state.message}); attempt {retry} resumes from the "
+                "latest checkpoint, not counted against backoffLimit"
+            )
         else:
             phase, reason = "Resuming", "AttemptFailed"
             message = f"Job {name} failed; attempt {retry} resumes from the latest checkpoint"
     elif state.complete:
         phase, reason, message = "Succeeded", "JobComplete", f"Job {name} completed"
+    elif waiting and queue is not None:
+        phase = "Pending" if attempt == 0 else "Resuming"
+        reason = "QueuedInKueue"
+        message = f"Job {name} waits for Kueue (LocalQueue {queue}) to admit all its ranks"
+    elif waiting and admission_timed_out(tr, job, now):
+        phase, reason = "Failed", "AdmissionTimeout"
+        message = f"not admitted within {timeout}s: {shortage}"
+    elif waiting:
+        phase = "Pending" if attempt == 0 else "Resuming"
+        reason = "InsufficientCapacity" if verdict is not None or previous else "AwaitingAdmission"
+        message = f"Job {name} suspended until all {tr.spec.nodes} ranks fit: {shortage}"
     elif state.started and state.active + state.succeeded > 0:
         phase = "Running" if attempt == 0 or state.ready > 0 else "Resuming"
         reason = "RanksRunning" if phase == "Running" else "Resuming"
@@ -540,6 +709,25 @@ def trainingrun_status(
             observed_generation=generation,
             now=now,
         )
+    if waiting:
+        admit_reason = "QueuedInKueue" if queue is not None else reason
+        if admit_reason == "AdmissionTimeout":
+            admit_reason = "InsufficientCapacity"
+        conditions = set_condition(
+            conditions, "Admitted", "False", admit_reason,
+            message if queue is not None or phase == "Failed" else shortage,
+            observed_generation=generation, now=now,
+        )  # fmt: skip
+    elif state.exists and not state.finished:
+        admitted = (
+            verdict.message if verdict is not None and verdict.admitted
+            else previous.message if previous is not None and previous.status == "True"
+            else f"all {tr.spec.nodes} ranks admitted at once"
+        )  # fmt: skip
+        conditions = set_condition(
+            conditions, "Admitted", "True", "AdmittedByKueue" if queue is not None else "Admitted",
+            admitted, observed_generation=generation, now=now,
+        )  # fmt: skip
     terminal = phase in ("Succeeded", "Failed")
     conditions = set_condition(
         conditions, "Progressing", "False" if terminal else "True", reason, message,
@@ -561,6 +749,7 @@ def trainingrun_status(
         latest_checkpoint=kept[-1].uri if kept else None,
         model_uri=model_uri if phase == "Succeeded" else current.model_uri,
         restarts=attempt,
+        disruptions=current.disruptions,
         job_name=name if not plan.waiting_for and not (plan.steps and not data.complete) else None,
         start_time=current.start_time or state.start_time,
         completion_time=state.completion_time if terminal else None,

@@ -4,18 +4,31 @@ datasets need preparing, and the ranks' Job of the current attempt.
 The attempt lives in `status.restarts`. When the attempt's Job fails and `resume` is on, the
 reconciler first records attempt `r+1` in the status (guarded by the resourceVersion, so two
 events cannot both advance it), then deletes the failed Job and creates `<run>-r<r+1>`, whose
-ranks resume from the latest checkpoint (`checkpoint.resume: auto`). A run waiting for a
-TaskBatch's trajectories starts when that TaskBatch succeeds.
+ranks resume from the latest checkpoint (`checkpoint.resume: auto`); an attempt ended by a
+disruption also advances `status.disruptions`, so it does not count against `backoffLimit`.
+The Jobs of the last `scheduling.keepFailedAttempts` failed attempts stay, older ones go. A run
+waiting for a TaskBatch's trajectories starts when that TaskBatch succeeds.
+
+Gang admission: each attempt's Job is created suspended. Without a Kueue queue the reconcile
+checks, one run at a time (`ADMISSION_LOCK`), whether every rank fits on the nodes
+(`builders.admission.gang_admission` over the Nodes, the Pods and the other runs' Jobs read
+from the API) and un-suspends the Job if so; while it does not fit, a kopf timer looks again
+every `ADMISSION_EVERY` seconds (times the retry scale) until the run is admitted or its
+`admissionTimeoutSeconds` have passed. A namespace-scoped operator cannot read Nodes: it
+admits at once (`Admitted=True`, `CapacityNotChecked`) and gang admission is Kueue's there.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import kopf
 from qpa_operator.builders import trainingrun as builder
-from qpa_operator.builders.common import job_state, kind_label
+from qpa_operator.builders.admission import Verdict, gang_admission
+from qpa_operator.builders.common import JsonDict, job_state, kind_label
 from qpa_operator.builders.storeaccess import OutsideStorePrefix
 from qpa_operator.handlers.apply import delete_child, ensure_all
 from qpa_operator.handlers.netpolicy import report_egress
@@ -28,6 +41,12 @@ from qpa.api.v1alpha1 import TrainingRunStatus
 
 KIND = "TrainingRun"
 PLURAL = TrainingRun.info.plural
+#: Seconds between two capacity checks of one waiting run (times the retry scale).
+ADMISSION_EVERY: Final = 10.0
+#: Seconds between the admission timer's looks at a waiting run (cheap: no request).
+ADMISSION_TICK: Final = 1.0
+ADMISSION_LOCK: Final = asyncio.Lock()
+_CHECKED: dict[tuple[str, str], float] = {}
 
 
 def _attempt(resource: TrainingRun) -> int:
@@ -58,9 +77,11 @@ async def refresh_status(
     *,
     fresh: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
     generation: int | None = None,
+    verdict: Verdict | None = None,
 ) -> None:
     meta = obj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
+    defaults = (await runtime()).defaults
 
     def job(job_name: str) -> Mapping[str, Any] | None:
         return fresher(
@@ -78,6 +99,8 @@ async def refresh_status(
             summaries=views.values("qpa_trainingrun_summaries", (namespace, name)),
             observed_generation=generation if generation is not None else observed(resource),
             now=now(),
+            queue=builder.queue_name(resource, defaults),
+            verdict=verdict,
         )
 
     await write_status(
@@ -93,18 +116,59 @@ async def _advance_attempt(obj: Mapping[str, Any], resource: TrainingRun, views:
     attempt = _attempt(resource)
     namespace = resource.metadata.namespace or "default"
     state = job_state(views.child("Job", namespace, builder.job_name(resource, attempt)))
-    following = builder.next_attempt(resource, attempt, state)
+    disruptions = resource.status.disruptions if resource.status else 0
+    following = builder.next_attempt(resource, attempt, state, disruptions)
     if following is None:
         return False
+    disrupted = builder.failure_kind(state) == "disruption"
 
     def compute(current: TrainingRun) -> TrainingRunStatus | None:
         if _attempt(current) != attempt:
             return None  # already advanced
         base = current.status or TrainingRunStatus()
-        return base.model_copy(update={"restarts": following, "phase": "Resuming"})
+        update: dict[str, Any] = {"restarts": following, "phase": "Resuming"}
+        if disrupted:
+            update["disruptions"] = base.disruptions + 1
+        return base.model_copy(update=update)
 
     change = await write_status(TrainingRun, obj, compute)
     return change.written
+
+
+async def _admit(
+    resource: TrainingRun, job: Mapping[str, Any] | None
+) -> tuple[Verdict | None, JsonDict | None]:
+    """The operator's admission of the attempt's suspended Job: (verdict, the Job as
+    un-suspended), or (None, None) when there is nothing for the operator to decide."""
+    rt = await runtime()
+    if job is None or not builder.suspended(job) or job_state(job).finished:
+        return None, None
+    if builder.queue_name(resource, rt.defaults) is not None:
+        return None, None  # Kueue admits it
+    if builder.admission_timed_out(resource, job, now()):
+        return None, None
+    meta = job["metadata"]
+    key = (str(meta["namespace"]), str(meta["name"]))
+    async with ADMISSION_LOCK:
+        _CHECKED[key] = time.monotonic()
+        if rt.client.namespaces is not None:
+            verdict = Verdict(
+                True,
+                "CapacityNotChecked",
+                "a namespace-scoped operator cannot read Nodes: admitted without a capacity "
+                "check (name a Kueue queue in spec.scheduling.queueName for gang admission)",
+            )
+        else:
+            nodes = await rt.client.list("v1", "nodes")
+            pods = await rt.client.list("v1", "pods")
+            jobs = await rt.client.list("batch/v1", "jobs", label_selector=kind_label(KIND))
+            verdict = gang_admission(job, nodes, pods, jobs)
+        if not verdict.admitted:
+            return verdict, None
+        patched = await rt.client.patch(
+            "batch/v1", "jobs", key[0], key[1], {"spec": {"suspend": False}}
+        )
+    return verdict, patched
 
 
 async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
@@ -133,11 +197,16 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
         await refuse(TrainingRun, obj, exc, "OutsideStorePrefix")
         return
     live = await ensure_all(children, views, resource)
+    ranks_job = builder.job_name(resource, attempt)
+    verdict, admitted = await _admit(resource, live.get(("Job", ranks_job)))
+    if admitted is not None:
+        live[("Job", ranks_job)] = admitted
+    jobs = views.children("Job", namespace, KIND, resource.metadata.name or "")
+    stale = {j["metadata"]["name"] for j in builder.stale_attempts(resource, attempt, jobs)}
     for old in views.children("Job", namespace, KIND, resource.metadata.name or ""):
-        labels = old["metadata"].get("labels") or {}
-        if builder.ATTEMPT_LABEL in labels and labels[builder.ATTEMPT_LABEL] != str(attempt):
+        if old["metadata"]["name"] in stale:
             await delete_child(resource, old)
-    await refresh_status(obj, views, fresh=live, generation=generation_of(obj))
+    await refresh_status(obj, views, fresh=live, generation=generation_of(obj), verdict=verdict)
     key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
     await report_egress(TrainingRun, obj, children, reread=lambda: views.parent(KIND, *key))
 
@@ -148,6 +217,34 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
 async def trainingrun_reconcile(body: Any, reason: str, **kwargs: Any) -> None:
     async with measured(KIND, str(reason)):
         await reconcile(dict(body), Views(kwargs), str(reason))
+
+
+def _awaiting_admission(status: Mapping[str, Any] | None, **_: Any) -> bool:
+    """The run's Job waits for the operator's admission (not Kueue's), and not in vain yet."""
+    status = status or {}
+    if status.get("phase") not in ("Pending", "Resuming"):
+        return False
+    return any(
+        c.get("type") == "Admitted"
+        and c.get("status") == "False"
+        and c.get("reason") != "QueuedInKueue"
+        for c in status.get("conditions") or []
+    )
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=ADMISSION_TICK, when=_awaiting_admission)
+async def trainingrun_admission(body: Any, **kwargs: Any) -> None:
+    """Look again whether a waiting run fits now (or has waited too long)."""
+    meta = body.get("metadata") or {}
+    rt = await runtime()
+    resource = parse(dict(body), TrainingRun)
+    if resource is None:
+        return
+    job = (str(meta.get("namespace")), builder.job_name(resource, _attempt(resource)))
+    if time.monotonic() - _CHECKED.get(job, 0.0) < ADMISSION_EVERY * rt.retry_scale:
+        return
+    async with measured(KIND, "admission"):
+        await reconcile(dict(body), Views(kwargs), "admission")
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={kind_label(KIND): kopf.PRESENT})

@@ -530,17 +530,38 @@ async def test_devicepool_bridges_phones_from_device_nodes(
 # --------------------------------------------------------------------------- TrainingRun
 
 
+def gpu_node(kube: KubeAPIServer, name: str, gpus: int = 8) -> None:
+    """A Ready GPU node with room for one of the examples' ranks (as its kubelet reports it)."""
+    kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    room = {"cpu": "96", "memory": "1Ti", "ephemeral-storage": "2Ti", "pods": "110",
+            "nvidia.com/gpu": str(gpus)}  # fmt: skip
+    kube.patch_status(
+        "nodes", None, name,
+        {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": room},
+    )  # fmt: skip
+
+
 async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
     kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
 ) -> None:
+    for index in range(6):  # room for both runs: 4 + 2 nodes of 8 GPUs
+        gpu_node(kube_api, f"gpu-{index}")
     with operator():
         kubectl("apply", "-f", "examples/taskbatch.yaml")
         kubectl("apply", "-f", "examples/trainingrun.yaml")
 
-        # RL: no datasets to prepare, the ranks' Job at once.
+        # RL: no datasets to prepare, the ranks' Job at once, admitted whole (every rank fits).
         rl = await exists(kube_api, "qtr", "planner-care-rl")
-        job = await exists(kube_api, "jobs", "planner-care-rl-r0")
+        await exists(kube_api, "jobs", "planner-care-rl-r0")
+        await kube_api.eventually(
+            lambda: stored(kube_api, "jobs", "planner-care-rl-r0")["spec"]["suspend"] is False
+        )
+        admitted = {c["type"]: c for c in status(kube_api, "qtr", "planner-care-rl")["conditions"]}
+        assert admitted["Admitted"]["status"] == "True", admitted
+        assert admitted["Admitted"]["message"].startswith("all 4 ranks")
+        job = stored(kube_api, "jobs", "planner-care-rl-r0")
         spec = job["spec"]
+        assert [r["action"] for r in spec["podFailurePolicy"]["rules"]] == ["FailJob", "FailJob"]
         assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == (
             "Indexed", 4, 4,
         )  # fmt: skip
@@ -619,7 +640,7 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         resuming = await phase(kube_api, "qtr", "planner-sft", "Resuming")
         assert resuming["restarts"] == 1
         await exists(kube_api, "jobs", "planner-sft-r1")
-        await kube_api.eventually(lambda: kube_api.get("jobs", NS, "planner-sft-r0") is None)
+        assert kube_api.get("jobs", NS, "planner-sft-r0") is not None  # kept for its logs
         await kube_api.eventually(lambda: status(kube_api, "qtr", "planner-sft").get("step") == 400)
         resumed = status(kube_api, "qtr", "planner-sft")
         assert resumed["latestCheckpoint"] == ckpt.format(400)

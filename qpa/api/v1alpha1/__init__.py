@@ -130,6 +130,7 @@ from qpa.api.v1alpha1.taskbatch import (
     TaskSource,
 )
 from qpa.api.v1alpha1.trainingrun import (
+    KUEUE_QUEUE_LABEL,
     CareSettings,
     CareTier,
     Checkpoint,
@@ -137,6 +138,7 @@ from qpa.api.v1alpha1.trainingrun import (
     DeepSpeedSettings,
     Hyperparameters,
     RLSettings,
+    SchedulingSettings,
     SFTSettings,
     TrainingRun,
     TrainingRunPhase,
@@ -207,6 +209,7 @@ __all__ = [
     "HARNESS_CONFIG_DIR",
     "HTTP_URL",
     "IMAGE",
+    "KUEUE_QUEUE_LABEL",
     "MAX_NAME_LENGTH",
     "MODEL_URI",
     "OVERRIDE_ANNOTATION",
@@ -281,6 +284,7 @@ __all__ = [
     "RolloutSettings",
     "SFTSettings",
     "ScaleSubresource",
+    "SchedulingSettings",
     "Scores",
     "SecretKeySelector",
     "Split",

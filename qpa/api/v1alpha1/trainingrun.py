@@ -21,6 +21,7 @@ from qpa.api.v1alpha1.base import (
     ObjectStore,
     Offload,
     OutputUri,
+    Quantity,
     ResourceRequirements,
     Stage,
     Text,
@@ -260,6 +261,44 @@ class Hyperparameters(_Model):
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Random seed.")
 
 
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""The label that hands a suspended Job to Kueue (its LocalQueue in the Job's namespace)."""
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class SchedulingSettings(_Model):
+    """How the ranks' Job is admitted: whole (every rank at once) or not at all.
+
+    The Job of each attempt is created suspended. With a Kueue queue (`queueName`, else the
+    chart's `trainingRuns.queueName`) it carries `kueue.x-k8s.io/queue-name` and Kueue
+    un-suspends it once its quota holds every rank; otherwise the operator un-suspends it once
+    the schedulable nodes the rank pods may use have room for all of them, and fails the run
+    when that has not happened within `admissionTimeoutSeconds`.
+    """
+
+    queue_name: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL,
+        max_length=63,
+        description="Kueue LocalQueue of the ranks' Job (unset: the chart's "
+        "trainingRuns.queueName; neither: the operator's own all-or-nothing admission).",
+    )
+    admission_timeout_seconds: int = Field(
+        default=3600,
+        ge=1,
+        le=604_800,
+        description="Seconds an attempt may wait for room for every rank (the operator's "
+        "admission) before the run fails with Admitted=False.",
+    )
+    keep_failed_attempts: int = Field(
+        default=1,
+        ge=0,
+        le=20,
+        description="Failed attempts whose Job (and so its pods and their logs) is kept; "
+        "older ones are deleted.",
+    )
+
+
 class TrainingRunSpec(_Model):
     """SFT or CARE RL as an indexed Job of DeepSpeed ranks with a headless Service."""
 
@@ -279,8 +318,26 @@ class TrainingRunSpec(_Model):
     rl: RLSettings | None = Field(default=None, description="RL settings (required for rl).")
     hyperparameters: Hyperparameters = _defaulted(Hyperparameters, "Optimiser settings.")
     deepspeed: DeepSpeedSettings = _defaulted(DeepSpeedSettings, "DeepSpeed settings.")
-    nodes: int = Field(default=1, ge=1, le=512, description="Nodes (Job completions).")
-    gpus_per_node: int = Field(default=8, ge=0, le=16, description="GPUs per node (0: CPU).")
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=512,
+        description="Nodes (Job completions); immutable (the ranks' world size).",
+        json_schema_extra=_immutable(
+            "nodes is immutable: the ranks' world size is fixed for the run (create a new "
+            "TrainingRun with resumeFrom to continue at another size)"
+        ),
+    )
+    gpus_per_node: int = Field(
+        default=8,
+        ge=0,
+        le=16,
+        description="GPUs per node (0: CPU); immutable (the ranks' world size).",
+        json_schema_extra=_immutable(
+            "gpusPerNode is immutable: the ranks' world size is fixed for the run (create a "
+            "new TrainingRun with resumeFrom to continue at another size)"
+        ),
+    )
     output_uri: OutputUri = Field(
         description="Where checkpoints and the final model go (s3:// only), e.g. "
         "s3://qpa/trainingruns/x/.",
@@ -308,6 +365,14 @@ class TrainingRunSpec(_Model):
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="Resources of each rank's pod (GPUs come from gpusPerNode)."
+    )
+    work_size: Quantity = Field(
+        default="50Gi",
+        description="Size limit of each rank's /work emptyDir, and its ephemeral-storage "
+        "request unless resources.requests names one.",
+    )
+    scheduling: SchedulingSettings = _defaulted(
+        SchedulingSettings, "Gang admission of the ranks: Kueue queue, timeout, kept attempts."
     )
 
     RULES = (
@@ -389,6 +454,11 @@ class TrainingRunStatus(_Model):
     latest_checkpoint: UriText | None = Field(default=None, description="URI of the newest one.")
     model_uri: UriText | None = Field(default=None, description="The final model, once succeeded.")
     restarts: Count = Field(default=0, description="Times the run resumed after a failure.")
+    disruptions: Count = Field(
+        default=0,
+        description="Attempts ended by a disruption (preemption, eviction, drain): restarted "
+        "without counting against backoffLimit.",
+    )
     job_name: Text | None = Field(default=None, description="The indexed Job of the ranks.")
     start_time: datetime | None = _timestamp("When the first rank started.")
     completion_time: datetime | None = _timestamp("When the run finished.")

@@ -336,7 +336,7 @@ def test_training_pods_get_gpus_shared_memory_and_a_rendezvous() -> None:
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"] == {
-        "requests": {"nvidia.com/gpu": "8"},
+        "requests": {"ephemeral-storage": "50Gi", "nvidia.com/gpu": "8"},  # workSize
         "limits": {"nvidia.com/gpu": "8"},
     }
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
@@ -350,7 +350,8 @@ def test_training_pods_get_gpus_shared_memory_and_a_rendezvous() -> None:
     cpu = tr.model_copy(deep=True)
     cpu.spec.gpus_per_node = 0
     cpu_pod = trainingrun.job(cpu, 0, D)["spec"]["template"]["spec"]
-    assert "resources" not in cpu_pod["containers"][0] and "tolerations" not in cpu_pod
+    assert cpu_pod["containers"][0]["resources"] == {"requests": {"ephemeral-storage": "50Gi"}}
+    assert "tolerations" not in cpu_pod
     assert "--gpus-per-node" in (argv := trainingrun.train_args(cpu, 0, D))
     assert argv[argv.index("--gpus-per-node") + 1] == "1"
 
