@@ -22,13 +22,23 @@ prompts, the same group size and sampling settings, and the same loss:
 The first step of each side is warm-up and is excluded; the median of the rest is reported.
 Usage: `python benchmarks/rl_step.py [--steps 4] [--tasks 4] [--k 4] [--max-new-tokens 32]
 [--json out.json]`. Bounded: each side stops early past its share of `--budget-s` (default 150).
+
+`--ranks 1,2` measures qpa alone with each world size in turn instead: the ranks are processes
+started as torchrun starts them (`qpa.train.deepspeed.local_rank_env`, gloo, one intra-op
+thread each), the trainer under DeepSpeed ZeRO-`--zero` (0: plain PyTorch, gradients averaged
+by all-reduce). `--tasks` is per rank (as `tasks_per_step` is), so 2 ranks do twice the
+episodes of 1 in a step; the table gives seconds per step, its rollout and update parts, and
+episodes per second over all ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,12 +47,32 @@ from typing import Any
 PATTERN = (1.0, 0.0, 1.0, 1 / 3, 1.0, 0.0, 2 / 3, 1.0)
 
 
+def choose_tasks(tasks: int) -> list[Any]:
+    """`tasks` short sandbox tasks (the same ones every time)."""
+    from qpa.envs.sandbox.suite import generate_suite
+
+    pool = [t for t in generate_suite() if t.split == "train" and t.domain == "messaging"]
+    return sorted(pool, key=lambda t: len(t.instruction))[:tasks]
+
+
+def pattern_env(index: int) -> Any:
+    """The sandbox with a stand-in verifier: episode `index`'s outcome is PATTERN's."""
+    from qpa.contract import Verification
+    from qpa.envs.sandbox import SandboxEnv
+
+    class PatternSandbox(SandboxEnv):
+        def verify(self) -> Verification:
+            progress = PATTERN[index % len(PATTERN)]
+            return Verification(done=True, success=progress == 1.0, progress=progress)
+
+    return PatternSandbox()
+
+
 def build_inputs(workdir: Path, tasks: int, hidden: int) -> tuple[Path, list[Any], list[str]]:
     """A tiny checkpoint, `tasks` short sandbox tasks, and their first-turn Harness prompts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from qpa.envs.sandbox import SandboxEnv
-    from qpa.envs.sandbox.suite import generate_suite
     from qpa.harness.agent import HarnessPlanner
     from qpa.harness.backends.local import LocalBackend
     from qpa.train.tiny import TinyConfig, make_tiny_checkpoint, suite_corpus
@@ -60,8 +90,7 @@ def build_inputs(workdir: Path, tasks: int, hidden: int) -> tuple[Path, list[Any
     checkpoint = make_tiny_checkpoint(
         workdir / "tiny", config, corpus=suite_corpus(conversations=6)
     )
-    pool = [t for t in generate_suite() if t.split == "train" and t.domain == "messaging"]
-    chosen = sorted(pool, key=lambda t: len(t.instruction))[:tasks]
+    chosen = choose_tasks(tasks)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True)
     backend = LocalBackend.from_loaded(model, tokenizer)
@@ -89,43 +118,37 @@ def harness_config() -> Any:
     return HarnessConfig(token_budget=100, max_tools=1, max_turns=1)
 
 
+def qpa_config(
+    checkpoint: Path, args: argparse.Namespace, out: Path, zero: int | None = None
+) -> dict[str, Any]:
+    """The RL run both modes measure (`zero`: a DeepSpeed ZeRO stage; None or 0: plain)."""
+    batch = args.tasks * args.k
+    return {
+        "name": "bench-qpa",
+        "model": str(checkpoint),
+        "output_dir": str(out),
+        "steps": args.steps,
+        "tasks_per_step": args.tasks,
+        "samples_per_task": args.k,
+        "seed": 0,
+        "harness": harness_config().model_dump(),
+        "generation": {"max_new_tokens": args.max_new_tokens, "stop_at_action": False},
+        "loss": {"micro_batch_size": batch, "skip_zero_advantage": False},
+        "optim": {"learning_rate": 1e-5},
+        "care": {"enabled": True},
+        "checkpoint": {"every_steps": 10_000, "save_final": False},
+        "metrics": {"logging_steps": 1},
+        "deepspeed": {"enabled": bool(zero), "zero_stage": zero or 2},
+    }
+
+
 def run_qpa(
     checkpoint: Path, tasks: list[Any], args: argparse.Namespace, out: Path, budget_s: float
 ) -> dict[str, Any]:
-    from qpa.envs.sandbox import SandboxEnv
     from qpa.train.rl import RLConfig, RLTrainer
 
-    class PatternSandbox(SandboxEnv):
-        def __init__(self, index: int) -> None:
-            super().__init__()
-            self.index = index
-
-        def verify(self) -> Any:
-            from qpa.contract import Verification
-
-            progress = PATTERN[self.index % len(PATTERN)]
-            return Verification(done=True, success=progress == 1.0, progress=progress)
-
-    batch = args.tasks * args.k
-    config = RLConfig.model_validate(
-        {
-            "name": "bench-qpa",
-            "model": str(checkpoint),
-            "output_dir": str(out),
-            "steps": args.steps,
-            "tasks_per_step": args.tasks,
-            "samples_per_task": args.k,
-            "seed": 0,
-            "harness": harness_config().model_dump(),
-            "generation": {"max_new_tokens": args.max_new_tokens, "stop_at_action": False},
-            "loss": {"micro_batch_size": batch, "skip_zero_advantage": False},
-            "optim": {"learning_rate": 1e-5},
-            "care": {"enabled": True},
-            "checkpoint": {"every_steps": 10_000, "save_final": False},
-            "metrics": {"logging_steps": 1},
-        }
-    )
-    trainer = RLTrainer(config, tasks=tasks, environment=PatternSandbox)
+    config = RLConfig.model_validate(qpa_config(checkpoint, args, out))
+    trainer = RLTrainer(config, tasks=tasks, environment=pattern_env)
     started = time.perf_counter()
     steps: list[dict[str, float]] = []
     while trainer.step < args.steps:
@@ -224,7 +247,116 @@ def summarize(times: list[float], **series: list[float]) -> dict[str, Any]:
     return out
 
 
+def rank_worker(spec_file: Path) -> None:
+    """One rank of `--ranks`: the RL steps of the run in the spec; rank 0 writes the timings."""
+    import torch
+
+    from qpa.train.rl import RLConfig, RLTrainer
+
+    torch.set_num_threads(1)
+    spec = json.loads(spec_file.read_text())
+    config = RLConfig.model_validate(spec["config"])
+    trainer = RLTrainer(config, tasks=choose_tasks(spec["tasks"]), environment=pattern_env)
+    steps = [trainer.train_step().metrics for _ in range(config.steps)]
+    if int(os.environ["RANK"]) == 0:
+        episodes = [s["episodes"] * trainer.world_size for s in steps]
+        summary = summarize(
+            [s["step_s"] for s in steps],
+            rollout=[s["rollout_s"] for s in steps],
+            update=[s["update_s"] for s in steps],
+            episodes=episodes,
+        )
+        summary["median_episodes_per_s"] = summary["median_episodes"] / summary["median_step_s"]
+        Path(spec["out"]).write_text(json.dumps(summary))
+
+
+def run_ranks(
+    checkpoint: Path, args: argparse.Namespace, work: Path, world_size: int
+) -> dict[str, Any]:
+    """`world_size` rank processes (torchrun's variables, gloo) running the same RL steps."""
+    from qpa.train.deepspeed import free_port, local_rank_env
+
+    folder = work / f"ranks-{world_size}"
+    folder.mkdir()
+    spec = {
+        "config": qpa_config(checkpoint, args, folder / "run", zero=args.zero),
+        "tasks": args.tasks,
+        "out": str(folder / "result.json"),
+    }
+    (folder / "spec.json").write_text(json.dumps(spec))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    processes = []
+    for rank in range(world_size):
+        log = (folder / f"rank{rank}.log").open("w")
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--rank-worker", "spec.json"],
+                cwd=folder,  # not the repository root: its operator/ shadows the stdlib module
+                env={**env, **local_rank_env(rank, world_size, port)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    deadline = time.monotonic() + args.budget_s * 4
+    while any(p.poll() is None for p in processes):
+        if any(p.returncode not in (None, 0) for p in processes) or time.monotonic() > deadline:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+            break
+        time.sleep(0.2)
+    codes = [p.wait() for p in processes]
+    if any(codes):
+        tail = (folder / "rank0.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{world_size} ranks: exit codes {codes}\n{tail}")
+    result: dict[str, Any] = json.loads((folder / "result.json").read_text())
+    return result
+
+
+def main_ranks(args: argparse.Namespace) -> None:
+    sizes = [int(x) for x in args.ranks.split(",") if x.strip()]
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--ranks {args.ranks!r}: a comma-separated list of world sizes >= 1")
+    overall = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        checkpoint, _, prompts = build_inputs(work, args.tasks, args.hidden)
+        prompt_tokens = prompt_length(checkpoint, prompts)
+        results = {size: run_ranks(checkpoint, args, work, size) for size in sizes}
+    zero = f"DeepSpeed ZeRO-{args.zero}" if args.zero else "plain PyTorch"
+    print(
+        f"qpa RL step by world size ({zero}, gloo, 1 thread per rank, {os.cpu_count()} cores): "
+        f"{args.tasks} tasks x k={args.k} per rank, ~{prompt_tokens:.0f}-token prompts, "
+        f"{args.max_new_tokens} new tokens, tiny Qwen3 hidden {args.hidden}; "
+        f"median of {args.steps - 1} steps after one warm-up"
+    )
+    print(f"  {'ranks':>5} {'s/step':>8} {'rollout s':>10} {'update s':>9} {'episodes/s':>11}")
+    for size, r in results.items():
+        print(
+            f"  {size:>5} {r['median_step_s']:>8.3f} {r['median_rollout']:>10.3f} "
+            f"{r['median_update']:>9.3f} {r['median_episodes_per_s']:>11.2f}"
+        )
+    print(f"  total {time.perf_counter() - overall:.0f} s")
+    if args.json is not None:
+        report = {
+            "benchmark": "rl_step_ranks",
+            "zero": args.zero,
+            "tasks_per_rank": args.tasks,
+            "k": args.k,
+            "max_new_tokens": args.max_new_tokens,
+            "hidden": args.hidden,
+            "prompt_tokens_mean": prompt_tokens,
+            "ranks": {str(size): r for size, r in results.items()},
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--rank-worker":
+        rank_worker(Path(sys.argv[2]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=4, help="tasks (prompts) per step")
@@ -233,7 +365,18 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128, help="tiny model hidden size")
     parser.add_argument("--budget-s", type=float, default=150.0, help="both sides together")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--ranks", default=None, help="world sizes to compare, e.g. 1,2 (qpa only, no TRL)"
+    )
+    parser.add_argument(
+        "--zero", type=int, choices=(0, 2, 3), default=2, help="with --ranks: ZeRO stage, 0 off"
+    )
     args = parser.parse_args()
+    if args.ranks:
+        if args.steps < 2:
+            parser.error("--ranks needs --steps of at least 2 (the first step is warm-up)")
+        main_ranks(args)
+        return
 
     import os
 

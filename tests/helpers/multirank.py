@@ -203,7 +203,9 @@ def main(argv: list[str]) -> None:
     rank = int(os.environ["RANK"])
     modes = {"rl_update": _rl_update, "sft": _sft, "rl_run": _rl_run}
     for job in json.loads(Path(spec_file).read_text()):
+        started = time.perf_counter()
         modes[job["mode"]](job, rank)
+        print(f"[multirank] {job['mode']} took {time.perf_counter() - started:.1f} s", flush=True)
 
 
 if __name__ == "__main__":
