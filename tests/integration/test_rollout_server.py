@@ -114,12 +114,51 @@ def output_of(proc: subprocess.Popen[bytes]) -> str:
     return proc.stdout.read().decode() if proc.stdout else "no output"
 
 
+@pytest.fixture(scope="module")
+def server(checkpoint: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    with rollout_server(checkpoint) as running:
+        yield running
+
+
 def server_digest(url: str) -> str:
     return str(httpx.get(f"{url}/qpa/weights/digest", timeout=10).json()["sha256"])
 
 
+def test_trl_vllm_client_speaks_to_the_stand_in(
+    server: tuple[str, subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's own `VLLMClient` (its vLLM import check aside) against `--backend hf`: the
+    server answers TRL's generation, info, world-size and prefix-cache calls as vLLM does."""
+    from trl.generation import vllm_client
+
+    url, proc = server
+    try:
+        RolloutClient(url, timeout_s=120).wait_ready()
+    except RolloutServerError as exc:
+        raise AssertionError(f"{exc}\n{output_of(proc)}") from exc
+    monkeypatch.setattr(vllm_client, "is_vllm_available", lambda *args, **kwargs: True)
+    client = vllm_client.VLLMClient(base_url=url, connection_timeout=10)
+    assert client.get_world_size() == 1
+    assert client.get_server_info()["weight_transfer_config"] == {"backend": "gloo"}
+    prompts = [[5, 6, 7], [8, 9]]
+    out = client.generate(prompts, n=2, max_tokens=4, temperature=0.9, logprobs=0)
+    assert out["prompt_ids"] == prompts
+    assert len(out["completion_ids"]) == 4
+    for ids, logprobs, token_ids in zip(
+        out["completion_ids"], out["logprobs"], out["logprob_token_ids"], strict=True
+    ):
+        assert 1 <= len(ids) <= 4
+        assert [row[0] for row in token_ids] == ids  # the sampled token's own log-prob
+        assert all(row[0] is not None and row[0] <= 0 for row in logprobs)
+    client.reset_prefix_cache()
+
+
 def test_rl_through_the_rollout_server(
-    checkpoint: Path, tasks: list[Task], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: tuple[str, subprocess.Popen[bytes]],
+    checkpoint: Path,
+    tasks: list[Task],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def no_local_generation(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the trainer generated with its own model")
@@ -135,67 +174,67 @@ def test_rl_through_the_rollout_server(
 
     monkeypatch.setattr(trainer_module, "policy_loss", spy_loss)
 
-    with rollout_server(checkpoint) as (url, proc):
-        config = RLConfig.from_dict(
-            {
-                "name": "rl-rollout",
-                "model": str(checkpoint),
-                "output_dir": str(tmp_path / "run"),
-                "steps": 2,
-                "tasks_per_step": 2,
-                "samples_per_task": 2,
-                "seed": 3,
-                "harness": {"token_budget": 100, "max_tools": 1, "max_turns": 2},
-                "generation": {
-                    "backend": "vllm",
-                    "max_new_tokens": 8,
-                    "vllm_url": url,
-                    "vllm_group_port": free_port(),
-                    "vllm_timeout_s": 120,
-                },
-                "loss": {"micro_batch_size": 8},
-                "optim": {"learning_rate": 0.05},
-                "checkpoint": {"every_steps": 10, "save_final": False},
-            }
-        )
-        try:
-            trainer = RLTrainer(config, tasks=tasks, environment=ScoredSandbox)
-        except RolloutServerError as exc:
-            raise AssertionError(f"{exc}\n{output_of(proc)}") from exc
-        try:
-            # the starting weights were pushed at set-up: the server holds the trainer's
-            start = weights_digest(trainer.model)
-            assert server_digest(url) == start
-            digests = [start]
-            for step in (1, 2):
-                seen.clear()
-                result = trainer.train_step()
-                turns = [turn for episode in result.episodes for turn in episode.turns]
-                assert turns and all(t.sampler_logprobs is not None for t in turns)
-                for turn in turns:
-                    assert turn.sampler_logprobs is not None
-                    assert len(turn.sampler_logprobs) == len(turn.completion_ids)
-                    assert all(v <= 0.0 and math.isfinite(v) for v in turn.sampler_logprobs)
-                # the loss got the sampler's log-probs, and they are the synced policy's
-                assert seen, "no loss was computed"
-                for batch, old in seen:
-                    sampler = batch.sampler_logprobs
-                    assert sampler is not None
-                    trained = batch.loss_mask > 0
-                    assert not torch.isnan(sampler[trained]).any()
-                    gap = (sampler[trained] - old[trained]).abs().max()
-                    assert float(gap) < 1e-4, (step, float(gap))
-                # the step's new weights reached the server
-                digest = server_digest(url)
-                assert digest == weights_digest(trainer.model), step
-                assert digest not in digests, step  # the policy moved, and so did the server
-                digests.append(digest)
-                assert trainer._vllm is not None
-            with pytest.raises(RolloutServerError, match="nope: no such parameter"):
-                trainer._vllm.push_weights([("nope", torch.zeros(2))])
-            assert server_digest(url) == digests[-1]
-        finally:
-            trainer.close()
+    url, proc = server
+    config = RLConfig.from_dict(
+        {
+            "name": "rl-rollout",
+            "model": str(checkpoint),
+            "output_dir": str(tmp_path / "run"),
+            "steps": 2,
+            "tasks_per_step": 2,
+            "samples_per_task": 2,
+            "seed": 3,
+            "harness": {"token_budget": 100, "max_tools": 1, "max_turns": 2},
+            "generation": {
+                "backend": "vllm",
+                "max_new_tokens": 8,
+                "vllm_url": url,
+                "vllm_group_port": free_port(),
+                "vllm_timeout_s": 120,
+            },
+            "loss": {"micro_batch_size": 8},
+            "optim": {"learning_rate": 0.05},
+            "checkpoint": {"every_steps": 10, "save_final": False},
+        }
+    )
+    try:
+        trainer = RLTrainer(config, tasks=tasks, environment=ScoredSandbox)
+    except RolloutServerError as exc:
+        raise AssertionError(f"{exc}\n{output_of(proc)}") from exc
+    try:
+        # the starting weights were pushed at set-up: the server holds the trainer's
+        start = weights_digest(trainer.model)
+        assert server_digest(url) == start
+        digests = [start]
+        for step in (1, 2):
+            seen.clear()
+            result = trainer.train_step()
+            turns = [turn for episode in result.episodes for turn in episode.turns]
+            assert turns and all(t.sampler_logprobs is not None for t in turns)
+            for turn in turns:
+                assert turn.sampler_logprobs is not None
+                assert len(turn.sampler_logprobs) == len(turn.completion_ids)
+                assert all(v <= 0.0 and math.isfinite(v) for v in turn.sampler_logprobs)
+            # the loss got the sampler's log-probs, and they are the synced policy's
+            assert seen, "no loss was computed"
+            for batch, old in seen:
+                sampler = batch.sampler_logprobs
+                assert sampler is not None
+                trained = batch.loss_mask > 0
+                assert not torch.isnan(sampler[trained]).any()
+                gap = (sampler[trained] - old[trained]).abs().max()
+                assert float(gap) < 1e-4, (step, float(gap))
+            # the step's new weights reached the server
+            digest = server_digest(url)
+            assert digest == weights_digest(trainer.model), step
+            assert digest not in digests, step  # the policy moved, and so did the server
+            digests.append(digest)
+            assert trainer._vllm is not None
+        with pytest.raises(RolloutServerError, match="nope: no such parameter"):
+            trainer._vllm.push_weights([("nope", torch.zeros(2))])
+        assert server_digest(url) == digests[-1]
+    finally:
+        trainer.close()
 
 
 def test_unreachable_server_is_a_clear_error() -> None:

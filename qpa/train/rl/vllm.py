@@ -205,6 +205,8 @@ class NcclCommunicator:  # pragma: no cover - needs a GPU and vLLM
 
     def __init__(self, init_info: Mapping[str, Any]) -> None:
         self._stateful = _vllm_at_least("0.28.0")
+        #: What every `/update_weights` adds to its `update_info` (vLLM < 0.28: `packed`).
+        self.update_extra: dict[str, Any] = {} if self._stateful else {"packed": True}
         if self._stateful:
             from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
@@ -386,7 +388,8 @@ class RolloutClient:
                 timeout_s=self.timeout_s,
             )  # fmt: skip
         elif backend == "nccl":  # pragma: no cover - needs a GPU and vLLM
-            init["packed"] = True
+            if _vllm_at_least("0.28.0"):  # as TRL: packed moved from each update to the init
+                init["packed"] = True
             opener = _nccl_opener(init, device)
         else:
             raise RolloutServerError(f"rollout server: unknown weight-transfer backend {backend!r}")
@@ -410,8 +413,9 @@ class RolloutClient:
         metas = [ParamMeta.of(name, tensor) for name, tensor in tensors]
         self._request("POST", "/start_weight_update", json={})
         with ThreadPoolExecutor(max_workers=1) as pool:
+            info = {**update_info(metas), **getattr(self.communicator, "update_extra", {})}
             answer = pool.submit(
-                self._request, "POST", "/update_weights", json={"update_info": update_info(metas)}
+                self._request, "POST", "/update_weights", json={"update_info": info}
             )
             self.communicator.send(tensors)
             answer.result()
