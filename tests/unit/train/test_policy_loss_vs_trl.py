@@ -28,9 +28,11 @@ import torch
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from qpa.train.rl.config import LossSettings
+from qpa.train.rl.generation import Turn
 from qpa.train.rl.loss import (
     Batch,
     Sample,
+    build_samples,
     collate,
     policy_loss,
     token_logprobs,
@@ -310,6 +312,22 @@ def test_sampler_logprobs_travel_from_sample_to_batch() -> None:
     assert collate(samples[1:], pad_id=0).sampler_logprobs is None
     with pytest.raises(ValueError, match="sampler_logprobs"):
         collate([Sample([1, 2, 3], 1, [1, 1], 1.0, sampler_logprobs=[-0.1])], pad_id=0)
+
+
+def test_packed_turns_carry_their_sampler_logprobs() -> None:
+    prompt, first, feedback, second = [5, 6], [20, 21], [30, 31, 32], [40]
+    one, two = Turn(prompt, first), Turn([*prompt, *first, *feedback], second)
+    one.sampler_logprobs = [-0.5, -1.5]  # as a rollout server reports them
+    (sample,) = build_samples([one, two], advantage=1.0)
+    assert sample.mask == [1, 1, 0, 0, 0, 1]
+    values = sample.sampler_logprobs
+    assert values is not None and values[:2] == [-0.5, -1.5]
+    assert all(math.isnan(v) for v in values[2:])  # feedback, and a turn that had none
+    assert build_samples([Turn(prompt, first)], advantage=1.0)[0].sampler_logprobs is None
+    bad = Turn(prompt, first)
+    bad.sampler_logprobs = [-0.5]
+    with pytest.raises(ValueError, match=r"turn\.sampler_logprobs: 1 values for 2"):
+        build_samples([bad], advantage=1.0)
 
 
 # ------------------------------------------------------------------ on the tiny model
