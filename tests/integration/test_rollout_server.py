@@ -152,6 +152,17 @@ def test_trl_vllm_client_speaks_to_the_stand_in(
         assert all(row[0] is not None and row[0] <= 0 for row in logprobs)
     client.reset_prefix_cache()
 
+    # bad requests are refused with the field named, and open no weight-sync group
+    def post(path: str, body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(f"{url}{path}", json=body, timeout=30)
+
+    too_long = post("/v1/completions", {"prompt": [[5] * 8192], "max_tokens": 1})
+    assert too_long.status_code == 400 and "maximum context length is 8192" in too_long.text
+    init = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 3}
+    refused = post("/init_weight_transfer_engine", {"init_info": init})
+    assert refused.status_code == 400 and "init_info.world_size" in refused.text
+    assert post("/update_weights", {"update_info": "x"}).status_code == 400
+
 
 def test_rl_through_the_rollout_server(
     server: tuple[str, subprocess.Popen[bytes]],
