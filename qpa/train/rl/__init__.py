@@ -42,6 +42,11 @@ One step of the loop:
    are skipped when `beta == 0` (they contribute exactly zero gradient) but still count in the
    normaliser. Optimizer: AdamW, or a DeepSpeed engine (ZeRO-2/3, gloo on CPU) with
    `managed_gradient_accumulation: false`, so a step may hold any number of micro-batches.
+   With several ranks a step is one update on the global batch, as one process holding all of
+   it would make: every rank runs as many forward/backward passes as the busiest rank (padding
+   with zero-weight micro-batches, else ZeRO-3's gathers and ZeRO-2's reductions hang), all
+   divide by the global batch's token count, and gradients are averaged over ranks (by
+   DeepSpeed, or by an all-reduce without it); `tests/integration/test_multirank.py` checks it.
 5. **Record.** Metrics (loss, reward, success rate, CARE tier mix, output tokens, tool calls,
    turns, timings) go to `qpa.train.metrics.TrainMetrics` (JSONL + Prometheus). Every
    `checkpoint.every_steps` steps `<output_dir>/checkpoint-<step>/` is written (`model/`: weights
