@@ -220,6 +220,7 @@ def test_rl_through_the_rollout_server(
         for step in (1, 2):
             seen.clear()
             result = trainer.train_step()
+            assert result.metrics["weight_sync_s"] > 0
             turns = [turn for episode in result.episodes for turn in episode.turns]
             assert turns and all(t.sampler_logprobs is not None for t in turns)
             for turn in turns:

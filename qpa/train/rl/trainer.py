@@ -686,7 +686,8 @@ class RLTrainer:
                     episode=episodes.index(episode),
                 )
         update = self.update(samples)
-        if self._vllm is not None:
+        updated = time.perf_counter()
+        if self._vllm is not None:  # the rollout server samples the next step with these
             self._push_weights()
         finished = time.perf_counter()
         self.step = step
@@ -700,6 +701,7 @@ class RLTrainer:
         metrics.update(
             rollout_s=rolled - started,
             update_s=finished - rolled,
+            weight_sync_s=finished - updated,
             step_s=finished - started,
             tokens_per_second=tokens / max(finished - started, 1e-9),
         )
