@@ -1,13 +1,15 @@
 """Two ranks on CPU (gloo, processes started as torchrun would) give the result of one process
-holding the whole global batch: RL updates and SFT steps under DeepSpeed ZeRO-2 and ZeRO-3, and
-an RL run killed mid-step under DeepSpeed resumes to the same final step and weights.
+holding the whole global batch: RL updates and SFT steps under DeepSpeed ZeRO-2 and ZeRO-3 (and
+RL updates without DeepSpeed), and an RL run under ZeRO-3 killed mid-step resumes to the same
+final step and weights.
 
 The one-process reference runs here, in plain PyTorch / TRL without DeepSpeed, on the same
 tiny checkpoint and the same global batch. Tolerance (fp32 throughout): weights within
 `ATOL` (absolute) after the last step, losses and gradient norms within `RTOL` (relative).
 Reductions happen in another order across ranks (and ZeRO partitions), so the results agree
-to float32 rounding, not bit for bit; what a hang, a missing pad pass or a per-rank normaliser
-would change is orders of magnitude larger (a per-rank token mean moves weights by ~1e-3).
+to float32 rounding, not bit for bit (ZeRO-2 RL: 1.2e-6 apart). The faults this guards against
+are far larger: a per-rank token normaliser moves the weights 7.6e-3 away, a pad pass that
+trains (the KL term of a zero-advantage sample) 3.1e-3; pass counts that differ hang.
 
 The RL shares are uneven on purpose (micro-batch size 1): rank 0 holds 4 sequences and rank 1
 one in the first update; rank 0 none at all in the second. Without equal pass counts ZeRO-3
@@ -170,22 +172,24 @@ def step_losses(out: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(inputs: dict[str, Path]) -> dict[str, Path]:
-    """Two ranks, one process each, running in order: the RL updates and the SFT steps under
-    ZeRO-2 and ZeRO-3, an unkilled 2-step RL run, and the same run killed in step 2; then two
-    new ranks resuming the killed run. The one-process references run here meanwhile."""
+    """Two ranks, one process each, running in order: the RL updates (plain PyTorch, ZeRO-2,
+    ZeRO-3) and the SFT steps (ZeRO-2, ZeRO-3), an unkilled 2-step RL run, and the same run
+    killed in step 2; then two new ranks resuming the killed run. The one-process references
+    run here meanwhile."""
     root = inputs["root"] / "ranks"
     model = inputs["model"]
     jobs: list[dict[str, Any]] = []
-    for stage in (2, 3):
+    for stage in (0, 2, 3):
         jobs.append(
             {
                 "mode": "rl_update",
-                "config": rl_update_config(model, root / f"rl-zero{stage}", stage),
+                "config": rl_update_config(model, root / f"rl-zero{stage}", stage or None),
                 "batches": BATCHES,
                 "shares": SHARES,
                 "out": str(root / f"rl-zero{stage}.pt"),
             }
         )
+    for stage in (2, 3):
         jobs.append(
             {
                 "mode": "sft",
@@ -225,7 +229,7 @@ def references(inputs: dict[str, Path]) -> None:
 # --------------------------------------------------------------------------- RL update
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [0, 2, 3], ids=["plain", "zero2", "zero3"])
 def test_rl_update_on_two_ranks_equals_one_process(
     inputs: dict[str, Path], runs: dict[str, Path], stage: int
 ) -> None:
