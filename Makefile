@@ -9,7 +9,7 @@ STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_BASE := $(VENV)/.stamp-base
 STAMP_LOOP := $(VENV)/.stamp-loop
 
-.PHONY: demo test lint typecheck check bench clean
+.PHONY: demo test lint typecheck check bench gpu-wheels clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,13 @@ lint: $(STAMP_DEV)
 
 bench: $(STAMP_BASE)
 	$(BIN)/python benchmarks/env_throughput.py
+
+# wheels for a GPU node without PyPI: qpa, DeepSpeed and the trainer lock's pins of qpa's
+# train/data dependencies (no torch/CUDA) for Python 3.12; on the node, offline:
+#   python3 benchmarks/gpu_smoke.py --wheels build/gpu-wheels --out smoke-results
+GPU_WHEELS ?= build/gpu-wheels
+gpu-wheels: $(STAMP_DEV)
+	$(BIN)/python benchmarks/gpu_smoke.py --build-wheels $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
