@@ -16,9 +16,11 @@ acts exactly where the ratio leaves [1 - eps_low, 1 + eps_high] (zero gradient t
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import textwrap
+import types
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
@@ -48,6 +50,7 @@ class _Accelerator:
     """The two collectives `_compute_loss` calls, for one process."""
 
     num_processes = 1
+    is_main_process = True
 
     @staticmethod
     def gather(tensor: torch.Tensor) -> torch.Tensor:
@@ -353,6 +356,63 @@ def _two_completions() -> Batch:
         ],
         pad_id=0,
     )
+
+
+@pytest.mark.parametrize("max_logits", [None, 0])  # qpa's full-logits and tiled paths
+def test_end_to_end_on_the_tiny_model_equals_trl(max_logits: int | None) -> None:
+    """TRL's whole path, model included: its fused LM head (`add_fused_lm_head`) and
+    `_get_per_token_logps_and_entropies` compute the log-probs at the sampling temperature,
+    `_compute_loss` the loss; the weight gradients equal qpa's `token_logprobs` +
+    `policy_loss` (1e-5: two different log-prob kernels)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    temperature = 0.7
+    model = _tiny()
+    add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 120, (4,), generator=g).tolist()
+    samples = [
+        Sample([*prompt, *torch.randint(3, 120, (n,), generator=g).tolist()], 4, mask, adv)
+        for n, mask, adv in ((5, [1, 1, 0, 1, 1], 1.0), (3, [1, 1, 1], -0.7), (4, [1] * 4, 0.4))
+    ]
+    batch = collate(samples, pad_id=0)
+    settings = LossSettings(clip_high=0.28, beta=0.04)
+    with torch.no_grad():
+        old = token_logprobs(model, batch, temperature) + 0.3 * torch.randn(
+            batch.loss_mask.shape, generator=g
+        )
+        ref = old - 0.2
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    logps = token_logprobs(model, batch, temperature, max_logits=max_logits)
+    ours, _ = policy_loss(
+        logps, old, batch, settings, normalizer=float(batch.loss_mask.sum()), ref_logps=ref
+    )
+    g_ours = torch.autograd.grad(ours, params)
+
+    fake = _trl(settings, "dapo")
+    fake.accelerator.autocast = contextlib.nullcontext
+    fake._get_per_token_logps_and_entropies = types.MethodType(
+        GRPOTrainer._get_per_token_logps_and_entropies, fake
+    )
+    completion = batch.input_ids[:, batch.prompt_width :]
+    inputs = {
+        "prompt_ids": batch.input_ids[:, : batch.prompt_width],
+        "prompt_mask": batch.attention_mask[:, : batch.prompt_width],
+        "completion_ids": completion,
+        "completion_mask": batch.attention_mask[:, batch.prompt_width :],
+        "tool_mask": batch.loss_mask,
+        "advantages": batch.advantages,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": batch.loss_mask.sum(),
+    }
+    theirs = GRPOTrainer._compute_loss(fake, model, inputs)
+    g_theirs = torch.autograd.grad(theirs, params)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_ours, g_theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert sum(float(x.abs().sum()) for x in g_ours) > 0
 
 
 def test_a_step_raises_positive_and_lowers_negative_completions() -> None:
