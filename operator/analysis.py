@@ -220,9 +220,9 @@ def parse_prometheus(requests_answer: Any, buckets_answer: Any, at: datetime) ->
 # --------------------------------------------------------------------------- I/O
 
 
-async def _get(client: httpx.AsyncClient, url: str, **params: str) -> bytes:
+async def _get(http: httpx.AsyncClient, url: str, **params: str) -> bytes:
     try:
-        async with client.stream("GET", url, params=params or None) as response:
+        async with http.stream("GET", url, params=params or None) as response:
             if response.status_code != 200:
                 raise MetricsUnavailable(f"GET {url} answered {response.status_code}")
             body = bytearray()
@@ -248,9 +248,9 @@ async def read_sample(
     timeout = httpx.Timeout(TIMEOUT_SECONDS)
     async with httpx.AsyncClient(
         timeout=timeout, transport=transport, follow_redirects=False, trust_env=False
-    ) as client:
+    ) as http:
         if analysis.prometheus_url is None:
-            body = await _get(client, metrics_url)
+            body = await _get(http, metrics_url)
             try:
                 text = body.decode("utf-8")
             except UnicodeDecodeError:
@@ -264,7 +264,7 @@ async def read_sample(
         requests_query, buckets_query = prometheus_queries(analysis, namespace, revision)
         answers = []
         for query in (requests_query, buckets_query):
-            body = await _get(client, url, query=query)
+            body = await _get(http, url, query=query)
             try:
                 answers.append(json.loads(body))
             except ValueError:

@@ -229,10 +229,10 @@ def children(
     status: HarnessReleaseStatus | None,
     defaults: Defaults,
     bench: Mapping[str, Any] | None = None,
-    storage: tuple[str, str] | None = None,
+    storage: str | None = None,
 ) -> Desired:
-    """The children `status` calls for; `storage` is (the store Secret's resourceVersion, the
-    uid of the storage initializer's Secret derived from it), which its account records."""
+    """The children `status` calls for; `storage` is the source (`builder.storage_source`) of
+    the storage initializer's Secret the handler derived, which its account names."""
     status = status or HarnessReleaseStatus()
     apply: list[JsonDict] = []
     if status.phase in ACTIVE:
@@ -244,7 +244,7 @@ def children(
         keep_extra.add(("ServiceAccount", name))
         if storage is not None:
             store = builder.model_store(hr, defaults)
-            apply.append(builder.storage_account(hr, defaults, store, *storage))
+            apply.append(builder.storage_account(hr, defaults, store, storage))
     if status.stable is not None:
         apply.append(builder.stable_endpoint(hr, defaults, status.stable.model))
     seen: set[str] = set()

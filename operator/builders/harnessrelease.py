@@ -4,16 +4,16 @@
   Face runtime with the vLLM backend (`storageUri` = the model URI, `nvidia.com/gpu` per
   replica, `--tensor-parallel-size` = the GPUs, `--dtype` (bfloat16 unless the spec says
   otherwise), `--max-model-len`, CPU and memory requests (the spec's, else `MODEL_CPU_PER_GPU`
-  and `MODEL_MEMORY_PER_GPU` per GPU) with the memory limit at the request, and a memory-backed
+  and `MODEL_MEMORY_PER_GPU_GI` per GPU) with the memory limit at the request, and a memory-backed
   `/dev/shm` for NCCL when it spans GPUs); it serves the OpenAI API at
   `http://<release>-model-<model id>-predictor.<ns>.svc.<domain>/openai/v1`. The candidate's,
   the stable version's and the previous stable version's models run side by side (the same
   InferenceService when they share a model). An `s3://` model is downloaded by KServe's storage
-  initializer with the service account `<release>-model-storage`, whose Secret of the same name
-  holds the store's keys in KServe's format (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`,
-  annotations `serving.kserve.io/s3-endpoint`, `-usehttps`, `-region`): the handler derives it
-  from the store Secret of the release's namespace (`qpa_operator.storecreds`' rules), this
-  module only shapes it;
+  initializer with the service account `<release>-model-storage`, whose immutable Secret
+  `<release>-model-storage-<source hash>` holds the store's keys in KServe's format
+  (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, annotations `serving.kserve.io/s3-endpoint`,
+  `-usehttps`, `-region`): the handler derives it from the store Secret of the release's
+  namespace (`qpa_operator.storecreds`' rules), this module only shapes it;
 - `<release>-model`: a Service, the release's **stable model endpoint**
   (`http://<release>-model.<ns>.svc.<domain>:8080/openai/v1`), selecting the stable version's
   model predictor pods, for TaskBatches and other clients that must not follow the candidate;
@@ -133,11 +133,8 @@ S3_ANONYMOUS_ANNOTATION: Final = "serving.kserve.io/s3-useanoncredential"
 KSERVE_ACCESS_KEY: Final = "AWS_ACCESS_KEY_ID"
 KSERVE_SECRET_KEY: Final = "AWS_SECRET_ACCESS_KEY"
 #: On the service account: a hash of what its Secret was derived from (store, Secret name and
-#: resourceVersion), so the handler rewrites the Secret only when its source changed.
+#: resourceVersion), so the handler writes a Secret only when its source changed.
 STORAGE_SOURCE_ANNOTATION: Final = "qpa.ai/storage-source"
-#: On the service account: the uid of the Secret this release created, the precondition of
-#: every later write to it (a Secret it did not create is never overwritten).
-STORAGE_UID_ANNOTATION: Final = "qpa.ai/storage-secret-uid"
 #: Pods of the namespace's TaskBatches may call the stable model endpoint.
 TASKBATCH_PODS: Final = kind_label("TaskBatch")
 
@@ -304,8 +301,14 @@ def model_store(hr: HarnessRelease, defaults: Defaults) -> ObjectStore:
 
 
 def storage_name(hr: HarnessRelease) -> str:
-    """The storage initializer's service account and its Secret (one name for both)."""
+    """The storage initializer's service account."""
     return bounded_name(hr, "model-storage", 63)
+
+
+def storage_secret_name(hr: HarnessRelease, source: str) -> str:
+    """The storage initializer's Secret derived from `source` (`storage_source`): one
+    immutable Secret per source, so the operator only ever creates Secrets, never changes one."""
+    return bounded_name(hr, f"model-storage-{source[:8]}", 63)
 
 
 def s3_annotations(store: ObjectStore) -> dict[str, str]:
@@ -326,15 +329,21 @@ def storage_source(store: ObjectStore, source_version: str) -> str:
 
 
 def storage_secret(
-    hr: HarnessRelease, defaults: Defaults, store: ObjectStore, access_key: str, secret_key: str
+    hr: HarnessRelease,
+    defaults: Defaults,
+    store: ObjectStore,
+    source: str,
+    access_key: str,
+    secret_key: str,
 ) -> JsonDict:
-    """The storage initializer's Secret in KServe's S3 format, from the store's keys.
+    """The storage initializer's Secret in KServe's S3 format, from the store's keys (immutable;
+    named by its source, see `storage_secret_name`).
 
     No spec hash: its data are credentials, and no digest of them is written anywhere.
     """
     meta = metadata(
         hr,
-        storage_name(hr),
+        storage_secret_name(hr, source),
         MODEL_COMPONENT,
         defaults,
         annotations={**s3_annotations(store), "qpa.ai/derived-from": store.secret_ref.name},
@@ -345,20 +354,17 @@ def storage_secret(
         "kind": "Secret",
         "metadata": meta,
         "type": "Opaque",
+        "immutable": True,
         "data": {KSERVE_ACCESS_KEY: encode(access_key), KSERVE_SECRET_KEY: encode(secret_key)},
     }
 
 
 def storage_account(
-    hr: HarnessRelease, defaults: Defaults, store: ObjectStore, source_version: str, uid: str
+    hr: HarnessRelease, defaults: Defaults, store: ObjectStore, source: str
 ) -> JsonDict:
     """The service account KServe's storage initializer downloads an `s3://` model with:
-    its Secret, KServe's S3 annotations, what the Secret was derived from and its uid."""
-    annotations = {
-        **s3_annotations(store),
-        STORAGE_SOURCE_ANNOTATION: storage_source(store, source_version),
-        STORAGE_UID_ANNOTATION: uid,
-    }
+    the Secret derived from `source`, KServe's S3 annotations, and the source's hash."""
+    annotations = {**s3_annotations(store), STORAGE_SOURCE_ANNOTATION: source}
     manifest = {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
@@ -366,7 +372,7 @@ def storage_account(
             hr, storage_name(hr), MODEL_COMPONENT, defaults, annotations=annotations
         ),
         "automountServiceAccountToken": False,
-        "secrets": [{"name": storage_name(hr)}],
+        "secrets": [{"name": storage_secret_name(hr, source)}],
     }
     return with_spec_hash(manifest)
 

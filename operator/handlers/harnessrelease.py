@@ -10,10 +10,11 @@ Every trigger runs the same `reconcile`, one at a time per release (an asyncio l
    the stable version's report. A release naming a store URI outside its namespace's prefix
    (`builders.storeaccess`) is refused before anything is read. For an `s3://` model, the
    storage initializer's Secret (`<release>-model-storage`, KServe's S3 format) is derived from
-   the same namespace Secret (`storecreds.namespace_store_keys`) and written only when its
-   source changed: created once, then patched with its uid as precondition, so a Secret this
-   release did not create is never overwritten. In the canary with `rollout.analysis`, the
-   candidate's request counters are read (`qpa_operator.analysis.read_sample`);
+   the same namespace Secret (`storecreds.namespace_store_keys`) when its source (store,
+   Secret and its resourceVersion) changed: a new immutable Secret per source, so the operator
+   only ever creates Secrets, never reads or changes one it did not name. In the canary with
+   `rollout.analysis`, the candidate's request counters are read
+   (`qpa_operator.analysis.read_sample`);
 2. **decide**: `qpa_operator.release.next_step` (pure) gives the new status, the Events and
    when to look again;
 3. **apply**: the status (guarded by resourceVersion, recomputed on a conflict), the Events,
@@ -64,10 +65,12 @@ logger = logging.getLogger("qpa_operator")
 KIND: Final = "HarnessRelease"
 PLURAL: Final = HarnessRelease.info.plural
 API_VERSION: Final = f"{GROUP}/{VERSION}"
-OWNED_KINDS: Final = (
-    "InferenceService", "Job", "ConfigMap", "NetworkPolicy", "Service", "ServiceAccount",
-)  # fmt: skip
+#: Pruned when the state machine no longer keeps them; the stable endpoint Service and the
+#: storage account stay while the release exists (garbage-collected with it).
+OWNED_KINDS: Final = ("InferenceService", "Job", "ConfigMap", "NetworkPolicy")
 
+#: What `client.create(body)` creates, per function (tests/unit/install/test_rbac.py reads it).
+CREATES: Final = {"storage_secret": ("v1", "secrets")}
 #: (namespace, name) -> when the clock should run the reconcile again (None: no timer).
 WAKE: dict[tuple[str, str], datetime] = {}
 #: (namespace, name) -> the release as this operator last wrote it: the index may lag behind,
@@ -162,46 +165,35 @@ async def read_metrics(
 
 async def storage_secret(
     resource: HarnessRelease, views: Views, client: Any, defaults: Any
-) -> tuple[tuple[str, str] | None, str | None]:
+) -> tuple[str | None, str | None]:
     """Derive the storage initializer's Secret from the namespace's store keys when its source
-    changed. Returns ((source resourceVersion, Secret uid) or None, problem or None)."""
+    changed (a new immutable Secret per source: the operator only creates Secrets). Returns
+    (the source its service account should name, or None; a problem, or None)."""
     if not release.needs_storage(resource):
         return None, None
     namespace = resource.metadata.namespace or "default"
-    name = builder.storage_name(resource)
     try:
         store = builder.model_store(resource, defaults)
         field = "spec.store" if resource.spec.store else "the operator's store (objectStore)"
         keys = await namespace_store_keys(client, namespace, store, field, defaults)
     except (MissingSetting, StoreCredentialsError) as exc:
         return None, str(exc)
-    account = views.child("ServiceAccount", namespace, name) or {}
+    source = builder.storage_source(store, keys.resource_version)
+    account = views.child("ServiceAccount", namespace, builder.storage_name(resource)) or {}
     annotations = (account.get("metadata") or {}).get("annotations") or {}
-    uid = annotations.get(builder.STORAGE_UID_ANNOTATION)
-    if uid and annotations.get(builder.STORAGE_SOURCE_ANNOTATION) == builder.storage_source(
-        store, keys.resource_version
-    ):
-        return (keys.resource_version, str(uid)), None  # up to date: nothing to write
-    body = builder.storage_secret(resource, defaults, store, keys.access_key, keys.secret_key)
+    if annotations.get(builder.STORAGE_SOURCE_ANNOTATION) == source:
+        return source, None  # its Secret exists: nothing to write
+    body = builder.storage_secret(
+        resource, defaults, store, source, keys.access_key, keys.secret_key
+    )
     try:
-        try:
-            if not uid:
-                raise ApiError(404, "NotFound", "no Secret created yet")
-            # The uid makes the patch fail on any Secret but the one this release created.
-            patch = {**body, "metadata": {**body["metadata"], "uid": uid}}
-            written = await client.patch("v1", "secrets", namespace, name, patch)
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-            written = await client.create(body)
+        await client.create(body)
     except ApiError as exc:
-        if exc.already_exists:
-            return None, (
-                f"Secret {namespace}/{name} exists and was not created by this release; the "
-                "operator never overwrites it (delete it, or rename the release)"
-            )
-        return None, f"Secret {namespace}/{name} cannot be written ({exc})"
-    return (keys.resource_version, str(written["metadata"]["uid"])), None
+        # Already there: created by an earlier reconcile that stopped before the account.
+        if not exc.already_exists:
+            name = body["metadata"]["name"]
+            return None, f"Secret {namespace}/{name} cannot be created ({exc})"
+    return source, None
 
 
 async def report_store(

@@ -108,6 +108,7 @@ def release_yaml(
         **gate,
     }
     spec["canary"] = {"steps": [10, 50, 100], "stepSeconds": 1}
+    spec["rollout"].pop("analysis")  # readiness-only steps (live analysis: integration tests)
     spec["timeouts"] = {"deploySeconds": 180, "benchmarkSeconds": 180, "reportSeconds": 30}
     spec["reportUri"] = reports
     spec["store"]["endpoint"] = seaweed.endpoint

@@ -78,10 +78,6 @@ KOPF_NAMESPACED: Sources = {
     ("kopf.dev", "kopfpeerings", verb): {"kopf:peering"} for verb in PEERING_VERBS
 }
 PARENTS = [(GROUP, cls.info.plural) for cls in RESOURCES]
-#: Cluster-scoped resources the operator reads: a namespace-scoped operator's client refuses
-#: cluster-scoped paths (`qpa_operator.kube`), so the code reading them (the TrainingRun gang
-#: admission's Nodes) needs them in the cluster-wide mode only.
-CLUSTER_SCOPED = {("", "nodes")}
 #: a store, so that the chart grants `get` on its Secret (the release gate reads with it)
 STORE = {"objectStore.endpoint": "http://minio.minio:9000", "objectStore.secretName": "qpa-store"}
 WATCHED = ["team-a", "team-b"]
@@ -261,6 +257,11 @@ def client_needs() -> Sources:
                 elif function.name in ("write_status", "child_event"):
                     suffix = "/status" if status else ""
                     add({(g, p + suffix, verb) for g, p in PARENTS}, source)
+                elif verb == "create" and function.name in getattr(module, "CREATES", {}):
+                    # `client.create(body)` of a body a builder made: the module names what
+                    # each such function creates (`CREATES[function] = (apiVersion, plural)`)
+                    api_version, plural = module.CREATES[function.name]
+                    add({(group_of(api_version), plural, verb)}, source)
                 else:
                     pytest.fail(
                         f"{path.name}:{node.lineno}: `{ast.unparse(node)[:80]}` in "
@@ -352,10 +353,7 @@ def expand(rules: list[dict[str, Any]]) -> Iterator[Permission]:
 def required(mode: str) -> Sources:
     """Every permission the operator needs in `mode` (cluster-wide | namespaced)."""
     own = KOPF_CLUSTER if mode == "cluster-wide" else KOPF_NAMESPACED
-    needs = merge(KOPF_OWN, own, kopf_needs(), client_needs(), granted_needs(), owner_needs())
-    if mode == "namespaced":
-        needs = {p: s for p, s in needs.items() if (p[0], p[1]) not in CLUSTER_SCOPED}
-    return needs
+    return merge(KOPF_OWN, own, kopf_needs(), client_needs(), granted_needs(), owner_needs())
 
 
 # --------------------------------------------------------------------------- the docs' table
@@ -476,9 +474,14 @@ def test_secrets_only_by_name_and_no_wildcards(render: Render) -> None:
             for rule in doc["rules"]:
                 for group, resource, verb in expand([rule]):
                     assert "*" not in (group, resource, verb), doc["metadata"]["name"]
-                    if resource == "secrets":
+                    if resource == "secrets" and verb == "create":
+                        # a release's storage initializer Secret (create takes no names)
+                        assert rule["verbs"] == ["create"] and names, rule
+                    elif resource == "secrets":
                         assert verb == "get" and rule["resourceNames"] == names, rule
-            secret_rules = [r for r in doc["rules"] if "secrets" in r["resources"]]
+            secret_rules = [
+                r for r in doc["rules"] if "secrets" in r["resources"] and "get" in r["verbs"]
+            ]
             assert len(secret_rules) == (1 if names else 0), values
             assert all("resourceNames" not in r for r in doc["rules"] if r not in secret_rules)
 
@@ -523,7 +526,8 @@ def test_the_derivation_sees_what_it_must() -> None:
     assert ("networking.k8s.io", "networkpolicies", "create") in needed  # ensure
     assert ("", "pods", "watch") in needed and ("", "pods", "get") not in needed  # indexes
     assert ("qpa.ai", "taskbatches", "patch") in needed  # kopf's annotations
-    assert needed["", "secrets", "get"] == {"storecreds:namespace_store_config"}
+    assert needed["", "secrets", "get"] == {"storecreds:namespace_store_keys"}
+    assert needed["", "secrets", "create"] == {"handlers.harnessrelease:storage_secret"}
     assert ("qpa.ai", "harnessreleases/finalizers", "update") in needed  # blockOwnerDeletion
     assert any(re.match(r"^handlers\.\w+:\w+$", s) for s in needed["", "pods", "list"])
 

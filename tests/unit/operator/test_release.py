@@ -36,6 +36,8 @@ def hr_body(harness: str = "harness-v3", model: str = "s3://qpa/models/a/") -> d
     body["spec"]["harness"]["version"] = harness
     body["spec"]["model"]["uri"] = model
     body["spec"]["canary"] = {"steps": [10, 50, 100], "stepSeconds": 60}
+    # readiness-only canaries here (test_harnessrelease_serving.py has the live analysis)
+    body["spec"]["rollout"].pop("analysis")
     return body
 
 

@@ -128,7 +128,7 @@ def test_the_work_order_maps_the_policy_and_resolved_fields() -> None:
     config = config_of(resource(BASE["spec"]), shard_index=5)
     planner = config.planner
     assert (planner.name, planner.model_url, planner.model) == (
-        "openai", "http://planner-predictor.qpa.svc.cluster.local/v1", "planner",
+        "openai", "http://planner-model.default.svc.cluster.local:8080/openai/v1", "planner",
     )  # fmt: skip
     assert planner.api_key_env == "QPA_API_KEY" and planner.harness_version == "harness-v3"
     assert planner.harness_config == Path(HARNESS_CONFIG_MOUNT) / "harness.yaml"
