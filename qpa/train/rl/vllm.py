@@ -265,6 +265,7 @@ class RolloutClient:
         group_port: int = 51216,
         timeout_s: float = 240.0,
         request_timeout_s: float = 600.0,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
         if not parts.hostname:
@@ -274,7 +275,9 @@ class RolloutClient:
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.group_port = group_port
         self.timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.base_url, timeout=request_timeout_s)
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=request_timeout_s, transport=transport
+        )
         self.model: str | None = None
         self.communicator: WeightCommunicator | None = None
         self.world_size = 1
@@ -320,7 +323,17 @@ class RolloutClient:
         self.model = str(models[0]["id"])
 
     def server_info(self) -> dict[str, Any]:
-        body = self._request("GET", "/server_info", params={"config_format": "json"})
+        """The server's configuration (`vllm_config`); vLLM serves it in dev mode only."""
+        try:
+            body = self._request("GET", "/server_info", params={"config_format": "json"})
+        except RolloutServerError as exc:
+            if "HTTP 404" in str(exc):
+                raise RolloutServerError(
+                    f"rollout server {self.base_url} has no development endpoints (weight "
+                    "sync needs them): start vLLM with VLLM_SERVER_DEV_MODE=1, as `trl "
+                    "vllm-serve` and `qpa rollout serve --backend vllm` do"
+                ) from exc
+            raise
         return dict(body.get("vllm_config") or {})
 
     # ------------------------------------------------------------------ generation

@@ -3,12 +3,17 @@ refusing bad flags with the flag or field named (no model is loaded, nothing lis
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from qpa.cli import app
 from qpa.train.rl.vllm import (
     ParamMeta,
+    RolloutClient,
     RolloutServerError,
     _sampled,
     parse_update_info,
@@ -57,3 +62,49 @@ def test_rollout_serve_refuses_bad_flags(args: list[str], message: str) -> None:
     result = runner.invoke(app, ["rollout", "serve", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def fake_server(info: dict[str, Any] | None, seen: list[dict[str, Any]]) -> httpx.MockTransport:
+    """vLLM's answers as a mock (`info`: `/server_info`'s `vllm_config`, None: not dev mode)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/health":
+            return httpx.Response(200)
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "planner"}]})
+        if path == "/server_info":
+            return httpx.Response(404) if info is None else httpx.Response(200, json=info)
+        if path == "/v1/completions":
+            body = json.loads(request.content)
+            seen.append(body)
+            choices = [
+                {"index": i, "token_ids": [3, 4], "logprobs": {"token_logprobs": [-0.1, -0.2]}}
+                for i in range(len(body["prompt"]))
+            ]
+            return httpx.Response(200, json={"choices": choices[::-1]})  # any order
+        return httpx.Response(500)
+
+    return httpx.MockTransport(answer)
+
+
+def test_the_client_asks_what_trl_asks_and_names_what_the_server_lacks() -> None:
+    seen: list[dict[str, Any]] = []
+    client = RolloutClient("http://vllm:8000", transport=fake_server({}, seen), timeout_s=1)
+    client.wait_ready()
+    assert client.model == "planner"
+    out = client.generate([[1, 2], [3]], max_tokens=8, temperature=0.7, stop=["</finish>"])
+    assert [(s.ids, s.logprobs) for s in out] == [([3, 4], [-0.1, -0.2])] * 2
+    (body,) = seen
+    assert body["model"] == "planner" and body["prompt"] == [[1, 2], [3]]
+    assert body["return_token_ids"] and body["return_tokens_as_token_ids"]
+    assert (body["logprobs"], body["n"], body["max_tokens"], body["temperature"]) == (0, 1, 8, 0.7)
+    assert body["stop"] == ["</finish>"] and body["include_stop_str_in_output"]
+    with pytest.raises(RolloutServerError, match="no weight-transfer engine"):
+        client.open_communicator()
+    plain = RolloutClient("http://vllm:8000", transport=fake_server(None, seen), timeout_s=1)
+    with pytest.raises(RolloutServerError, match="VLLM_SERVER_DEV_MODE=1"):
+        plain.open_communicator()
+    assert client.generate([], max_tokens=1) == []
+    with pytest.raises(RolloutServerError, match="push_weights before open_communicator"):
+        client.push_weights([])
