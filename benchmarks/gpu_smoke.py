@@ -117,7 +117,7 @@ class Profile:
     update_tokens: int
     eval_limit: int | None
     eval_max_new_tokens: int
-    parallel: bool
+    jobs: int
 
     @property
     def cuda(self) -> bool:
@@ -146,7 +146,7 @@ def make_profile(device: str, gpus: int, args: argparse.Namespace) -> Profile:
             resume_steps=3, sft_steps=4, sft_max_length=1024,
             update_model=QWEN3_06B, update_tokens=4096,
             eval_limit=None, eval_max_new_tokens=48,
-            parallel=True,
+            jobs=4,
         )  # fmt: skip
     else:
         profile = Profile(
@@ -160,7 +160,7 @@ def make_profile(device: str, gpus: int, args: argparse.Namespace) -> Profile:
             resume_steps=2, sft_steps=2, sft_max_length=256,
             update_model=QWEN3_SMALL, update_tokens=256,
             eval_limit=4, eval_max_new_tokens=8,
-            parallel=False,
+            jobs=1,
         )  # fmt: skip
     changes: dict[str, Any] = {}
     if args.ranks is not None:
@@ -169,8 +169,8 @@ def make_profile(device: str, gpus: int, args: argparse.Namespace) -> Profile:
         changes["update_tokens"] = args.update_tokens
     if args.eval_limit is not None:
         changes["eval_limit"] = args.eval_limit or None
-    if args.sequential:
-        changes["parallel"] = False
+    if args.jobs is not None:
+        changes["jobs"] = max(1, args.jobs)
     if changes:
         from dataclasses import replace
 
@@ -534,14 +534,14 @@ class Smoke:
         ]
         if not cases:
             return []
-        if not self.profile.parallel:
+        if self.profile.jobs == 1:
             return [
                 run_step(f"zero{s}-{k}", lambda s=s, k=k: self.kill_and_resume(k, s))
                 for s, k in cases
             ]
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(len(cases)) as pool:
+        with ThreadPoolExecutor(min(self.profile.jobs, len(cases))) as pool:
             futures = [
                 pool.submit(run_step, f"zero{s}-{k}", lambda s=s, k=k: self.kill_and_resume(k, s))
                 for s, k in cases
@@ -859,20 +859,22 @@ WORKERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
 # --------------------------------------------------------------------------- wheels
 
 
+TRAINER_LOCKS = ("images/trainer/requirements.lock", "images/trainer/deepspeed.lock")
+"""The trainer image's hashed locks (`images/lock.py`, Python 3.12): the versions carried."""
+SOURCE_ONLY = ("deepspeed",)
+"""Only an sdist on PyPI: built into a wheel here (pure Python; its ops are JIT-built)."""
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
 def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def locked_requirements(python_version: str) -> list[str]:
-    """`name==version` for qpa's dependencies (core + `WHEEL_EXTRAS`), transitively, as
-    installed in this environment (the versions the tests pass with), evaluated for the
-    node's Python; torch and the CUDA libraries are left to the node."""
-    from importlib import metadata
-
+def _environment(python_version: str) -> dict[str, str]:
+    """PEP 508 marker values of the GPU node (Linux x86-64, CPython `python_version`)."""
     from packaging.markers import default_environment
-    from packaging.requirements import Requirement
 
-    environment = {
+    return {
         **default_environment(),
         "python_version": python_version,
         "python_full_version": f"{python_version}.0",
@@ -882,6 +884,33 @@ def locked_requirements(python_version: str) -> list[str]:
         "implementation_name": "cpython",
         "platform_python_implementation": "CPython",
     }
+
+
+def lock_pins(root: Path | None = None) -> dict[str, str]:
+    """name -> version of the trainer image's locks (empty where the repository has none)."""
+    root = root or Path(__file__).resolve().parents[1]
+    pins: dict[str, str] = {}
+    for relative in TRAINER_LOCKS:
+        path = root / relative
+        if path.is_file():
+            for match in re.finditer(
+                r"(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", path.read_text()
+            ):
+                pins[_canonical(match[1])] = match[2]
+    return pins
+
+
+def locked_requirements(python_version: str) -> list[str]:
+    """`name==version` for qpa's dependencies (core + `WHEEL_EXTRAS`, transitively, as this
+    environment's package metadata names them, for the node's Python), each at the trainer
+    image's locked version (this environment's where the lock has none); torch and the CUDA
+    libraries are left to the node."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    environment = _environment(python_version)
+    pins = lock_pins()
     seen: dict[str, str] = {}
     visited: set[tuple[str, frozenset[str]]] = set()
     queue: list[tuple[str, frozenset[str]]] = [("qpa", frozenset(WHEEL_EXTRAS))]
@@ -904,41 +933,96 @@ def locked_requirements(python_version: str) -> list[str]:
                 continue
             queue.append((req.name, frozenset(req.extras)))
     seen.pop("qpa", None)
-    return [f"{name}=={version}" for name, version in sorted(seen.items())]
+    return [f"{name}=={pins.get(name, version)}" for name, version in sorted(seen.items())]
+
+
+def wheel_metadata(folder: Path) -> dict[str, tuple[str, list[str]]]:
+    """canonical name -> (version, Requires-Dist lines) of every wheel in `folder`."""
+    import zipfile
+
+    found: dict[str, tuple[str, list[str]]] = {}
+    for wheel in folder.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as archive:
+            name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+            text = archive.read(name).decode()
+        fields = dict(
+            line.split(": ", 1) for line in text.split("\n\n")[0].splitlines() if ": " in line
+        )
+        requires = [line[len("Requires-Dist: ") :] for line in text.splitlines()
+                    if line.startswith("Requires-Dist: ")]  # fmt: skip
+        found[_canonical(fields["Name"])] = (fields["Version"], requires)
+    return found
+
+
+def unmet_requirements(folder: Path, python_version: str) -> list[str]:
+    """What the wheels in `folder` need that is neither among them nor left to the node (a
+    requirement of a carried package, or a carried version outside a requirement's range)."""
+    from packaging.requirements import Requirement
+
+    environment = _environment(python_version)
+    wheels = wheel_metadata(folder)
+    extras: dict[str, set[str]] = {"qpa": set(WHEEL_EXTRAS)}
+    problems: list[str] = []
+    todo = ["qpa"] if "qpa" in wheels else list(wheels)
+    done: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        name = todo.pop()
+        wanted = frozenset(extras.get(name, set()))
+        if (name, wanted) in done or name not in wheels:
+            continue
+        done.add((name, wanted))
+        contexts = [{**environment, "extra": extra} for extra in ("", *sorted(wanted))]
+        for line in wheels[name][1]:
+            req = Requirement(line)
+            dep = _canonical(req.name)
+            if EXCLUDED_FROM_WHEELS.match(dep):
+                continue
+            if req.marker is not None and not any(req.marker.evaluate(c) for c in contexts):
+                continue
+            if dep not in wheels:
+                problems.append(f"{name} needs {req} (not carried)")
+                continue
+            if not req.specifier.contains(wheels[dep][0], prereleases=True):
+                problems.append(f"{name} needs {req}, carried {dep}=={wheels[dep][0]}")
+            extras.setdefault(dep, set()).update(req.extras)
+            todo.append(dep)
+    return sorted(set(problems))
 
 
 def build_wheels(target: Path, python_version: str) -> None:
-    """Write the wheel folder a GPU node installs offline (see the module doc)."""
-    from importlib import metadata
-
+    """Write the wheel folder a GPU node installs offline (see the module doc), then check
+    that its wheels' own requirements are all carried (or are torch and CUDA's)."""
     target.mkdir(parents=True, exist_ok=True)
     root = Path(__file__).resolve().parents[1]
     pip = [sys.executable, "-m", "pip"]
     requirements = locked_requirements(python_version)
-    source_only = {"deepspeed"}  # sdist only on PyPI: built here (pure Python, JIT-built ops)
-    binary = [r for r in requirements if r.split("==")[0] not in source_only]
+    binary = [r for r in requirements if r.split("==")[0] not in SOURCE_ONLY]
     subprocess.run([*pip, "wheel", "--no-deps", "-w", str(target), str(root)], check=True)
-    for name in sorted(source_only):
-        version = metadata.version(name)
-        subprocess.run(
-            [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(target),
-             f"{name}=={version}"],
-            check=True,
-        )  # fmt: skip
-    platforms = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+    for requirement in requirements:
+        if requirement.split("==")[0] in SOURCE_ONLY:
+            subprocess.run(
+                [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(target),
+                 requirement],
+                check=True,
+            )  # fmt: skip
     subprocess.run(
         [*pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(target),
          "--python-version", python_version, "--implementation", "cp",
-         *[f"--platform={p}" for p in platforms], *binary],
+         *[f"--platform={p}" for p in PLATFORMS], *binary],
         check=True,
     )  # fmt: skip
     (target / "requirements.txt").write_text("\n".join(requirements) + "\n")
-    print(f"{len(requirements) + 1} packages in {target}; on the node: "
-          f"python benchmarks/gpu_smoke.py --wheels {target}")  # fmt: skip
+    problems = unmet_requirements(target, python_version)
+    if problems:
+        raise SystemExit(f"the wheels in {target} are incomplete:\n" + "\n".join(problems))
+    size = sum(p.stat().st_size for p in target.glob("*.whl")) / 2**20
+    print(f"{len(requirements) + 1} wheels ({size:.0f} MiB) in {target}; on the GPU node: "
+          f"python benchmarks/gpu_smoke.py --wheels {target} --out results")  # fmt: skip
 
 
 def install_wheels(folder: Path) -> None:
-    """Install qpa and its locked dependencies from `folder`, offline."""
+    """Install qpa and its locked dependencies from `folder`, offline (qpa itself without
+    dependencies: its `train` extra pins the CPU torch of laptops and CI)."""
     requirements = folder / "requirements.txt"
     if not requirements.is_file():
         raise SystemExit(f"--wheels {folder}: no requirements.txt (build it with --build-wheels)")
@@ -986,7 +1070,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ranks", type=int, help="world size of the ZeRO runs")
     parser.add_argument("--update-tokens", type=int, help="length of the packed episode")
     parser.add_argument("--eval-limit", type=int, help="test tasks to evaluate (0: all)")
-    parser.add_argument("--sequential", action="store_true", help="ZeRO runs one at a time")
+    parser.add_argument("--jobs", type=int, help="ZeRO runs at once (default: 4 on CUDA, 1 on CPU)")
     parser.add_argument(
         "--only", action="append", choices=STEP_NAMES, help="run only this step (repeatable)"
     )
@@ -1012,9 +1096,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.wheels:
         install_wheels(args.wheels)
-        rest = [a for a in (argv if argv is not None else sys.argv[1:])]
-        index = rest.index("--wheels")
-        del rest[index : index + 2]
+        rest = list(argv if argv is not None else sys.argv[1:])
+        for index, arg in enumerate(rest):  # the same command, without --wheels DIR
+            if arg == "--wheels" or arg.startswith("--wheels="):
+                del rest[index : index + (1 if "=" in arg else 2)]
+                break
         os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve()), *rest])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     device, gpus, info = detect(args.device)
