@@ -275,6 +275,7 @@ def kinds() -> list[KindWalk]:
     from qpa.envs.serve_config import EnvServeConfig
     from qpa.train.config import SFTConfig
     from qpa.train.rl import RLConfig
+    from qpa.train.rl.rollout_server import RolloutServeConfig
 
     def read(config_map: Json, kind: Any) -> Any:
         return WorkOrder.parse(yaml.safe_load(config_map["data"][WORK_ORDER_KEY]), kind)
@@ -329,7 +330,12 @@ def kinds() -> list[KindWalk]:
     def train_pod(tr: Any, defaults: Any) -> Mapping[str, Any]:
         order = read(trainingrun.config_map(tr, train_plan(tr), defaults), TrainingRun)
         stage = SFTConfig if tr.spec.stage == "sft" else RLConfig
-        return stage.from_trainingrun(order, work_dir=Path("/work")).model_dump()
+        config = stage.from_trainingrun(order, work_dir=Path("/work")).model_dump()
+        if tr.spec.rl is not None and tr.spec.rl.generation is not None:
+            # the rollout server pod reads the same work order (qpa rollout serve --spec)
+            server = RolloutServeConfig.from_trainingrun(order).model_dump()
+            config.update({f"rollout_server.{key}": value for key, value in server.items()})
+        return config
 
     def train_children(tr: Any, defaults: Any) -> list[Json]:
         plan = train_plan(tr)
@@ -401,8 +407,10 @@ def kinds() -> list[KindWalk]:
                     ("spec.resumeFrom", "s3://qpa/trainingruns/x/checkpoints/checkpoint-7/"),
                     ("spec.image", "registry.example/trainer:2"),
                     ("spec.resources", {"requests": {"cpu": "4"}}),
+                    ("spec.scheduling.queueName", "training"),
                 )
-            },
+            }
+            | {"spec.rl.generation": RL_WITH_GENERATION},
         ),
         KindWalk(
             "HarnessRelease",
@@ -452,8 +460,29 @@ LLM_SIM: dict[str, Any] = {
     },
 }
 
+#: A vLLM rollout server (TrainingRun `spec.rl.generation`) with every field set.
+ROLLOUT_GENERATION: dict[str, Any] = {
+    "backend": "vllm",
+    "gpus": 2,
+    "tensorParallel": 1,
+    "dtype": "bfloat16",
+    "maxModelLength": 8192,
+    "image": "registry.example/vllm:1",
+}
+RL_WITH_GENERATION: dict[str, Any] = {
+    "spec.stage": "rl",
+    "spec.sft": None,
+    "spec.rl": {"rolloutPoolRef": {"name": "sandbox"}, "generation": ROLLOUT_GENERATION},
+}
+
 #: Fields only the operator acts on, with the module that reads them.
 OPERATOR_FIELDS: dict[str, dict[str, str]] = {
+    "TrainingRun": {
+        "spec.scheduling.admissionTimeoutSeconds": "operator gang admission "
+        "(`qpa_operator.builders.trainingrun`)",
+        "spec.scheduling.keepFailedAttempts": "operator kept attempts "
+        "(`qpa_operator.builders.trainingrun`)",
+    },
     "HarnessRelease": {
         "spec.gate.": "operator release gate (`qpa.bench.gate` via `qpa.release.verdict`)",
         "spec.canary.": "operator canary steps (`qpa_operator.release`)",

@@ -78,6 +78,10 @@ KOPF_NAMESPACED: Sources = {
     ("kopf.dev", "kopfpeerings", verb): {"kopf:peering"} for verb in PEERING_VERBS
 }
 PARENTS = [(GROUP, cls.info.plural) for cls in RESOURCES]
+#: Cluster-scoped resources the operator reads: a namespace-scoped operator's client refuses
+#: cluster-scoped paths (`qpa_operator.kube`), so the code reading them (the TrainingRun gang
+#: admission's Nodes) needs them in the cluster-wide mode only.
+CLUSTER_SCOPED = {("", "nodes")}
 #: a store, so that the chart grants `get` on its Secret (the release gate reads with it)
 STORE = {"objectStore.endpoint": "http://minio.minio:9000", "objectStore.secretName": "qpa-store"}
 WATCHED = ["team-a", "team-b"]
@@ -353,7 +357,10 @@ def expand(rules: list[dict[str, Any]]) -> Iterator[Permission]:
 def required(mode: str) -> Sources:
     """Every permission the operator needs in `mode` (cluster-wide | namespaced)."""
     own = KOPF_CLUSTER if mode == "cluster-wide" else KOPF_NAMESPACED
-    return merge(KOPF_OWN, own, kopf_needs(), client_needs(), granted_needs(), owner_needs())
+    needs = merge(KOPF_OWN, own, kopf_needs(), client_needs(), granted_needs(), owner_needs())
+    if mode == "namespaced":
+        needs = {p: s for p, s in needs.items() if (p[0], p[1]) not in CLUSTER_SCOPED}
+    return needs
 
 
 # --------------------------------------------------------------------------- the docs' table
