@@ -108,3 +108,60 @@ def test_the_client_asks_what_trl_asks_and_names_what_the_server_lacks() -> None
     assert client.generate([], max_tokens=1) == []
     with pytest.raises(RolloutServerError, match="push_weights before open_communicator"):
         client.push_weights([])
+
+
+def test_only_the_main_process_joins_the_weight_group_and_pushes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every rank generates through the server; rank 0 alone opens the communicator and pushes
+    (the others wait at the barrier), as TRL does."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from qpa.train.rl import RLConfig, RLTrainer
+    from qpa.train.rl import vllm as vllm_module
+
+    calls: list[tuple[int, str]] = []
+
+    class FakeClient:
+        def __init__(self, url: str, **kwargs: Any) -> None:
+            self.rank = current
+            calls.append((self.rank, f"client {url} group {kwargs['group_port']}"))
+
+        def wait_ready(self) -> None:
+            calls.append((self.rank, "ready"))
+
+        def open_communicator(self, device: Any) -> None:
+            calls.append((self.rank, "open"))
+
+        def push_weights(self, named: Any) -> int:
+            calls.append((self.rank, f"push {len(list(named))}"))
+            return 0
+
+    monkeypatch.setattr(vllm_module, "RolloutClient", FakeClient)
+    config = RLConfig.from_dict(
+        {"model": "m", "generation": {"backend": "vllm", "vllm_url": "http://s:8000"}}
+    )
+    for current in (0, 1):
+        stub: Any = SimpleNamespace(
+            config=config,
+            rank=current,
+            device="cpu",
+            model=torch.nn.Linear(2, 2),
+            full_parameters=contextlib.nullcontext,
+            _barrier=lambda rank=current: calls.append((rank, "barrier")),
+        )
+        stub._push_weights = lambda stub=stub: RLTrainer._push_weights(stub)
+        RLTrainer._setup_vllm(stub)
+    assert calls == [
+        (0, "client http://s:8000 group 51216"),
+        (0, "ready"),
+        (0, "open"),
+        (0, "push 2"),
+        (0, "barrier"),
+        (1, "client http://s:8000 group 51216"),
+        (1, "ready"),
+        (1, "barrier"),
+    ]
