@@ -267,7 +267,7 @@ def child_env(profile: Profile) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         TRANSFORMERS_VERBOSITY="error",
         PYTHONUNBUFFERED="1",
-        QPA_NO_PROGRESS="1",
+        QPA_PROGRESS="plain",  # progress as log lines (the logs are files)
     )
     if not profile.cuda:
         env["OMP_NUM_THREADS"] = "1"  # two ranks on two shared cores: no OpenMP oversubscription

@@ -338,14 +338,35 @@ class RLTrainer:
             yield
 
     def _push_weights(self) -> None:
-        """The policy's weights to the rollout server: gathered on every rank under ZeRO-3,
-        sent by the main process only; the other ranks wait until it is done, so no rank
-        samples from stale weights."""
+        """The policy's weights to the rollout server, sent by the main process only; the other
+        ranks wait until it is done, so no rank samples from stale weights. Under ZeRO-3 every
+        rank takes part in gathering one parameter at a time (never the whole model at once:
+        a large model's full weights need not fit next to its partitions)."""
         if self._vllm is None:
             return
-        with self.full_parameters():
+        if not self.zero3:
             if self.rank == 0:
                 self._vllm.push_weights(self.model.named_parameters())
+            self._barrier()
+            return
+        import deepspeed
+
+        from qpa.train.rl.vllm import ParamMeta
+
+        named = list(self.model.named_parameters())
+
+        def gathered() -> Iterator[tuple[str, Any]]:
+            for name, param in named:
+                with deepspeed.zero.GatheredParameters([param]):
+                    # a copy: the gathered storage is released when the context exits
+                    yield name, param.data.detach().clone()
+
+        if self.rank == 0:
+            metas = [ParamMeta.of(name, param, shape=param.ds_shape) for name, param in named]
+            self._vllm.push_weights(gathered(), metas=metas)
+        else:
+            for _ in gathered():
+                pass
         self._barrier()
 
     def _skill_library(self) -> SkillLibrary:

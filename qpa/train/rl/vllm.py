@@ -63,8 +63,10 @@ class ParamMeta:
     shape: tuple[int, ...]
 
     @classmethod
-    def of(cls, name: str, tensor: Any) -> ParamMeta:
-        return cls(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+    def of(cls, name: str, tensor: Any, *, shape: Sequence[int] | None = None) -> ParamMeta:
+        """`tensor`'s announcement (`shape`: its full shape where it is a ZeRO-3 partition)."""
+        dims = tuple(int(d) for d in (tensor.shape if shape is None else shape))
+        return cls(name, str(tensor.dtype).removeprefix("torch."), dims)
 
 
 def update_info(metas: Sequence[ParamMeta]) -> dict[str, Any]:
@@ -418,12 +420,22 @@ class RolloutClient:
                 raise
             answer.result()
 
-    def push_weights(self, named: Iterable[tuple[str, Any]]) -> int:
-        """Send the named tensors to the server (one weight update); returns how many."""
+    def push_weights(
+        self, named: Iterable[tuple[str, Any]], *, metas: Sequence[ParamMeta] | None = None
+    ) -> int:
+        """Send the named tensors to the server (one weight update); returns how many.
+
+        With `metas` (what will come, announced first) `named` is streamed: each tensor is
+        broadcast before the next is drawn (a ZeRO-3 gather yields one at a time)."""
         if self.communicator is None:
             raise RolloutServerError("push_weights before open_communicator")
-        tensors = [(name, tensor.detach()) for name, tensor in named]
-        metas = [ParamMeta.of(name, tensor) for name, tensor in tensors]
+        tensors: Iterable[tuple[str, Any]]
+        if metas is None:
+            listed = [(name, tensor.detach()) for name, tensor in named]
+            metas = [ParamMeta.of(name, tensor) for name, tensor in listed]
+            tensors = listed
+        else:
+            tensors = _checked(named, metas)
         self._request("POST", "/start_weight_update", json={})
         with ThreadPoolExecutor(max_workers=1) as pool:
             info = {**update_info(metas), **getattr(self.communicator, "update_extra", {})}
@@ -434,7 +446,7 @@ class RolloutClient:
             answer.result()
         self._request("POST", "/finish_weight_update", json={})
         self._request("POST", "/reset_prefix_cache")
-        return len(tensors)
+        return len(metas)
 
     def close(self) -> None:
         if self.communicator is not None:
@@ -460,6 +472,21 @@ def _nccl_opener(
         return NcclCommunicator(init)
 
     return open_nccl
+
+
+def _checked(
+    named: Iterable[tuple[str, Any]], metas: Sequence[ParamMeta]
+) -> Iterator[tuple[str, Any]]:
+    """`named` as announced: a tensor that differs from its announcement stops the update
+    (the receiver would misread every later byte)."""
+    count = 0
+    for (name, tensor), meta in zip(named, metas, strict=False):
+        if ParamMeta.of(name, tensor) != meta:
+            raise RolloutServerError(f"weight sync: {name} is not what was announced ({meta})")
+        count += 1
+        yield name, tensor
+    if count != len(metas):
+        raise RolloutServerError(f"weight sync: {count} tensors for {len(metas)} announced")
 
 
 def _sampled(choice: Mapping[str, Any]) -> Sampled:
