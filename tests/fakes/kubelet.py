@@ -40,7 +40,8 @@ plays, for every namespace:
   over the repository's folder (the operator's `/work`) gets the repository bound back inside,
   so the image stays whole. Everything else of the file system is the host's.
 - **Pod status** as a kubelet writes it: phase, podIP, conditions (PodScheduled, Initialized,
-  ContainersReady, Ready), containerStatuses (waiting / running / terminated with exitCode,
+  ContainersReady, Ready; those others set, such as DisruptionTarget, are kept),
+  containerStatuses (waiting / running / terminated with exitCode,
   reason, the termination message capped at 4096 bytes, or the log tail for
   `FallbackToLogsOnError`), restartCount; `restartPolicy` restarts exited containers with
   backoff; readiness and liveness probes (httpGet, tcpSocket, exec) on their period.
@@ -49,7 +50,8 @@ plays, for every namespace:
   httpGet, as probes run; in parallel, bounded by the grace period), then gets SIGTERM on its
   process group (a container with no hook at once), SIGKILL after
   `terminationGracePeriodSeconds` from the deletion;
-  `kill(pod)` SIGKILLs at once (a crash: its restartPolicy and controller react). SIGKILL
+  `kill(pod)` SIGKILLs at once (a crash: its restartPolicy and controller react);
+  `disrupt(pod)` is an eviction: `DisruptionTarget=True`, then SIGKILL. SIGKILL
   reaches every process below the container's, in its session or not.
 
 Networking (the simplest faithful model): pods share the host's network namespace, as with
@@ -235,6 +237,12 @@ def _condition(type_: str, status: bool, reason: str = "", message: str = "") ->
     if message:
         cond["message"] = message
     return cond
+
+
+#: The Pod conditions a kubelet writes; any other (DisruptionTarget, readiness gates) it keeps.
+KUBELET_CONDITIONS = frozenset(
+    {"PodScheduled", "Initialized", "ContainersReady", "Ready", "PodReadyToStartContainers"}
+)
 
 
 def _same_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -657,6 +665,28 @@ class TestKubelet:
         """SIGKILL every process of the Pod at once (a crash)."""
         with self._lock:
             self._signal(self._find(pod, namespace), signal.SIGKILL)
+
+    def disrupt(
+        self,
+        pod: str,
+        namespace: str = "default",
+        reason: str = "TerminationByKubelet",
+        message: str = "The node was low on resource: memory.",
+    ) -> None:
+        """A disruption of the Pod (eviction, preemption, a drained node): the condition
+        `DisruptionTarget=True` first, as the evicting component sets it, then SIGKILL; the Pod
+        ends Failed with the condition, which a Job's podFailurePolicy can match."""
+        with self._lock:
+            found = self._find(pod, namespace)
+            current = self.api.get("pods", namespace, pod) or {}
+            conditions = [
+                c
+                for c in (current.get("status") or {}).get("conditions") or []
+                if c.get("type") != "DisruptionTarget"
+            ]
+            conditions.append(_condition("DisruptionTarget", True, reason, message))
+            self.api.patch_status("pods", namespace, pod, {"conditions": conditions})
+            self._signal(found, signal.SIGKILL)
 
     def process_groups(self, pod: str, namespace: str = "default") -> list[int]:
         """The process group ids of the Pod's containers (ever started)."""
@@ -1315,8 +1345,14 @@ class TestKubelet:
 
     def _write_status(self, pod: _Pod) -> None:
         status = self._status(pod)
+        # conditions other components own (DisruptionTarget, readiness gates) are kept
+        foreign = [
+            c
+            for c in (pod.obj.get("status") or {}).get("conditions") or []
+            if c.get("type") not in KUBELET_CONDITIONS
+        ]
         status["conditions"] = _same_conditions(
-            pod.written.get("conditions", []), status["conditions"]
+            pod.written.get("conditions", []), status["conditions"] + foreign
         )
         if status == pod.written:
             return
