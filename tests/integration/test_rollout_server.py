@@ -6,8 +6,10 @@ What is checked, on the tiny model on CPU, over 2 RL steps:
 
 - every completion comes from the server (the trainer's own `generate` is never called), with
   the sampler's log-probability of each sampled token on every turn;
-- the weights are synced at start-up and after each step over the gloo weight-sync group: the
-  server's weight digest equals the trainer's each time, and it changes as the policy learns;
+- the weights are synced at start-up and after each step over the gloo weight-sync group, from
+  a trainer under DeepSpeed ZeRO-3 (gathered one parameter at a time; the group lives beside
+  DeepSpeed's process group): the server's weight digest equals the trainer's each time, and it
+  changes as the policy learns;
 - the sampler's log-probs reach the loss (the batch's `sampler_logprobs` on every trained
   token), and they are right: at synced weights they equal the trainer's own log-probs of the
   same tokens (to 1e-4; only padding and batching differ);
@@ -120,6 +122,11 @@ def server(checkpoint: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         yield running
 
 
+def trainer_digest(trainer: RLTrainer) -> str:
+    with trainer.full_parameters():
+        return weights_digest(trainer.model)
+
+
 def server_digest(url: str) -> str:
     return str(httpx.get(f"{url}/qpa/weights/digest", timeout=10).json()["sha256"])
 
@@ -206,6 +213,9 @@ def test_rl_through_the_rollout_server(
             "loss": {"micro_batch_size": 8},
             "optim": {"learning_rate": 0.05},
             "checkpoint": {"every_steps": 10, "save_final": False},
+            # ZeRO-3: weights are gathered one parameter at a time for the push, and the
+            # weight-sync group lives beside DeepSpeed's own process group
+            "deepspeed": {"enabled": True, "zero_stage": 3},
         }
     )
     try:
@@ -214,7 +224,8 @@ def test_rl_through_the_rollout_server(
         raise AssertionError(f"{exc}\n{output_of(proc)}") from exc
     try:
         # the starting weights were pushed at set-up: the server holds the trainer's
-        start = weights_digest(trainer.model)
+        assert trainer.zero3
+        start = trainer_digest(trainer)
         assert server_digest(url) == start
         digests = [start]
         for step in (1, 2):
@@ -238,7 +249,7 @@ def test_rl_through_the_rollout_server(
                 assert float(gap) < 1e-4, (step, float(gap))
             # the step's new weights reached the server
             digest = server_digest(url)
-            assert digest == weights_digest(trainer.model), step
+            assert digest == trainer_digest(trainer), step
             assert digest not in digests, step  # the policy moved, and so did the server
             digests.append(digest)
             assert trainer._vllm is not None
