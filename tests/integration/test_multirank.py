@@ -275,7 +275,11 @@ def test_rl_killed_mid_run_resumes_to_the_same_final_step_and_weights(
     assert whole["final_step"] == resumed["final_step"] == 2
     assert resumed["resumed_from"] == 1  # the checkpoint of the last step before the kill
     assert [h["loss"] for h in resumed["history"]] == [whole["history"][-1]["loss"]]
-    assert [r["step"] for r in read_metrics(runs["killed"] / "metrics.jsonl")] == [1, 2]
+    records = read_metrics(runs["killed"] / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    # rank 0 logs the whole step: 1 task x k=2 on each of the 2 ranks
+    assert all(h["episodes"] == 4 and h["groups"] == 2 for h in whole["history"])
+    assert all(r["episodes"] == 4 for r in records)
     a = load_file(Path(whole["final_dir"]) / "model.safetensors")
     b = load_file(Path(resumed["final_dir"]) / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -712,13 +712,9 @@ class RLTrainer:
             self._push_weights()
         finished = time.perf_counter()
         self.step = step
-        metrics = self._step_metrics(episodes, groups, samples, update)
-        tokens = int(
-            sum(
-                e.trajectory.totals.prompt_tokens + e.trajectory.totals.completion_tokens
-                for e in episodes
-            )
-        )
+        totals = self._rollout_totals(episodes, groups, samples)
+        metrics = self._step_metrics(totals, update)
+        tokens = int(totals["tokens"])
         metrics.update(
             rollout_s=rolled - started,
             update_s=finished - rolled,
@@ -726,52 +722,85 @@ class RLTrainer:
             step_s=finished - started,
             tokens_per_second=tokens / max(finished - started, 1e-9),
         )
-        tiers: dict[str, int] = {
-            tier: sum(1 for g in groups if g.tier == tier) for tier in CARE_TIERS
-        }
+        tiers: dict[str, int] = {tier: int(totals[f"tier:{tier}"]) for tier in CARE_TIERS}
         self.history.append(metrics)
         if step % cfg.metrics.logging_steps == 0 or step == cfg.steps:
-            output = int(sum(e.trajectory.totals.completion_tokens for e in episodes))
+            output = int(totals["output_tokens"])
             self.metrics.log(step, tokens=tokens, output_tokens=output, care_tiers=tiers, **metrics)
         if step % cfg.checkpoint.every_steps == 0 or step == cfg.steps:
             self.save_checkpoint()
         return StepResult(step, metrics, tiers, episodes, groups)
 
-    def _step_metrics(
+    def _rollout_totals(
         self,
         episodes: Sequence[Episode],
         groups: Sequence[GroupResult],
         samples: Sequence[Sample],
-        update: Mapping[str, float],
     ) -> dict[str, float]:
-        n = max(1, len(episodes))
+        """Counts and sums over the step's episodes of every rank (one all-reduce), so what rank
+        0 logs describes the whole step, not its own share."""
         rewards = [r for g in groups for r in g.rewards]
         advantages = [a for g in groups for a in g.advantages]
-        mean_reward = sum(rewards) / max(1, len(rewards))
-        return {
-            "loss": update["loss"],
-            "reward": mean_reward,
-            "reward_std": math.sqrt(
-                sum((r - mean_reward) ** 2 for r in rewards) / max(1, len(rewards))
-            ),
-            "advantage_abs": sum(abs(a) for a in advantages) / max(1, len(advantages)),
-            "success_rate": sum(e.trajectory.success for e in episodes) / n,
+        totals = {
+            "episodes": len(episodes),
+            "successes": sum(e.trajectory.success for e in episodes),
             "progress": sum(
                 e.trajectory.verification.progress if e.trajectory.verification else 0.0
                 for e in episodes
-            )
-            / n,
-            "output_tokens_mean": sum(e.trajectory.totals.completion_tokens for e in episodes) / n,
-            "tool_calls_mean": sum(e.trajectory.totals.tool_calls for e in episodes) / n,
-            "turns_mean": sum(e.trajectory.totals.turns for e in episodes) / n,
-            "episode_errors": float(sum(1 for e in episodes if e.trajectory.error)),
-            "environment_failures": float(sum(1 for e in episodes if not trainable(e))),
-            "episodes": float(len(episodes)),
-            "groups": float(len(groups)),
-            "anchored_groups": float(sum(1 for g in groups if g.anchored)),
-            "samples": float(len(samples)),
-            "packed_turns": float(sum(len(e.turns) for e in episodes) - len(samples)),
-            "generate_calls": float(getattr(self, "_batcher_stats", (0, 0))[0]),
+            ),
+            "tokens": sum(
+                e.trajectory.totals.prompt_tokens + e.trajectory.totals.completion_tokens
+                for e in episodes
+            ),
+            "output_tokens": sum(e.trajectory.totals.completion_tokens for e in episodes),
+            "tool_calls": sum(e.trajectory.totals.tool_calls for e in episodes),
+            "turns": sum(e.trajectory.totals.turns for e in episodes),
+            "episode_errors": sum(1 for e in episodes if e.trajectory.error),
+            "environment_failures": sum(1 for e in episodes if not trainable(e)),
+            "groups": len(groups),
+            "anchored_groups": sum(1 for g in groups if g.anchored),
+            "samples": len(samples),
+            "packed_turns": sum(len(e.turns) for e in episodes) - len(samples),
+            "generate_calls": getattr(self, "_batcher_stats", (0, 0))[0],
+            "rewards": len(rewards),
+            "reward_sum": sum(rewards),
+            "reward_squares": sum(r * r for r in rewards),
+            "advantages": len(advantages),
+            "advantage_abs_sum": sum(abs(a) for a in advantages),
+            **{f"tier:{tier}": sum(1 for g in groups if g.tier == tier) for tier in CARE_TIERS},
+        }
+        summed = self._all_reduce_sum([float(v) for v in totals.values()])
+        return dict(zip(totals, summed, strict=True))
+
+    def _step_metrics(
+        self, totals: Mapping[str, float], update: Mapping[str, float]
+    ) -> dict[str, float]:
+        n = max(1.0, totals["episodes"])
+        count = max(1.0, totals["rewards"])
+        mean_reward = totals["reward_sum"] / count
+        return {
+            "loss": update["loss"],
+            "reward": mean_reward,
+            "reward_std": math.sqrt(max(0.0, totals["reward_squares"] / count - mean_reward**2)),
+            "advantage_abs": totals["advantage_abs_sum"] / max(1.0, totals["advantages"]),
+            "success_rate": totals["successes"] / n,
+            "progress": totals["progress"] / n,
+            "output_tokens_mean": totals["output_tokens"] / n,
+            "tool_calls_mean": totals["tool_calls"] / n,
+            "turns_mean": totals["turns"] / n,
+            **{
+                key: totals[key]
+                for key in (
+                    "episode_errors",
+                    "environment_failures",
+                    "episodes",
+                    "groups",
+                    "anchored_groups",
+                    "samples",
+                    "packed_turns",
+                    "generate_calls",
+                )
+            },
             **{k: float(v) for k, v in update.items() if k != "loss"},
         }
 
