@@ -361,6 +361,7 @@ def kinds() -> list[KindWalk]:
                 },
                 "spec.image": {"spec.image": "registry.example/qpa:2"},
                 "spec.activeDeadlineSeconds": {"spec.activeDeadlineSeconds": 3600},
+                "spec.podTemplate": {"spec.podTemplate": POD_TEMPLATE},
             },
         ),
         KindWalk(
@@ -372,6 +373,7 @@ def kinds() -> list[KindWalk]:
             fills={
                 "spec.llmSim": LLM_SIM,
                 "spec.resources": {"spec.resources": {"requests": {"cpu": "1"}}},
+                "spec.podTemplate": {"spec.podTemplate": POD_TEMPLATE},
             },
             values={"spec.environment": [LLM_SIM]},
         ),
@@ -407,6 +409,7 @@ def kinds() -> list[KindWalk]:
                     ("spec.resumeFrom", "s3://qpa/trainingruns/x/checkpoints/checkpoint-7/"),
                     ("spec.image", "registry.example/trainer:2"),
                     ("spec.resources", {"requests": {"cpu": "4"}}),
+                    ("spec.podTemplate", POD_TEMPLATE),
                     ("spec.scheduling.queueName", "training"),
                 )
             }
@@ -443,6 +446,7 @@ def kinds() -> list[KindWalk]:
                     ("spec.benchmark.limit", 50),
                     ("spec.gate.maxCostIncrease", 0.2),
                     ("spec.gate.maxEnvironmentErrorRate", 0.1),
+                    ("spec.podTemplate", POD_TEMPLATE),
                     ("spec.rollout.analysis.metricsUrl", "http://metrics.example/metrics"),
                     ("spec.rollout.analysis.prometheusUrl", "http://prometheus.example:9090"),
                 )
@@ -450,6 +454,27 @@ def kinds() -> list[KindWalk]:
         ),
     ]
 
+
+#: A podTemplate that sets every part; every list has an entry to drop (the second volume is
+#: not mounted, so dropping it is valid).
+POD_TEMPLATE: dict[str, Any] = {
+    "serviceAccountName": "walk-sa",
+    "nodeSelector": {"pool": "walk"},
+    "affinity": {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+        "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+    },
+    "tolerations": [{"key": "walk", "operator": "Exists"}],
+    "priorityClassName": "walk-low",
+    "runtimeClassName": "walk",
+    "imagePullSecrets": [{"name": "walk-registry"}],
+    "volumes": [{"name": "walk-data", "emptyDir": {}}, {"name": "walk-extra", "emptyDir": {}}],
+    "volumeMounts": [{"name": "walk-data", "mountPath": "/walk"}],
+    "env": [{"name": "WALK", "value": "1"}],
+    "resources": {"requests": {"rdma/hca": "1"}, "limits": {"rdma/hca": "1"}},
+    "scratchSizeLimit": "5Gi",
+}
 
 LLM_SIM: dict[str, Any] = {
     "spec.environment": "llm_sim",
@@ -506,6 +531,7 @@ def walk_defaults() -> Any:
         harness_image="registry.example/harness:1",
         bridge_image="registry.example/bridge:1",
         store=ObjectStore(endpoint="http://minio:9000", secret_ref=StoreSecretRef(name="s")),
+        pod_service_accounts=("walk-sa", "walk-other"),
     )
 
 

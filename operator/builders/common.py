@@ -43,6 +43,7 @@ from qpa.api.v1alpha1 import (
     ResourceRequirements,
     SecretKeySelector,
 )
+from qpa.api.v1alpha1.base import parse_quantity
 from qpa.api.v1alpha1.workorder import (
     HARNESS_CONFIG_DIR,
     WORK_ORDER_DIR,
@@ -117,6 +118,18 @@ class Defaults:
     #: Secrets the operator may read for a namespace's store keys (the chart's
     #: `objectStore.secretName` + `objectStore.readableSecrets`); () = any the RBAC allows
     readable_secrets: tuple[str, ...] = ()
+    #: Secrets every pod the operator creates pulls its images with (the chart's
+    #: `imagePullSecrets`), before a resource's own `podTemplate.imagePullSecrets`
+    image_pull_secrets: tuple[str, ...] = ()
+    #: ServiceAccounts a `podTemplate.serviceAccountName` may name (the chart's
+    #: `podOverrides.serviceAccounts`); () = none (`builders.podtemplate`)
+    pod_service_accounts: tuple[str, ...] = ()
+    #: the ephemeral-storage request of every main container that names none (the chart's
+    #: `podOverrides.ephemeralStorageRequest`)
+    ephemeral_storage_request: str = "1Gi"
+    #: the sizeLimit of every disk emptyDir (/work, /tmp, spool) that sets none, unless the
+    #: resource's `podTemplate.scratchSizeLimit` says otherwise (`podOverrides.scratchSizeLimit`)
+    scratch_size_limit: str = "20Gi"
     #: the Kueue LocalQueue of TrainingRuns that name none (the chart's
     #: `trainingRuns.queueName`); None: the operator's own all-or-nothing admission
     training_queue: str | None = None
@@ -149,6 +162,14 @@ class Defaults:
                 )
             ),
             readable_secrets=_names_env(env, "QPA_OPERATOR_READABLE_SECRETS"),
+            image_pull_secrets=_names_env(env, "QPA_OPERATOR_IMAGE_PULL_SECRETS"),
+            pod_service_accounts=_names_env(env, "QPA_OPERATOR_POD_SERVICE_ACCOUNTS"),
+            ephemeral_storage_request=_quantity_env(
+                env, "QPA_OPERATOR_EPHEMERAL_STORAGE_REQUEST", base.ephemeral_storage_request
+            ),
+            scratch_size_limit=_quantity_env(
+                env, "QPA_OPERATOR_SCRATCH_SIZE_LIMIT", base.scratch_size_limit
+            ),
             training_queue=(env.get("QPA_OPERATOR_TRAINING_QUEUE") or "").strip() or None,
         )
 
@@ -159,6 +180,18 @@ class Defaults:
             return None
         prefix = prefix.replace("{namespace}", namespace)
         return prefix if prefix.endswith("/") else prefix + "/"
+
+
+def _quantity_env(env: Mapping[str, str], name: str, default: str) -> str:
+    """A positive Kubernetes quantity (unset or blank: `default`); else ValueError naming it."""
+    value = (env.get(name) or "").strip() or default
+    try:
+        positive = parse_quantity(value) > 0
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if not positive:
+        raise ValueError(f"{name}: {value!r} must be a positive quantity (e.g. 1Gi)")
+    return value
 
 
 def _names_env(env: Mapping[str, str], name: str) -> tuple[str, ...]:

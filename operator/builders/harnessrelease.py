@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from qpa_operator.builders import netpol
+from qpa_operator.builders import netpol, podtemplate
 from qpa_operator.builders.common import (
     LABEL_COMPONENT,
     TERMINATION_LOG,
@@ -110,6 +110,9 @@ REPORT_FILE: Final = "report.json"
 TOKENS_MOUNT: Final = "/var/run/secrets/qpa/harness-tokens"
 TOKENS_FILE: Final = "tokens.yaml"
 TOKENS_PATH: Final = f"{TOKENS_MOUNT}/{TOKENS_FILE}"
+#: What `spec.podTemplate` changes in the benchmark Job and in the model predictor.
+NO_RESOURCES: Final = podtemplate.ALL_PARTS - {podtemplate.RESOURCES}
+MODEL_PARTS: Final = NO_RESOURCES - {podtemplate.SERVICE_ACCOUNT}
 #: The KServe deployment mode every InferenceService of a release is pinned to (the canary
 #: splits traffic with Knative's revisions; RawDeployment has no canaryTrafficPercent).
 DEPLOYMENT_MODE: Final = "serving.kserve.io/deploymentMode"
@@ -413,7 +416,10 @@ def model_service(
         "metadata": meta,
         "spec": {"predictor": predictor},
     }
-    return with_spec_hash(manifest)
+    # the model has its own resources (spec.model.resources, gpus) and the operator's storage
+    # ServiceAccount: the rest applies
+    template = hr.spec.pod_template
+    return with_spec_hash(podtemplate.merge_into(manifest, template, defaults, parts=MODEL_PARTS))
 
 
 def stable_endpoint_name(hr: HarnessRelease) -> str:
@@ -551,7 +557,7 @@ def harness_service(
             }
         },
     }
-    return with_spec_hash(manifest)
+    return with_spec_hash(podtemplate.merge_into(manifest, hr.spec.pod_template, defaults))
 
 
 def bench_resolved(hr: HarnessRelease, defaults: Defaults) -> Resolved:
@@ -645,7 +651,9 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
             },
         },
     }
-    return with_spec_hash(manifest)
+    # a client of the model: placement, pull secrets, env and volumes, not its resources
+    template = hr.spec.pod_template
+    return with_spec_hash(podtemplate.merge_into(manifest, template, defaults, parts=NO_RESOURCES))
 
 
 def bench_egress_policy(hr: HarnessRelease, defaults: Defaults) -> JsonDict:

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from qpa_operator.builders import devicepool as device_builder
-from qpa_operator.builders import netpol
+from qpa_operator.builders import netpol, podtemplate
 from qpa_operator.builders.common import (
     Defaults,
     JsonDict,
@@ -174,6 +174,7 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     }
     if spec.device_pool_ref is not None:
         pod_spec["serviceAccountName"] = account_name(pool)
+    pod_spec = podtemplate.merge(pod_spec, spec.pod_template, defaults)
     manifest = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

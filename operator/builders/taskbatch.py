@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from qpa_operator.builders import netpol, storeaccess
+from qpa_operator.builders import netpol, podtemplate, storeaccess
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
     Defaults,
@@ -173,7 +173,7 @@ def job(tb: TaskBatch, defaults: Defaults) -> JsonDict:
         "metadata": metadata(tb, job_name(tb), COMPONENT, defaults),
         "spec": job_spec,
     }
-    return with_spec_hash(manifest)
+    return with_spec_hash(podtemplate.merge_into(manifest, spec.pod_template, defaults))
 
 
 def egress_policy(tb: TaskBatch, defaults: Defaults) -> JsonDict:

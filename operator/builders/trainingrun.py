@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from qpa_operator.builders import netpol, storeaccess
+from qpa_operator.builders import netpol, podtemplate, storeaccess
 from qpa_operator.builders.admission import Verdict
 from qpa_operator.builders.common import (
     TERMINATION_LOG,
@@ -363,6 +363,7 @@ def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
     }
     if spec.gpus_per_node > 0:
         pod_spec.update(gpu_placement(defaults, GPU_RESOURCE))
+    pod_spec = podtemplate.merge(pod_spec, spec.pod_template, defaults)
     meta = metadata(tr, job_name(tr, attempt), COMPONENT, defaults)
     meta["labels"][ATTEMPT_LABEL] = str(attempt)
     queue = queue_name(tr, defaults)
@@ -421,7 +422,7 @@ def data_job(tr: TrainingRun, plan: DataPlan, defaults: Defaults) -> JsonDict | 
             },
         },
     }
-    return with_spec_hash(manifest)
+    return with_spec_hash(podtemplate.merge_into(manifest, tr.spec.pod_template, defaults))
 
 
 def _quote(word: str) -> str:

@@ -36,6 +36,7 @@ from qpa.train.deepspeed import (  # noqa: E402
     hostfile_text,
     launch_argv,
     launch_env,
+    local_rank_env,
 )
 from qpa.train.metrics import TrainMetrics, read_metrics  # noqa: E402
 from qpa.train.sft import SFTInputError, repeat_indices, train_sft  # noqa: E402
@@ -542,6 +543,13 @@ def test_launch_env_and_argv_for_an_indexed_job() -> None:
         launch_env(2, nodes=2, environ={})
     with pytest.raises(ValueError, match="hostfile"):
         launch_argv(["qpa"], env, launcher="deepspeed")
+    # ranks as processes on one machine (tests, benchmarks): what torchrun --standalone sets
+    assert local_rank_env(1, 2, 4321) == {
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4321", "RANK": "1", "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "0",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="outside"):
+        local_rank_env(2, 2, 4321)
     from typer.testing import CliRunner
 
     import qpa.cli.train  # noqa: F401

@@ -34,6 +34,7 @@ from qpa.api.v1alpha1.base import (
     _observed_generation,
     _timestamp,
 )
+from qpa.api.v1alpha1.podtemplate import PodTemplate
 from qpa.api.v1alpha1.resource import (
     AGE_COLUMN,
     PHASE_COLUMN,
@@ -357,6 +358,12 @@ class HarnessReleaseSpec(_Model):
         default=None,
         description="Object storage settings for an s3:// reportUri; default: the operator's "
         "(the chart's objectStore).",
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Additions to the Harness predictor and the benchmark Job (placement, "
+        "pull secrets, volumes, env, resources) and to the model predictor (all but "
+        "resources), merged as docs/operator.md \"Pod overrides\" says.",
     )
 
     RULES = (

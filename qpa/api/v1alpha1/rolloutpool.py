@@ -24,6 +24,7 @@ from qpa.api.v1alpha1.base import (
     _Model,
     _observed_generation,
 )
+from qpa.api.v1alpha1.podtemplate import PodTemplate
 from qpa.api.v1alpha1.resource import (
     AGE_COLUMN,
     PHASE_COLUMN,
@@ -90,6 +91,11 @@ class RolloutPoolSpec(_Model):
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="Resources of each pod."
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Additions to the environment-server pods (placement, pull secrets, "
+        "volumes, env, resources), merged as docs/operator.md \"Pod overrides\" says.",
     )
 
     RULES = (

@@ -44,6 +44,7 @@ from qpa.api.v1alpha1.base import (
     _s3_needs_store,
     _timestamp,
 )
+from qpa.api.v1alpha1.podtemplate import PodTemplate
 from qpa.api.v1alpha1.resource import (
     AGE_COLUMN,
     PHASE_COLUMN,
@@ -235,6 +236,11 @@ class TaskBatchSpec(_Model):
     )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, le=2_592_000, description="Fail the batch after this many seconds."
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Additions to the worker pods (placement, pull secrets, volumes, env, "
+        "resources), merged as docs/operator.md \"Pod overrides\" says.",
     )
 
     RULES = (

@@ -34,6 +34,7 @@ from qpa.api.v1alpha1.base import (
     _s3_needs_store,
     _timestamp,
 )
+from qpa.api.v1alpha1.podtemplate import PodTemplate
 from qpa.api.v1alpha1.resource import (
     AGE_COLUMN,
     PHASE_COLUMN,
@@ -373,6 +374,11 @@ class TrainingRunSpec(_Model):
     )
     scheduling: SchedulingSettings = _defaulted(
         SchedulingSettings, "Gang admission of the ranks: Kueue queue, timeout, kept attempts."
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Additions to the rank and data pods (placement, pull secrets, volumes, env, "
+        "resources), merged as docs/operator.md \"Pod overrides\" says.",
     )
 
     RULES = (

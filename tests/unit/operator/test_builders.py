@@ -336,9 +336,10 @@ def test_training_pods_get_gpus_shared_memory_and_a_rendezvous() -> None:
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"] == {
-        "requests": {"ephemeral-storage": "50Gi", "nvidia.com/gpu": "8"},  # workSize
-        "limits": {"nvidia.com/gpu": "8"},
-    }
+        "requests": {"cpu": "32", "ephemeral-storage": "100Gi", "memory": "192Gi",
+                     "nvidia.com/gpu": "8"},  # ephemeral-storage: the workSize
+        "limits": {"memory": "256Gi", "nvidia.com/gpu": "8"},
+    }  # fmt: skip
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert pod["subdomain"] == "planner-care-rl-ranks"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
@@ -350,7 +351,10 @@ def test_training_pods_get_gpus_shared_memory_and_a_rendezvous() -> None:
     cpu = tr.model_copy(deep=True)
     cpu.spec.gpus_per_node = 0
     cpu_pod = trainingrun.job(cpu, 0, D)["spec"]["template"]["spec"]
-    assert cpu_pod["containers"][0]["resources"] == {"requests": {"ephemeral-storage": "50Gi"}}
+    assert cpu_pod["containers"][0]["resources"] == {
+        "requests": {"cpu": "32", "ephemeral-storage": "100Gi", "memory": "192Gi"},
+        "limits": {"memory": "256Gi"},
+    }
     assert "tolerations" not in cpu_pod
     assert "--gpus-per-node" in (argv := trainingrun.train_args(cpu, 0, D))
     assert argv[argv.index("--gpus-per-node") + 1] == "1"

@@ -26,7 +26,7 @@ from qpa.api.v1alpha1.taskbatch import HARNESS_CONFIG_DIR, CollectSummary
 from qpa.data.collect_config import CollectConfig
 
 ROOT = Path(__file__).resolve().parents[3]
-D = Defaults()
+D = Defaults(pod_service_accounts=("collector",))
 BASE: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "taskbatch.yaml").read_text())
 BASE["metadata"].update(namespace="team-a", uid="u-1")
 BASE["spec"]["source"].update(domains=["email"], taskIds=["a"])
@@ -57,6 +57,8 @@ def leaf_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tup
         alias = info.alias or name
         inner = [a for a in get_args(info.annotation) if a is not type(None)] or [info.annotation]
         nested = [a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)]
+        if get_origin(info.annotation) is list:  # a list of objects is one field
+            nested = []
         if nested:
             paths += leaf_paths(nested[0], (*prefix, alias))
         else:
@@ -110,6 +112,53 @@ CHANGES: dict[str, dict[str, Any]] = {
     "resources.limits": {"resources.limits": {"memory": "8Gi"}},
     "backoffLimit": {"backoffLimit": 5},
     "activeDeadlineSeconds": {"activeDeadlineSeconds": 60},
+    **{
+        f"podTemplate.{path}": {f"podTemplate.{key}": value for key, value in edits.items()}
+        for path, edits in {
+            "serviceAccountName": {"serviceAccountName": "collector"},
+            "nodeSelector": {"nodeSelector": {"pool": "cpu"}},
+            "affinity.nodeAffinity": {
+                "affinity.nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "zone", "operator": "In", "values": ["a"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "affinity.podAffinity": {
+                "affinity.podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "zone"}
+                    ]
+                }
+            },
+            "affinity.podAntiAffinity": {
+                "affinity.podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "host"}
+                    ]
+                }
+            },
+            "tolerations": {"tolerations": [{"key": "dedicated", "value": "qpa"}]},
+            "priorityClassName": {"priorityClassName": "batch-low"},
+            "runtimeClassName": {"runtimeClassName": "gvisor"},
+            "imagePullSecrets": {"imagePullSecrets": [{"name": "registry"}]},
+            "volumes": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]},
+            "volumeMounts": {
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            },
+            "env": {"env": [{"name": "TEAM", "value": "a"}]},
+            "resources.requests": {"resources.requests": {"rdma/hca": "1"}},
+            "resources.limits": {"resources.limits": {"example.com/fpga": "1"}},
+            "scratchSizeLimit": {"scratchSizeLimit": "5Gi"},
+        }.items()
+    },
 }
 
 
@@ -162,7 +211,7 @@ def strategy(annotation: Any, metadata: list[Any] | None = None) -> st.SearchStr
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return model_strategy(annotation)
     if origin is list:
-        return st.lists(strategy(get_args(annotation)[0]), max_size=3, unique=True)
+        return st.lists(strategy(get_args(annotation)[0]), max_size=3, unique_by=repr)
     if origin is dict:
         quantities = st.sampled_from(["1", "500m", "2Gi", 4])
         return st.dictionaries(st.sampled_from(["cpu", "memory"]), quantities, max_size=2)

@@ -24,10 +24,13 @@ GPU = "nvidia.com/gpu"
 
 
 def run(**spec: Any) -> TrainingRun:
-    """The example's RL run (4 nodes x 8 GPUs) with `spec` laid over it."""
+    """The example's RL run (4 nodes x 8 GPUs) at the defaults of what these tests look at
+    (resources, workSize, scheduling), with `spec` laid over it."""
     docs = [d for d in yaml.safe_load_all((ROOT / "examples" / "trainingrun.yaml").read_text())]
     body = copy.deepcopy(docs[1])
     body["metadata"].update(namespace="team-a", uid="uid-run")
+    for field in ("resources", "workSize", "scheduling"):
+        body["spec"].pop(field, None)
     body["spec"].update(spec)
     resource = parse_resource(body)
     assert isinstance(resource, TrainingRun)
