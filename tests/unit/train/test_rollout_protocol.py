@@ -148,6 +148,7 @@ def test_only_the_main_process_joins_the_weight_group_and_pushes(
         stub: Any = SimpleNamespace(
             config=config,
             rank=current,
+            zero3=False,  # ZeRO-3's per-parameter gather: tests/integration/test_rollout_server.py
             device="cpu",
             model=torch.nn.Linear(2, 2),
             full_parameters=contextlib.nullcontext,
