@@ -44,6 +44,7 @@ PLURALS: Final[dict[tuple[str, str], str]] = {
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
     ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "Secret"): "secrets",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
     ("apps/v1", "Deployment"): "deployments",

@@ -51,6 +51,7 @@ from qpa.envs.tokens import IDENTITY_PATTERN, AuthError, TokenTable
 from qpa.harness.agent import HarnessPlanner
 from qpa.harness.factory import PlannerFactory, PlannerSpec
 from qpa.harness.memory import MemoryStore
+from qpa.harness.metrics import recorded
 from qpa.harness.runner import run_episode
 from qpa.harness.serve_config import HarnessServeConfig
 
@@ -428,6 +429,8 @@ class HarnessFront:
         if path != self.predict_path and scope["method"] in ("GET", "HEAD"):
             await self.app(scope, receive, send)  # health, readiness, metadata, metrics
             return
+        if path == self.predict_path:  # counted for the release's canary analysis
+            send = recorded(send, self.model.name)
         try:
             if path != self.predict_path:
                 raise RequestRefused(
