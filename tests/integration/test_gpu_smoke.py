@@ -106,3 +106,77 @@ def test_wheel_list_leaves_torch_to_the_node() -> None:
     assert {"deepspeed", "trl", "transformers", "datasets", "pydantic", "typer"} <= names
     assert not any(smoke.EXCLUDED_FROM_WHEELS.match(n) for n in names)
     assert "qpa" not in names and all("==" in p for p in pins)
+
+
+def test_a_kill_reaches_ranks_in_sessions_of_their_own(tmp_path: Path) -> None:
+    """torchrun starts each rank with `start_new_session=True`: killing the launcher's process
+    group alone leaves the ranks running (and writing checkpoints into the resumed run)."""
+    import time
+
+    smoke = load_script()
+    pid_file = tmp_path / "rank.pid"
+    launcher = subprocess.Popen(
+        ["bash", "-c", f"setsid sleep 60 & echo $! > {pid_file}; wait"],
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the stand-in rank never started"
+        time.sleep(0.02)
+    rank = int(pid_file.read_text())
+    assert rank in smoke.descendants(launcher.pid)
+    smoke.kill_group(launcher)
+    assert launcher.returncode == -9
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{rank}").exists() and "Z" not in _state(rank):
+        assert time.monotonic() < deadline, "the rank outlived the kill"
+        time.sleep(0.02)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_packed_episode_and_printed_result() -> None:
+    smoke = load_script()
+    from qpa.train.rl import build_samples
+
+    turns = smoke.packed_turns(300, vocab=1000)
+    (sample,) = build_samples(turns, 1.0, pack=True)  # one sequence: each prompt extends the last
+    assert len(sample.input_ids) == 300
+    completions = sum(len(t.completion_ids) for t in turns)
+    assert sum(sample.mask) == sample.trained_tokens == completions < 300 - sample.prompt_len
+    text = 'log line\n{"a": 1}\nmore\n{\n  "final_step": 3\n}\ntrailing'
+    assert smoke.last_json(text) == {"final_step": 3}
+    with pytest.raises(smoke.SmokeFailure, match="no JSON"):
+        smoke.last_json("nothing here")
+
+
+def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+    import zipfile
+
+    lines = [f"Name: {name}", f"Version: {version}", *[f"Requires-Dist: {r}" for r in requires]]
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as archive:
+        archive.writestr(f"{name}-{version}.dist-info/METADATA", "\n".join(lines) + "\n\n")
+
+
+def test_wheel_folder_completeness(tmp_path: Path) -> None:
+    smoke = load_script()
+    _wheel(tmp_path, "qpa", "0.1.0", [
+        "pydantic>=2.7", 'trl>=1.16; extra == "train"', 'torch==2.13.0; extra == "train"',
+        'kopf>=1.45; extra == "operator"',
+    ])  # fmt: skip
+    _wheel(tmp_path, "pydantic", "2.14.4", ['tomli; python_version < "3.11"'])
+    _wheel(tmp_path, "trl", "1.16.0", ["accelerate>=1.4", "datasets>=3"])
+    _wheel(tmp_path, "accelerate", "1.2.0", ["torch>=2.0", "nvidia-nccl-cu13"])
+    assert smoke.unmet_requirements(tmp_path, "3.12") == [
+        "trl needs accelerate>=1.4, carried accelerate==1.2.0",
+        "trl needs datasets>=3 (not carried)",
+    ]  # torch and the CUDA libraries are the node's; other extras and markers are not wanted
+    (tmp_path / "accelerate-1.2.0-py3-none-any.whl").unlink()
+    _wheel(tmp_path, "accelerate", "1.15.0", ["torch>=2.0"])
+    _wheel(tmp_path, "datasets", "5.2.0", [])
+    assert smoke.unmet_requirements(tmp_path, "3.12") == []
