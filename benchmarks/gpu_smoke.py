@@ -992,6 +992,8 @@ def unmet_requirements(folder: Path, python_version: str) -> list[str]:
 def build_wheels(target: Path, python_version: str) -> None:
     """Write the wheel folder a GPU node installs offline (see the module doc), then check
     that its wheels' own requirements are all carried (or are torch and CUDA's)."""
+    if target.is_dir() and any(target.glob("*.whl")):
+        raise SystemExit(f"--build-wheels {target}: it already holds wheels; give a new folder")
     target.mkdir(parents=True, exist_ok=True)
     root = Path(__file__).resolve().parents[1]
     pip = [sys.executable, "-m", "pip"]
