@@ -10,7 +10,7 @@ The Jobs of the last `scheduling.keepFailedAttempts` failed attempts stay, older
 waiting for a TaskBatch's trajectories starts when that TaskBatch succeeds.
 
 Gang admission: each attempt's Job is created suspended. Without a Kueue queue the reconcile
-checks, one run at a time (`ADMISSION_LOCK`), whether every rank fits on the nodes
+checks, one run at a time (`admission_lock`), whether every rank fits on the nodes
 (`builders.admission.gang_admission` over the Nodes, the Pods and the other runs' Jobs read
 from the API) and un-suspends the Job if so; while it does not fit, a kopf timer looks again
 every `ADMISSION_EVERY` seconds (times the retry scale) until the run is admitted or its
@@ -32,7 +32,7 @@ from qpa_operator.builders.common import JsonDict, job_state, kind_label
 from qpa_operator.builders.storeaccess import OutsideStorePrefix
 from qpa_operator.handlers.apply import delete_child, ensure_all
 from qpa_operator.handlers.netpolicy import report_egress
-from qpa_operator.handlers.runtime import measured, now, runtime
+from qpa_operator.handlers.runtime import measured, now, runtime, serialized
 from qpa_operator.handlers.status import child_event, observed, refuse, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 
@@ -45,7 +45,6 @@ PLURAL = TrainingRun.info.plural
 ADMISSION_EVERY: Final = 10.0
 #: Seconds between the admission timer's looks at a waiting run (cheap: no request).
 ADMISSION_TICK: Final = 1.0
-ADMISSION_LOCK: Final = asyncio.Lock()
 _CHECKED: dict[tuple[str, str], float] = {}
 
 
@@ -135,6 +134,12 @@ async def _advance_attempt(obj: Mapping[str, Any], resource: TrainingRun, views:
     return change.written
 
 
+def admission_lock() -> asyncio.Lock:
+    """One admission decision at a time in this operator, so that the next one sees the Job
+    the last one un-suspended (a lock of this operator run: `runtime.serialized`)."""
+    return serialized(KIND, "", "admission")
+
+
 async def _admit(
     resource: TrainingRun, job: Mapping[str, Any] | None
 ) -> tuple[Verdict | None, JsonDict | None]:
@@ -149,7 +154,7 @@ async def _admit(
         return None, None
     meta = job["metadata"]
     key = (str(meta["namespace"]), str(meta["name"]))
-    async with ADMISSION_LOCK:
+    async with admission_lock():
         _CHECKED[key] = time.monotonic()
         if rt.client.namespaces is not None:
             verdict = Verdict(
