@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.metadata
+import math
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -496,7 +497,8 @@ def _sampled(choice: Mapping[str, Any]) -> Sampled:
     logprobs = choice.get("logprobs")
     values: list[float] | None = None
     if isinstance(logprobs, Mapping) and logprobs.get("token_logprobs") is not None:
-        values = [float(v) if v is not None else 0.0 for v in logprobs["token_logprobs"]]
+        # unknown stays NaN: the loss then weights that token 1 (0.0 would mean probability 1)
+        values = [float(v) if v is not None else math.nan for v in logprobs["token_logprobs"]]
         if len(values) != len(ids):
             raise RolloutServerError(
                 f"/v1/completions: {len(values)} log-probs for {len(ids)} tokens"

@@ -4,6 +4,7 @@ refusing bad flags with the flag or field named (no model is loaded, nothing lis
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import httpx
@@ -43,6 +44,10 @@ def test_a_choice_gives_ids_and_the_sampled_tokens_log_probs() -> None:
     sampled = _sampled(choice)
     assert (sampled.ids, sampled.logprobs) == ([5, 7], [-0.5, -1.25])
     assert _sampled({"token_ids": [5], "logprobs": None}).logprobs is None
+    # a token the sampler gave no log-prob for stays unknown (NaN), not probability 1 (0.0)
+    unknown = _sampled({"token_ids": [5, 7], "logprobs": {"token_logprobs": [None, -2.0]}})
+    assert unknown.logprobs is not None and math.isnan(unknown.logprobs[0])
+    assert unknown.logprobs[1] == -2.0
     with pytest.raises(RolloutServerError, match="1 log-probs for 2 tokens"):
         _sampled({"token_ids": [5, 7], "logprobs": {"token_logprobs": [-0.5]}})
     with pytest.raises(RolloutServerError, match="without token_ids"):
