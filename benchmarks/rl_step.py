@@ -259,7 +259,7 @@ def rank_worker(spec_file: Path) -> None:
     trainer = RLTrainer(config, tasks=choose_tasks(spec["tasks"]), environment=pattern_env)
     steps = [trainer.train_step().metrics for _ in range(config.steps)]
     if int(os.environ["RANK"]) == 0:
-        episodes = [s["episodes"] * trainer.world_size for s in steps]
+        episodes = [s["episodes"] for s in steps]  # the step's, over every rank
         summary = summarize(
             [s["step_s"] for s in steps],
             rollout=[s["rollout_s"] for s in steps],
