@@ -374,6 +374,7 @@ def kinds() -> list[KindWalk]:
                 "spec.llmSim": LLM_SIM,
                 "spec.resources": {"spec.resources": {"requests": {"cpu": "1"}}},
                 "spec.podTemplate": {"spec.podTemplate": POD_TEMPLATE},
+                "spec.replicas.metric": {"spec.replicas.metric": "cpu"},
             },
             values={"spec.environment": [LLM_SIM]},
         ),

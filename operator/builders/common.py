@@ -133,6 +133,9 @@ class Defaults:
     #: the Kueue LocalQueue of TrainingRuns that name none (the chart's
     #: `trainingRuns.queueName`); None: the operator's own all-or-nothing admission
     training_queue: str | None = None
+    #: what a RolloutPool's autoscaler scales on when its spec says nothing (the chart's
+    #: `rolloutPools.autoscaleMetric`): sessions in use (needs a metrics adapter) or cpu
+    rollout_pool_metric: str = "sessions"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Defaults:
@@ -171,6 +174,12 @@ class Defaults:
                 env, "QPA_OPERATOR_SCRATCH_SIZE_LIMIT", base.scratch_size_limit
             ),
             training_queue=(env.get("QPA_OPERATOR_TRAINING_QUEUE") or "").strip() or None,
+            rollout_pool_metric=_choice_env(
+                env,
+                "QPA_OPERATOR_ROLLOUTPOOL_METRIC",
+                ("sessions", "cpu"),
+                base.rollout_pool_metric,
+            ),
         )
 
     def prefix_for(self, namespace: str) -> str | None:
@@ -180,6 +189,14 @@ class Defaults:
             return None
         prefix = prefix.replace("{namespace}", namespace)
         return prefix if prefix.endswith("/") else prefix + "/"
+
+
+def _choice_env(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    """One of `choices` (unset or blank: `default`); anything else raises ValueError naming it."""
+    value = (env.get(name) or "").strip() or default
+    if value not in choices:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    return value
 
 
 def _quantity_env(env: Mapping[str, str], name: str, default: str) -> str:

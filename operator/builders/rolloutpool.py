@@ -7,7 +7,19 @@ changed work order rolls the pods (its hash is a pod-template annotation). The p
 behind the Service `<pool>-env` on port 80 (so clients need not know the container port:
 TaskBatch and TrainingRun pass `--env-url http://<pool>-env.<ns>.svc.<domain>`).
 `replicas.min` pods are kept warm; when `replicas.max` is larger, a HorizontalPodAutoscaler
-scales on CPU between the two and owns the Deployment's `replicas`.
+between the two owns the Deployment's `replicas`. It scales on sessions in use (the Pods metric
+`qpa_env_sessions_in_use` each server exports on `/metrics`, averaged over the pods, against
+`targetPercent` of `sessionsPerPod`; needs a metrics adapter such as prometheus-adapter) or, when
+`replicas.metric` (else the chart's `rolloutPools.autoscaleMetric`) says `cpu`, on CPU.
+
+Sessions stay on their pod. A session's episode lives in one server's memory, so each pod knows
+itself (`QPA_POD_NAME`, `QPA_POD_IP` from the downward API) and answers a reset with its own URL
+(`http://<pod IP>:<port>`), which the client uses for the rest of the session; the headless
+Service `<pool>-env-pods` publishes the ready pods (per-pod DNS names, discovery). The Service
+`<pool>-env` only places new sessions. A pod going away drains first: its preStop hook
+`qpa env drain` (the drain key lies in the pod's private /tmp) stops new episodes (`/ready`
+then fails) and waits up to `drainTimeoutSeconds` for the live ones, within a
+terminationGracePeriodSeconds `DRAIN_MARGIN_S` longer.
 
 For `environment: device` the pods are wired to their DevicePool: they get the bridge Service
 (`<devicepool>-bridge:5037`), the pool's name, the label `qpa.ai/devicepool-client=<devicepool>`
@@ -55,6 +67,7 @@ from qpa_operator.builders.common import (
 
 from qpa.api import RolloutPool
 from qpa.api.v1alpha1 import WORK_ORDER_PATH, Resolved, RolloutPoolStatus, set_condition
+from qpa.api.v1alpha1.base import parse_quantity
 
 COMPONENT: Final = "env-server"
 CONTAINER: Final = "env-server"
@@ -62,11 +75,20 @@ SERVICE_PORT: Final = 80
 BRIDGE_PORT: Final = 5037
 #: The name of the bridge container's adb port (`builders.devicepool`).
 BRIDGE_PORT_NAME: Final = "adb"
-CPU_TARGET_PERCENT: Final = 70
+#: The Pods metric the sessions autoscaler reads (`qpa.envs.server.SessionMetrics`).
+SESSIONS_METRIC: Final = "qpa_env_sessions_in_use"
+#: Seconds of grace beyond the drain bound: the hook's start and the server's shutdown.
+DRAIN_MARGIN_S: Final = 15
+DRAIN_KEY_FILE: Final = "/tmp/qpa-env-drain.key"
 
 
 def deployment_name(pool: RolloutPool) -> str:
     return child_name(pool, "env")
+
+
+def pods_service_name(pool: RolloutPool) -> str:
+    """The headless Service listing the pool's ready pods (one address each)."""
+    return child_name(pool, "env-pods")
 
 
 def service_name(pool: RolloutPool) -> str:
@@ -84,6 +106,16 @@ def phones_binding_name(pool: RolloutPool) -> str:
 
 def autoscaled(pool: RolloutPool) -> bool:
     return pool.spec.replicas.max > pool.spec.replicas.min
+
+
+def autoscale_metric(pool: RolloutPool, defaults: Defaults) -> str:
+    """`sessions` or `cpu`: the spec's choice, else the chart's."""
+    return pool.spec.replicas.metric or defaults.rollout_pool_metric
+
+
+def sessions_target(pool: RolloutPool) -> str:
+    """The average sessions in use per pod the autoscaler aims at, as a quantity (milli)."""
+    return f"{pool.spec.sessions_per_pod * pool.spec.replicas.target_percent * 10}m"
 
 
 def bridge_service(device_pool: str) -> str:
@@ -134,7 +166,14 @@ def device_rbac(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
 def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     spec = pool.spec
     extra = PodParts(
-        env=(env_var("HOME", "/tmp"), env_var("QPA_ROLLOUT_POOL", pool.metadata.name or "")),
+        env=(
+            env_var("HOME", "/tmp"),
+            env_var("QPA_ROLLOUT_POOL", pool.metadata.name or ""),
+            # the session handle's pod and URL (qpa.envs.server.PodIdentity), the drain key
+            field_env("QPA_POD_NAME", "metadata.name"),
+            field_env("QPA_POD_IP", "status.podIP"),
+            env_var("QPA_ENV_DRAIN_FILE", DRAIN_KEY_FILE),
+        ),
         volumes=(empty_dir("tmp"),),
         mounts=({"name": "tmp", "mountPath": "/tmp"},),
     )
@@ -150,7 +189,16 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
         )
     llm = api_key_parts(spec.llm_sim.api_key_secret_ref if spec.llm_sim else None)
     parts = combine([extra, device, llm, work_order_parts(pool)])
-    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
+    probe: JsonDict = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
+    drain = [
+        "qpa",
+        "env",
+        "drain",
+        "--url",
+        f"http://127.0.0.1:{spec.port}",
+        "--timeout-seconds",
+        str(spec.drain_timeout_seconds),
+    ]
     container: JsonDict = {
         "name": CONTAINER,
         "image": spec.image or defaults.image,
@@ -158,8 +206,14 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
         "env": list(parts.env),
         "volumeMounts": list(parts.mounts),
-        "readinessProbe": {**probe, "initialDelaySeconds": 2},
+        # /ready fails while the pod drains (no new sessions); /health stays up (liveness)
+        "readinessProbe": {
+            **probe,
+            "httpGet": {"path": "/ready", "port": "http"},
+            "initialDelaySeconds": 2,
+        },
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
+        "lifecycle": {"preStop": {"exec": {"command": drain}}},
         "securityContext": restricted_container_security(),
     }
     container_resources = resources(spec.resources)
@@ -169,6 +223,7 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
         "automountServiceAccountToken": spec.device_pool_ref is not None,
         "enableServiceLinks": False,
         "securityContext": restricted_pod_security(defaults),
+        "terminationGracePeriodSeconds": spec.drain_timeout_seconds + DRAIN_MARGIN_S,
         "containers": [container],
         "volumes": list(parts.volumes),
     }
@@ -189,7 +244,13 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
             "template": {
                 "metadata": {
                     "labels": pod_labels(pool, defaults),
-                    "annotations": work_order_hash(work_order(pool, defaults)),
+                    "annotations": {
+                        **work_order_hash(work_order(pool, defaults)),
+                        # what Prometheus' kubernetes-pods job scrapes (qpa_env_sessions_*)
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(spec.port),
+                        "prometheus.io/path": "/metrics",
+                    },
                 },
                 "spec": pod_spec,
             },
@@ -214,6 +275,39 @@ def service(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     return with_spec_hash(manifest)
 
 
+def pods_service(pool: RolloutPool, defaults: Defaults) -> JsonDict:
+    """`<pool>-env-pods`: headless, one DNS record per ready pod on the container port."""
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(pool, pods_service_name(pool), COMPONENT, defaults),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(pool, COMPONENT),
+            "ports": [
+                {"name": "http", "port": pool.spec.port, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+    return with_spec_hash(manifest)
+
+
+def autoscaler_metrics(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
+    target = pool.spec.replicas.target_percent
+    if autoscale_metric(pool, defaults) == "cpu":
+        utilization = {"type": "Utilization", "averageUtilization": target}
+        return [{"type": "Resource", "resource": {"name": "cpu", "target": utilization}}]
+    return [
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": SESSIONS_METRIC},
+                "target": {"type": "AverageValue", "averageValue": sessions_target(pool)},
+            },
+        }
+    ]
+
+
 def autoscaler(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     manifest = {
         "apiVersion": "autoscaling/v2",
@@ -227,18 +321,7 @@ def autoscaler(pool: RolloutPool, defaults: Defaults) -> JsonDict:
             },
             "minReplicas": max(1, pool.spec.replicas.min),
             "maxReplicas": pool.spec.replicas.max,
-            "metrics": [
-                {
-                    "type": "Resource",
-                    "resource": {
-                        "name": "cpu",
-                        "target": {
-                            "type": "Utilization",
-                            "averageUtilization": CPU_TARGET_PERCENT,
-                        },
-                    },
-                }
-            ],
+            "metrics": autoscaler_metrics(pool, defaults),
         },
     }
     return with_spec_hash(manifest)
@@ -282,6 +365,7 @@ def children(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
     result: list[JsonDict] = [egress_policy(pool, defaults), ingress_policy(pool, defaults)]
     result += device_rbac(pool, defaults)
     result += [work_order(pool, defaults), deployment(pool, defaults), service(pool, defaults)]
+    result.append(pods_service(pool, defaults))
     if autoscaled(pool):
         result.append(autoscaler(pool, defaults))
     return result
@@ -306,6 +390,28 @@ def _condition_true(obj: Mapping[str, Any] | None, kind: str) -> Mapping[str, An
     return None
 
 
+def sessions_in_use(autoscaler: Mapping[str, Any] | None) -> int | None:
+    """Sessions in use over the pool's pods, as its autoscaler last read them: the average of
+    `qpa_env_sessions_in_use` times the pods it averaged over; None when it has no reading
+    (no autoscaler, a CPU one, no metrics adapter yet)."""
+    status = (autoscaler or {}).get("status") or {}
+    pods = status.get("currentReplicas")
+    for metric in status.get("currentMetrics") or []:
+        reading = metric.get("pods") or {}
+        if metric.get("type") != "Pods" or (reading.get("metric") or {}).get("name") != (
+            SESSIONS_METRIC
+        ):
+            continue
+        average = (reading.get("current") or {}).get("averageValue")
+        if average is None or not isinstance(pods, int):
+            return None
+        try:
+            return max(0, round(parse_quantity(str(average)) * pods))
+        except ValueError:
+            return None  # not a quantity: no reading rather than a wrong one
+    return None
+
+
 def rolloutpool_status(
     pool: RolloutPool,
     deployment: Mapping[str, Any] | None,
@@ -316,11 +422,14 @@ def rolloutpool_status(
     observed_generation: int | None,
     defaults: Defaults,
     now: datetime,
+    autoscaler: Mapping[str, Any] | None = None,
 ) -> RolloutPoolStatus:
     """Ready and leased capacity of a pool, from its Deployment and the Leases it holds.
 
     `phones_available` bounds a device pool's capacity (one session per phone);
-    `device_pool_found` is None for pools that are not device-backed.
+    `device_pool_found` is None for pools that are not device-backed. Sessions in use are the
+    autoscaler's reading of the pods' metric (`sessions_in_use`) or the phone Leases held
+    (`leased`), whichever is more; `free` is the capacity left.
     """
     current = pool.status or RolloutPoolStatus()
     status = (deployment or {}).get("status") or {}
@@ -329,6 +438,7 @@ def rolloutpool_status(
     capacity = ready * pool.spec.sessions_per_pod
     if phones_available is not None:
         capacity = min(capacity, phones_available + leased)
+    in_use = max(leased, sessions_in_use(autoscaler) or 0)
     wanted = pool.spec.replicas.min
     progressing = _condition_true(deployment, "Progressing")
     if deployment is None:
@@ -373,7 +483,8 @@ def rolloutpool_status(
         replicas=replicas,
         ready_replicas=ready,
         capacity=capacity,
-        leased=leased,
+        leased=in_use,
+        free=max(0, capacity - in_use),
         service_url=service_url(pool, defaults),
         label_selector=",".join(
             f"{key}={value}" for key, value in sorted(selector_labels(pool, COMPONENT).items())

@@ -1,6 +1,7 @@
-"""RolloutPool handlers: the Deployment, Service and autoscaler of `qpa env serve` (plus the
-lease RBAC of device-backed pools); Deployment and Lease events refresh ready and leased
-capacity, and a DevicePool's changes refresh the pools it backs.
+"""RolloutPool handlers: the Deployment, Services and autoscaler of `qpa env serve` (plus the
+lease RBAC of device-backed pools); Deployment, autoscaler and Lease events refresh ready,
+leased and free capacity (the autoscaler's reading of the pods' sessions in use: no pod is
+asked), and a DevicePool's changes refresh the pools it backs.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ async def refresh_status(
             observed_generation=generation if generation is not None else observed(resource),
             defaults=rt.defaults,
             now=now(),
+            autoscaler=views.child(
+                "HorizontalPodAutoscaler", namespace, builder.deployment_name(resource)
+            ),
         )
 
     await write_status(
@@ -108,6 +112,14 @@ async def rolloutpool_reconcile(body: Any, reason: str, **kwargs: Any) -> None:
 
 @kopf.on.event("apps", "v1", "deployments", labels={kind_label(KIND): kopf.PRESENT})
 async def rolloutpool_deployment_event(type: str | None, body: Any, **kwargs: Any) -> None:
+    await child_event(KIND, body, type, Views(kwargs), reconcile, _refresh)
+
+
+@kopf.on.event(
+    "autoscaling", "v2", "horizontalpodautoscalers", labels={kind_label(KIND): kopf.PRESENT}
+)
+async def rolloutpool_autoscaler_event(type: str | None, body: Any, **kwargs: Any) -> None:
+    """The autoscaler read the pods' sessions in use (or went): refresh leased and free."""
     await child_event(KIND, body, type, Views(kwargs), reconcile, _refresh)
 
 

@@ -7,11 +7,16 @@ for this machine (SeaweedFS store, oracle planner, one shard of 30 tasks x 2 sam
 `rolloutPoolRef`. The pool's pod is SIGKILLed while the collector holds sessions on it: the
 episodes in flight end environment-side, are reported and run again once the Deployment's
 restarted pod is Ready again, and the batch completes with every (task, sample) exactly once.
+Before that, a session reset through the Service is pinned to the pod's own address; at the
+end the pod is deleted while an episode runs on it: its preStop hook drains it (new episodes
+refused, the live one finished there) before it stops, and a new pod takes over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,9 @@ from fakes.kubelet import TestKubelet
 from fakes.seaweed import SeaweedS3
 from helpers.operator_runner import NS, example, operator, phase
 
+from qpa.contract import Finish, Task
 from qpa.data.collect import read_collected
+from qpa.envs.remote import RemoteEnv
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]
 
@@ -75,6 +82,17 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+def answer_of(url: str) -> int | None:
+    """The HTTP status of a GET, None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return int(refused.code)
+    except OSError:
+        return None
+
+
 def live_sessions(kubelet: TestKubelet) -> int:
     """Sessions the pool's server holds now, asked through its Service (0 when unreachable)."""
     try:
@@ -102,6 +120,20 @@ async def test_collectors_run_on_the_pool_and_survive_its_pod_dying_mid_episode(
         assert pool["readyReplicas"] == 1
         assert live_sessions(kubelet) == 0  # the Service answers from the test too
 
+        # a session is addressed to its pod: a reset through the Service answers the pod's own
+        # URL (its podIP from the downward API), where the rest of the session goes
+        task = Task(
+            id="e2e-handle", domain="messaging", capabilities=["tool_use"], instruction="hi"
+        )
+        with RemoteEnv(kubelet.url(f"{POOL}-env", NS), kind="sandbox") as env:
+            assert env.reset(task).status == "ok"
+            assert env.pod == first["metadata"]["name"]
+            assert env.pod_url == f"http://{first['status']['podIP']}:8000"
+            assert env.verify().done is False  # answered by the pod, at its own address
+            with urllib.request.urlopen(f"{env.pod_url}/metrics", timeout=2) as answer:
+                assert 'qpa_env_sessions_in_use{kind="sandbox"} 1.0' in answer.read().decode()
+        assert live_sessions(kubelet) == 0  # closed on its pod
+
         kubectl("apply", "-f", str(batch_yaml(tmp_path, seaweed, out)))
         await kubelet.eventually(lambda: live_sessions(kubelet) > 0, timeout=60)
         kubelet.kill(first["metadata"]["name"])  # the collector holds sessions on it now
@@ -123,8 +155,30 @@ async def test_collectors_run_on_the_pool_and_survive_its_pod_dying_mid_episode(
                     return pod
             return None
 
-        await kubelet.eventually(serving_again, timeout=30)
+        serving = await kubelet.eventually(serving_again, timeout=30)
         await phase(kube_api, "qrp", POOL, "Ready", timeout=30)
+
+        # A pod going away drains: its preStop hook (`qpa env drain`, run inside the pod) stops
+        # new episodes and holds the pod while an episode is live; then SIGTERM ends it, long
+        # before its grace period (drainTimeoutSeconds 120 + 15), and a new pod takes over.
+        with RemoteEnv(kubelet.url(f"{POOL}-env", NS), kind="sandbox") as env:
+            assert env.reset(task).status == "ok"
+            assert env.pod == serving["metadata"]["name"] and env.pod_url
+            kube_api.delete("pods", NS, env.pod)
+            await kubelet.eventually(lambda: answer_of(f"{env.pod_url}/ready") == 503, timeout=30)
+            await asyncio.sleep(1.0)
+            assert answer_of(f"{env.pod_url}/health") == 200  # still there: the episode is live
+            assert env.step(Finish()).done
+            await kubelet.eventually(lambda: answer_of(f"{env.pod_url}/health") is None, timeout=20)
+        assert not kubelet.hook_failures
+
+        def replaced() -> bool:
+            return any(
+                ready(p) and p["metadata"]["uid"] != serving["metadata"]["uid"]
+                for p in pool_pods(kube_api)
+            )
+
+        await kubelet.eventually(replaced, timeout=30)
 
     trajectories = read_collected(out, seaweed.store_config())
     pairs = [(t.task.id, t.sample) for t in trajectories]

@@ -340,7 +340,13 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         pod = deployment["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
         assert_restricted(pod)
-        assert container(deployment)["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert container(deployment)["readinessProbe"]["httpGet"]["path"] == "/ready"
+        assert container(deployment)["livenessProbe"]["httpGet"]["path"] == "/health"
+        drain = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+        assert drain[:3] == ["qpa", "env", "drain"] and pod["terminationGracePeriodSeconds"] > 120
+        headless = await exists(kube_api, "services", "sandbox-env-pods")
+        assert headless["spec"]["clusterIP"] == "None"
+        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "qpa_env_sessions_in_use"
         assert service["spec"]["ports"] == [
             {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
         ]
@@ -378,6 +384,30 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         kube_api.patch_status("deployments", NS, "sandbox-env", {"replicas": 2, "readyReplicas": 2})
         ready = await phase(kube_api, "qrp", "sandbox", "Ready")
         assert (ready["readyReplicas"], ready["capacity"], ready["leased"]) == (2, 64, 0)
+        assert ready["free"] == 64
+        # the autoscaler read the pods' sessions in use (13.5 on average over 2 pods): the
+        # status follows its event, without asking any pod
+        reading = {
+            "currentReplicas": 2,
+            "desiredReplicas": 2,
+            "currentMetrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "qpa_env_sessions_in_use"},
+                        "current": {"averageValue": "13500m"},
+                    },
+                }
+            ],
+        }
+        kube_api.patch_status("horizontalpodautoscalers", NS, "sandbox-env", reading)
+        await kube_api.eventually(
+            lambda: status(kube_api, "qrp", "sandbox").get("free") == 37, timeout=15
+        )
+        assert status(kube_api, "qrp", "sandbox")["leased"] == 27
+        idle = {"currentReplicas": 2, "desiredReplicas": 2, "currentMetrics": []}
+        kube_api.patch_status("horizontalpodautoscalers", NS, "sandbox-env", idle)
+        await kube_api.eventually(lambda: status(kube_api, "qrp", "sandbox").get("free") == 64)
         assert ready["serviceUrl"] == "http://sandbox-env.default.svc.cluster.local"
 
         kube_api.create(
@@ -397,8 +427,9 @@ async def test_rolloutpool_serves_environments_behind_a_service(
         )
         await kube_api.eventually(lambda: status(kube_api, "qrp", "sandbox").get("leased") == 1)
         rows = table(kubectl, "qrp")
-        assert rows[0] == ["NAME", "ENVIRONMENT", "PHASE", "READY", "CAPACITY", "LEASED", "AGE"]
-        assert ["sandbox", "sandbox", "Ready", "2", "64", "1"] in [r[:6] for r in rows]
+        header = ["NAME", "ENVIRONMENT", "PHASE", "READY", "CAPACITY", "LEASED", "FREE", "AGE"]
+        assert rows[0] == header
+        assert ["sandbox", "sandbox", "Ready", "2", "64", "1", "63"] in [r[:7] for r in rows]
 
         # Drift: a deleted child comes back; a hand-edited one is left to its owner's spec.
         uid = stored(kube_api, "services", "sandbox-env")["metadata"]["uid"]
@@ -797,4 +828,4 @@ async def test_everything_converges_with_ten_percent_api_errors(
     assert_no_duplicates(kube_api, names)
     for name in pools:
         assert len(owned(kube_api, "deployments", "RolloutPool", name)) == 1
-        assert len(owned(kube_api, "services", "RolloutPool", name)) == 1
+        assert len(owned(kube_api, "services", "RolloutPool", name)) == 2  # + headless

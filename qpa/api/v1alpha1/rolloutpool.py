@@ -34,12 +34,28 @@ from qpa.api.v1alpha1.resource import (
     ScaleSubresource,
 )
 
+AutoscaleMetric = Literal["sessions", "cpu"]
+
 
 class ReplicaRange(_Model):
-    """How many environment-server pods to keep: at least `min`, at most `max`."""
+    """How many environment-server pods to keep: at least `min`, at most `max`, and what the
+    autoscaler between the two scales on."""
 
     min: int = Field(default=1, ge=0, le=1000, description="Pods kept warm.")
     max: int = Field(default=4, ge=1, le=1000, description="Pods at most under load.")
+    metric: AutoscaleMetric | None = Field(
+        default=None,
+        description="What the autoscaler scales on: sessions in use per pod (the env server's "
+        "qpa_env_sessions_in_use, through a metrics adapter) or CPU; unset: the chart's "
+        "rolloutPools.autoscaleMetric.",
+    )
+    target_percent: int = Field(
+        default=70,
+        ge=1,
+        le=100,
+        description="Target per pod: sessions in use as a percent of sessionsPerPod, or CPU "
+        "utilization.",
+    )
 
     RULES = (
         CrossFieldRule(
@@ -83,6 +99,13 @@ class RolloutPoolSpec(_Model):
         default=600.0, gt=0, le=86400, description="Idle session lifetime (--session-ttl)."
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Container and Service port.")
+    drain_timeout_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=3600,
+        description="Seconds a pod going away waits for its live episodes (preStop "
+        "`qpa env drain`; terminationGracePeriodSeconds is this plus a margin).",
+    )
     llm_sim: LLMSimSettings | None = Field(
         default=None, description="Endpoint settings, for environment llm_sim only."
     )
@@ -124,7 +147,12 @@ class RolloutPoolStatus(_Model):
     replicas: Count = Field(default=0, description="Pods that exist.")
     ready_replicas: Count = Field(default=0, description="Pods that are ready.")
     capacity: Count = Field(default=0, description="Sessions the ready pods can hold.")
-    leased: Count = Field(default=0, description="Sessions in use.")
+    leased: Count = Field(
+        default=0,
+        description="Sessions in use: summed from the pods' qpa_env_sessions_in_use as the "
+        "autoscaler last read it, or the phone Leases held (device pools), whichever is more.",
+    )
+    free: Count = Field(default=0, description="Free session slots: capacity - leased.")
     service_url: UriText | None = Field(default=None, description="URL of the pool's Service.")
     label_selector: str | None = Field(
         default=None,
@@ -155,6 +183,7 @@ class RolloutPool(CustomResource):
             PrinterColumn(name="Ready", type="integer", json_path=".status.readyReplicas"),
             PrinterColumn(name="Capacity", type="integer", json_path=".status.capacity"),
             PrinterColumn(name="Leased", type="integer", json_path=".status.leased"),
+            PrinterColumn(name="Free", type="integer", json_path=".status.free"),
             PrinterColumn(name="Image", type="string", json_path=".spec.image", priority=1),
             AGE_COLUMN,
         ),

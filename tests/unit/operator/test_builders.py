@@ -312,14 +312,14 @@ def test_rolloutpool_autoscales_between_min_and_max_and_wires_devices() -> None:
     sandbox, phones = load("rolloutpool.yaml", 0), load("rolloutpool.yaml", 1)
     kinds = [c["kind"] for c in rolloutpool.children(sandbox, D)]
     assert kinds == [
-        "NetworkPolicy", "NetworkPolicy", "ConfigMap", "Deployment", "Service",
+        "NetworkPolicy", "NetworkPolicy", "ConfigMap", "Deployment", "Service", "Service",
         "HorizontalPodAutoscaler",
     ]  # fmt: skip
     assert rolloutpool.unmanaged_fields(sandbox) == ("spec.replicas",)
     phone_kinds = [c["kind"] for c in rolloutpool.children(phones, D)]
     assert phone_kinds == [
         "NetworkPolicy", "NetworkPolicy", "ServiceAccount", "RoleBinding", "ConfigMap",
-        "Deployment", "Service",
+        "Deployment", "Service", "Service",
     ]  # fmt: skip
     assert rolloutpool.unmanaged_fields(phones) == ()
     # the env servers' rights are the DevicePool's `<pool>-phones` Role (leases by name)
