@@ -46,11 +46,6 @@ ADMISSION_EVERY: Final = 10.0
 #: Seconds between the admission timer's looks at a waiting run (cheap: no request).
 ADMISSION_TICK: Final = 1.0
 _CHECKED: dict[tuple[str, str], float] = {}
-#: Seconds between two capacity checks of one waiting run (times the retry scale).
-ADMISSION_EVERY: Final = 10.0
-#: Seconds between the admission timer's looks at a waiting run (cheap: no request).
-ADMISSION_TICK: Final = 1.0
-_CHECKED: dict[tuple[str, str], float] = {}
 
 
 def _attempt(resource: TrainingRun) -> int:
@@ -143,42 +138,6 @@ def admission_lock() -> asyncio.Lock:
     """One admission decision at a time in this operator, so that the next one sees the Job
     the last one un-suspended (a lock of this operator run: `runtime.serialized`)."""
     return serialized(KIND, "", "admission")
-
-
-async def _admit(
-    resource: TrainingRun, job: Mapping[str, Any] | None
-) -> tuple[Verdict | None, JsonDict | None]:
-    """The operator's admission of the attempt's suspended Job: (verdict, the Job as
-    un-suspended), or (None, None) when there is nothing for the operator to decide."""
-    rt = await runtime()
-    if job is None or not builder.suspended(job) or job_state(job).finished:
-        return None, None
-    if builder.queue_name(resource, rt.defaults) is not None:
-        return None, None  # Kueue admits it
-    if builder.admission_timed_out(resource, job, now()):
-        return None, None
-    meta = job["metadata"]
-    key = (str(meta["namespace"]), str(meta["name"]))
-    async with admission_lock():
-        _CHECKED[key] = time.monotonic()
-        if rt.client.namespaces is not None:
-            verdict = Verdict(
-                True,
-                "CapacityNotChecked",
-                "a namespace-scoped operator cannot read Nodes: admitted without a capacity "
-                "check (name a Kueue queue in spec.scheduling.queueName for gang admission)",
-            )
-        else:
-            nodes = await rt.client.list("v1", "nodes")
-            pods = await rt.client.list("v1", "pods")
-            jobs = await rt.client.list("batch/v1", "jobs", label_selector=kind_label(KIND))
-            verdict = gang_admission(job, nodes, pods, jobs)
-        if not verdict.admitted:
-            return verdict, None
-        patched = await rt.client.patch(
-            "batch/v1", "jobs", key[0], key[1], {"spec": {"suspend": False}}
-        )
-    return verdict, patched
 
 
 async def _admit(
