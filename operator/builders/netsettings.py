@@ -17,6 +17,8 @@ widen a policy beyond them.
 - `egress.apiServer`: the API server's addresses and ports, for pods that hold Leases;
 - `ingress.servingGateway`: peers allowed into the InferenceServices' predictors besides the
   qpa pods that use them (the KServe/Knative activator or ingress gateway);
+- `ingress.metricsScrapers`: peers allowed into the env servers' port for `/metrics` (the
+  Prometheus whose series a metrics adapter turns into the RolloutPool autoscaler's metric);
 - `kservePorts`: the predictor pods' ports (KServe's container port 8080, Knative's
   queue-proxy 8012).
 
@@ -140,6 +142,7 @@ class EgressSettings(_Frozen):
 
 class IngressSettings(_Frozen):
     serving_gateway: tuple[PodPeer, ...] = ()
+    metrics_scrapers: tuple[PodPeer, ...] = ()
 
 
 class NetworkSettings(_Frozen):

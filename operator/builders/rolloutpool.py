@@ -349,15 +349,18 @@ def egress_policy(pool: RolloutPool, defaults: Defaults) -> JsonDict:
 
 def ingress_policy(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     """Into the env servers only from the pods that use this pool (collectors, RL ranks,
-    benchmarks: labelled `qpa.ai/env-client=<pool>`), on the server's port."""
+    benchmarks: labelled `qpa.ai/env-client=<pool>`), and from the admin's metrics scrapers
+    (`networkPolicy.ingress.metricsScrapers`: the autoscaler's sessions metric), on the
+    server's port."""
     clients = netpol.pods_peer({netpol.ENV_CLIENT_LABEL: pool.metadata.name or ""})
+    scrapers = netpol.gateway_peers(defaults.network.ingress.metrics_scrapers)
     return netpol.ingress_policy(
         pool,
         deployment_name(pool),
         COMPONENT,
         defaults,
         pod_selector=selector_labels(pool, COMPONENT),
-        sources=[([clients], ["http"])],
+        sources=[([clients], ["http"]), (scrapers, ["http"])],
     )
 
 

@@ -128,10 +128,11 @@ TASKBATCH = {
 }
 POOL = {
     "image": "ghcr.io/qpa-ai/qpa-sandbox:0.1.0",
-    "replicas": {"min": 1, "max": 4},
+    "replicas": {"min": 1, "max": 4, "metric": "sessions", "targetPercent": 60},
     "sessionsPerPod": 8,
     "sessionTtlSeconds": 300,
     "port": 8000,
+    "drainTimeoutSeconds": 90,
     "resources": RESOURCES,
 }
 LLM_SIM = {

@@ -9,6 +9,7 @@ server would; the drain hook's command line is parsed by the real CLI.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import yaml
 from fakes.kube_builtin import check
 from qpa_operator.builders import rolloutpool
 from qpa_operator.builders.common import Defaults, selector_labels
+from qpa_operator.builders.netsettings import NetworkSettings
 from typer.testing import CliRunner
 
 from qpa.api import RolloutPool, parse_resource
@@ -188,3 +190,25 @@ def test_status_shows_free_slots_summed_from_the_pods() -> None:
     assert status(sandbox, hpa_reading("1", 3), leased=5).leased == 5
     assert status(sandbox, hpa_reading("3", 3), leased=5).leased == 9
     assert rolloutpool.sessions_in_use(hpa_reading("2", 0)) == 0
+
+
+def test_the_admins_metrics_scrapers_may_reach_the_servers_port() -> None:
+    sandbox = pool()
+    alone = rolloutpool.ingress_policy(sandbox, D)
+    assert len(alone["spec"]["ingress"]) == 1  # the pool's clients only, by default
+    network = NetworkSettings.model_validate(
+        {
+            "ingress": {
+                "metricsScrapers": [{"namespace": "monitoring", "podLabels": {"app": "prom"}}]
+            }
+        }
+    )
+    policy = rolloutpool.ingress_policy(sandbox, replace(D, network=network))
+    schema_clean(policy)
+    clients, scrapers = policy["spec"]["ingress"]
+    assert scrapers["ports"] == clients["ports"] == [{"protocol": "TCP", "port": "http"}]
+    (peer,) = scrapers["from"]
+    assert peer["podSelector"] == {"matchLabels": {"app": "prom"}}
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+    }
