@@ -7,11 +7,11 @@ update of a Qwen3-shaped model on a packed episode; the test-split evaluation), 
 run with one gloo rank instead of two and two of them at a time: 16 instead of 24 heavy
 processes (the imports of torch, transformers and DeepSpeed are most of their cost). Measured:
 96 s of CPU time (user + sys) against ~150 s for the two-rank default, so under a minute on two
-idle cores; 178 s and 386 s of wall time on this machine while other jobs kept its load average
-at 6-11. The two-rank default is what `gpu_smoke.py` runs with no arguments (its numbers are in
-docs/gpu-cluster.md); multi-rank equivalence has its own tests (tests/integration/
-test_multirank.py). Also: the wheel list for a GPU node leaves torch and the CUDA libraries to
-the node.
+idle cores; 114 s, 178 s and 384 s of wall time on this machine while other jobs kept its
+load average at 6-11. The two-rank default is what `gpu_smoke.py` runs with no arguments (its
+numbers are in docs/gpu-cluster.md); multi-rank equivalence has its own tests
+(tests/integration/test_multirank.py). Also: the wheel list for a GPU node leaves torch and the
+CUDA libraries to the node.
 """
 
 from __future__ import annotations
