@@ -110,9 +110,8 @@ REPORT_FILE: Final = "report.json"
 TOKENS_MOUNT: Final = "/var/run/secrets/qpa/harness-tokens"
 TOKENS_FILE: Final = "tokens.yaml"
 TOKENS_PATH: Final = f"{TOKENS_MOUNT}/{TOKENS_FILE}"
-#: What `spec.podTemplate` changes in the benchmark Job and in the model predictor.
-NO_RESOURCES: Final = podtemplate.ALL_PARTS - {podtemplate.RESOURCES}
-MODEL_PARTS: Final = NO_RESOURCES - {podtemplate.SERVICE_ACCOUNT}
+#: What `spec.podTemplate` changes in the model predictor (its resources are the model's own).
+MODEL_PARTS: Final = podtemplate.ALL_PARTS - {podtemplate.RESOURCES, podtemplate.SERVICE_ACCOUNT}
 #: The KServe deployment mode every InferenceService of a release is pinned to (the canary
 #: splits traffic with Knative's revisions; RawDeployment has no canaryTrafficPercent).
 DEPLOYMENT_MODE: Final = "serving.kserve.io/deploymentMode"
@@ -651,9 +650,7 @@ def bench_job(hr: HarnessRelease, defaults: Defaults) -> JsonDict:
             },
         },
     }
-    # a client of the model: placement, pull secrets, env and volumes, not its resources
-    template = hr.spec.pod_template
-    return with_spec_hash(podtemplate.merge_into(manifest, template, defaults, parts=NO_RESOURCES))
+    return with_spec_hash(podtemplate.merge_into(manifest, hr.spec.pod_template, defaults))
 
 
 def bench_egress_policy(hr: HarnessRelease, defaults: Defaults) -> JsonDict:

@@ -452,7 +452,7 @@ def test_a_trainingrun_rank_and_data_pod_carry_the_template() -> None:
 def test_a_harnessrelease_applies_the_template_to_its_predictors_and_benchmark() -> None:
     hr = example("harnessrelease.yaml", podTemplate=TEMPLATE)
     assert_template_applied(harnessrelease.harness_service(hr, D))
-    assert_template_applied(harnessrelease.bench_job(hr, D), resources=False)
+    assert_template_applied(harnessrelease.bench_job(hr, D))
     model = harnessrelease.model_service(hr, D)
     assert_template_applied(model, resources=False, account=False)
     assert "rdma/hca" not in model["spec"]["predictor"]["model"]["resources"].get("limits", {})
