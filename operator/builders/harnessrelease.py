@@ -390,7 +390,6 @@ def model_service(
         "storageUri": model.uri,
         "args": model_args(model),
         "resources": model_resources(model),
-        "ports": [{"containerPort": MODEL_PORT, "protocol": "TCP"}],
     }
     meta = metadata(
         hr,

@@ -31,7 +31,10 @@ The predictors:
   default).
 - **`predictor.model` on the Hugging Face runtime** (`kserve-huggingfaceserver`): KServe's
   storage initializer (an init container downloading `storageUri` into the emptyDir
-  `/mnt/models`, here through `qpa.store.resolve_local` with the S3 keys of `storage_secret`)
+  `/mnt/models`, here through `qpa.store.resolve_local` with the S3 keys of `storage_secret`,
+  or, when the predictor names a `serviceAccountName`, as KServe does: the endpoint, region and
+  `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` of that account's Secret annotated
+  `serving.kserve.io/s3-endpoint`)
   then the model server with the runtime's arguments (`--model_name`, `--model_dir`,
   `--http_port`) and the InferenceService's `args`. The real runtime's vLLM backend needs a GPU,
   so the container runs `python -m fakes.kserve openai-server` instead: the same
@@ -312,9 +315,15 @@ class KServe:
             {"name": "HF_HUB_OFFLINE", "value": "1"},
         ]
         storage_env = list(env)
-        if self.s3_endpoint:
+        account = (isvc.get("spec") or {}).get("predictor", {}).get("serviceAccountName")
+        if account:
+            # As KServe's credential builder: the service account's Secrets annotated with
+            # serving.kserve.io/s3-endpoint give the storage initializer its S3 settings and
+            # the keys AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (KServe's default key names).
+            storage_env += self._s3_credentials(isvc["metadata"]["namespace"], account)
+        elif self.s3_endpoint:
             storage_env.append({"name": "QPA_S3_ENDPOINT", "value": self.s3_endpoint})
-        if self.storage_secret:
+        if self.storage_secret and not account:
             for var, key in (
                 ("AWS_ACCESS_KEY_ID", "accessKeyId"),
                 ("AWS_SECRET_ACCESS_KEY", "secretAccessKey"),
@@ -357,6 +366,31 @@ class KServe:
             "containers": [container],
             "volumes": [{"name": PROVISION_VOLUME, "emptyDir": {}}],
         }
+
+    def _s3_credentials(self, namespace: str, account: str) -> list[dict[str, Any]]:
+        """The storage initializer's S3 variables from a service account's annotated Secret."""
+        sa = self.api.get("serviceaccounts", namespace, account)
+        if sa is None:
+            raise ConfigError(f"spec.predictor.serviceAccountName: {account} does not exist")
+        for ref in sa.get("secrets") or []:
+            secret = self.api.get("secrets", namespace, ref["name"])
+            notes = ((secret or {}).get("metadata") or {}).get("annotations") or {}
+            endpoint = notes.get("serving.kserve.io/s3-endpoint")
+            if secret is None or not endpoint:
+                continue
+            scheme = "https" if notes.get("serving.kserve.io/s3-usehttps", "1") == "1" else "http"
+            keys = [
+                {"name": var, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": var}}}
+                for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+            ]
+            return [
+                {"name": "QPA_S3_ENDPOINT", "value": f"{scheme}://{endpoint}"},
+                {"name": "QPA_S3_REGION", "value": notes.get("serving.kserve.io/s3-region", "")},
+                *keys,
+            ]
+        raise ConfigError(
+            f"service account {account}: no Secret with serving.kserve.io/s3-endpoint"
+        )
 
     @staticmethod
     def _probe(port: int, path: str | None) -> dict[str, Any]:
@@ -714,7 +748,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve.add_argument("--http_port", type=int, default=USER_PORT)
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--backend", default="vllm", choices=["vllm", "huggingface", "auto"])
-    serve.add_argument("--max_model_len", type=int, default=None)
+    serve.add_argument("--max_model_len", "--max-model-len", type=int, default=None)
+    # vLLM's own flags, which KServe's Hugging Face server passes through (one CPU here)
+    serve.add_argument(
+        "--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32", "half"]
+    )
+    serve.add_argument("--tensor-parallel-size", type=int, default=1)
     serve.add_argument(
         "--max-new-tokens",
         type=int,

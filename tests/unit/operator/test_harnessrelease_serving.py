@@ -93,7 +93,7 @@ def test_vllm_gets_tensor_parallel_dtype_context_and_resources() -> None:
     # Two GPUs talk over NCCL: a memory-backed /dev/shm.
     assert p["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
     assert model["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
-    assert model["ports"] == [{"containerPort": 8080, "protocol": "TCP"}]
+    assert "ports" not in model  # the runtime's own (8080): Knative takes exactly one
 
 
 def test_unset_cpu_and_memory_get_defaults_per_gpu() -> None:
