@@ -425,6 +425,15 @@ def kinds() -> list[KindWalk]:
             values={
                 "spec.canary.steps": [{"spec.canary.steps": [25, 100]}],
                 **{
+                    f"spec.podTemplate.{name}": [
+                        {
+                            "spec.podTemplate.volumes": POD_TEMPLATE["volumes"],
+                            f"spec.podTemplate.{name}": POD_TEMPLATE[name],
+                        }
+                    ]
+                    for name in POD_LISTS
+                },
+                **{
                     f"spec.rollout.analysis.{name}": [{f"spec.rollout.analysis.{name}": value}]
                     for name, value in (
                         ("requestsMetric", "harness_requests_total"),
@@ -476,6 +485,8 @@ POD_TEMPLATE: dict[str, Any] = {
     "resources": {"requests": {"rdma/hca": "1"}, "limits": {"rdma/hca": "1"}},
     "scratchSizeLimit": "5Gi",
 }
+#: Its lists (a release example sets podTemplate, so these are there but empty).
+POD_LISTS = ("tolerations", "imagePullSecrets", "volumes", "volumeMounts", "env")
 
 LLM_SIM: dict[str, Any] = {
     "spec.environment": "llm_sim",
