@@ -488,27 +488,6 @@ POD_TEMPLATE: dict[str, Any] = {
 #: Its lists (a release example sets podTemplate, so these are there but empty).
 POD_LISTS = ("tolerations", "imagePullSecrets", "volumes", "volumeMounts", "env")
 
-#: A podTemplate that sets every part; every list has an entry to drop (the second volume is
-#: not mounted, so dropping it is valid).
-POD_TEMPLATE: dict[str, Any] = {
-    "serviceAccountName": "walk-sa",
-    "nodeSelector": {"pool": "walk"},
-    "affinity": {
-        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
-        "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
-        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
-    },
-    "tolerations": [{"key": "walk", "operator": "Exists"}],
-    "priorityClassName": "walk-low",
-    "runtimeClassName": "walk",
-    "imagePullSecrets": [{"name": "walk-registry"}],
-    "volumes": [{"name": "walk-data", "emptyDir": {}}, {"name": "walk-extra", "emptyDir": {}}],
-    "volumeMounts": [{"name": "walk-data", "mountPath": "/walk"}],
-    "env": [{"name": "WALK", "value": "1"}],
-    "resources": {"requests": {"rdma/hca": "1"}, "limits": {"rdma/hca": "1"}},
-    "scratchSizeLimit": "5Gi",
-}
-
 LLM_SIM: dict[str, Any] = {
     "spec.environment": "llm_sim",
     "spec.llmSim": {
