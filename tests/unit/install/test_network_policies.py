@@ -76,7 +76,7 @@ SETTINGS = NetworkSettings.model_validate(
         },
     }
 )  # fmt: skip
-D = Defaults(network=SETTINGS)
+D = Defaults(network=SETTINGS, pod_service_accounts=("workload",))
 STORE_SPEC = {
     "endpoint": STORE,
     "region": "eu-west-1",
@@ -196,6 +196,54 @@ RELEASE = {
     "reportUri": "s3://qpa/releases/max/",
     "store": STORE_SPEC,
 }  # fmt: skip
+#: Every field of spec.podTemplate (and of its volume types, variables, tolerations).
+POD_TEMPLATE = {
+    "serviceAccountName": "workload",
+    "nodeSelector": {"pool": "ml"},
+    "affinity": {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+        "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+    },
+    "tolerations": [
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute",
+         "tolerationSeconds": 60},
+    ],
+    "priorityClassName": "batch-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "team-registry"}],
+    "volumes": [
+        {"name": "cfg", "configMap": {"name": "cfg", "items": [{"key": "a", "path": "a.yaml"}],
+                                      "defaultMode": 0o444, "optional": True}},
+        {"name": "keys", "secret": {"secretName": "keys", "items": [{"key": "k", "path": "k"}],
+                                    "defaultMode": 0o440, "optional": False}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},
+        {"name": "cache", "emptyDir": {"medium": "", "sizeLimit": "10Gi"}},
+        {"name": "claim", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}},
+        {"name": "vault", "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True,
+                                  "fsType": "ext4", "volumeAttributes": {"provider": "vault"},
+                                  "nodePublishSecretRef": {"name": "vault-creds"}}},
+    ],
+    "volumeMounts": [
+        {"name": "data", "mountPath": "/data", "readOnly": True},
+        {"name": "cache", "mountPath": "/cache", "subPath": "hf"},
+    ],
+    "env": [
+        {"name": "NCCL_IB_HCA", "value": "mlx5"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "k"}}},
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "a"}}},
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory",
+                                                           "divisor": "1Mi"}}},
+    ],
+    "resources": {"requests": {"rdma/hca": "1"}, "limits": {"rdma/hca": "1"}},
+    "scratchSizeLimit": "20Gi",
+}  # fmt: skip
+for _spec in (TASKBATCH, POOL, TRAINING, RELEASE):
+    _spec["podTemplate"] = POD_TEMPLATE
+#: A device pool's env servers keep the operator's ServiceAccount (their phone Leases).
+DEVICE_POD_TEMPLATE = {k: v for k, v in POD_TEMPLATE.items() if k != "serviceAccountName"}
 
 
 def taskbatches() -> list[Any]:
@@ -215,7 +263,12 @@ def pools() -> list[Any]:
         resource(
             "RolloutPool",
             "phones",
-            {**POOL, "environment": "device", "devicePoolRef": {"name": "lab-phones"}},
+            {
+                **POOL,
+                "environment": "device",
+                "devicePoolRef": {"name": "lab-phones"},
+                "podTemplate": DEVICE_POD_TEMPLATE,
+            },
         ),
     ]
 
