@@ -54,7 +54,7 @@ def test_paths_of_every_managed_kind() -> None:
     assert object_path(job, collection=True) == "/apis/batch/v1/namespaces/n/jobs"
     assert plural_of("serving.kserve.io/v1beta1", "InferenceService") == "inferenceservices"
     with pytest.raises(ValueError, match="does not manage"):
-        plural_of("v1", "Secret")
+        plural_of("v1", "PersistentVolume")  # cluster-scoped: never the operator's
 
 
 def test_api_errors_tell_conflicts_from_existing_objects() -> None:
