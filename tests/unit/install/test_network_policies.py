@@ -171,11 +171,14 @@ TRAINING = {
     "backoffLimit": 2,
     "image": "ghcr.io/qpa-ai/qpa-trainer:0.1.0",
     "resources": RESOURCES,
+    "workSize": "100Gi",
+    "scheduling": {"queueName": "training", "admissionTimeoutSeconds": 1800,
+                   "keepFailedAttempts": 2},
 }  # fmt: skip
 RELEASE = {
     "model": {
         "uri": "s3://qpa/trainingruns/max/final/", "runtime": "vllm", "servedModelName": "planner",
-        "gpus": 1, "maxModelLength": 8192, "resources": RESOURCES,
+        "gpus": 1, "maxModelLength": 8192, "resources": RESOURCES, "dtype": "bfloat16",
     },
     "harness": {
         "image": "ghcr.io/qpa-ai/qpa-harness:0.1.0", "version": "harness-v4",
@@ -191,6 +194,17 @@ RELEASE = {
         "maxEnvironmentErrorRate": 0.1, "minSamples": 1, "minTasks": 10, "requireComplete": True,
     },
     "canary": {"steps": [10, 50, 100], "stepSeconds": 60},
+    "rollout": {
+        "deploymentMode": "Serverless",
+        "analysis": {
+            "intervalSeconds": 30, "minRequests": 20, "maxErrorRate": 0.02,
+            "maxP95LatencySeconds": 2.5, "failureLimit": 1,
+            "metricsUrl": "http://metrics.team-a.svc:9090/metrics",
+            "prometheusUrl": "http://prometheus.monitoring:9090",
+            "requestsMetric": "qpa_harness_requests_total",
+            "latencyMetric": "qpa_harness_request_seconds",
+        },
+    },
     "timeouts": {"deploySeconds": 600, "benchmarkSeconds": 3600, "reportSeconds": 300},
     "promotion": "manual",
     "reportUri": "s3://qpa/releases/max/",
