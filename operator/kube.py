@@ -219,9 +219,7 @@ class KubeClient:
     ) -> Any:
         """Send one request (retrying what is retriable) and return the decoded JSON body."""
         namespace = namespace_of(path)
-        if self.namespaces is not None and (
-            namespace is None or namespace not in self.namespaces
-        ):
+        if self.namespaces is not None and (namespace is None or namespace not in self.namespaces):
             served = ", ".join(sorted(self.namespaces))
             where = f"namespace {namespace!r}" if namespace else "a cluster-scoped path"
             raise ApiError(

@@ -152,9 +152,7 @@ class NamespacesMismatch(kopf.PermanentError):
     """kopf was started for other namespaces than `QPA_OPERATOR_NAMESPACES` names."""
 
 
-def check_namespaces(
-    settings: kopf.OperatorSettings, argv: list[str], environ: Any = None
-) -> None:
+def check_namespaces(settings: kopf.OperatorSettings, argv: list[str], environ: Any = None) -> None:
     """Refuse to start when kopf would serve namespaces outside `QPA_OPERATOR_NAMESPACES`.
 
     kopf knows its namespaces from the command line only (`--namespace`/`-n`, or

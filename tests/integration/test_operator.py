@@ -287,7 +287,6 @@ async def test_a_failed_collect_job_fails_the_batch(
         assert warnings and warnings[0]["type"] == "Warning"
 
 
-
 async def test_a_store_uri_outside_the_namespaces_prefix_fails_the_resource_and_builds_nothing(
     kube_api: KubeAPIServer, operator_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -307,7 +306,8 @@ async def test_a_store_uri_outside_the_namespaces_prefix_fails_the_resource_and_
             failed = await phase(kube_api, plural, name, "Failed")
             cond = {c["type"]: c for c in failed["conditions"]}
             assert (cond["Failed"]["status"], cond["Failed"]["reason"]) == (
-                "True", "OutsideStorePrefix"
+                "True",
+                "OutsideStorePrefix",
             )
             assert field in cond["Failed"]["message"]
             assert "s3://qpa/default/" in cond["Failed"]["message"]
@@ -532,12 +532,14 @@ async def test_devicepool_bridges_phones_from_device_nodes(
         names = ["lab-phones-r5ct1", "lab-phones-r5ct2"]
         for role in ("lab-phones-bridge", "lab-phones-phones"):
             await kube_api.eventually(
-                lambda r=role: [
-                    rule.get("resourceNames")
-                    for rule in (kube_api.get("roles", NS, r) or {}).get("rules", [])
-                    if rule["resources"] == ["leases"] and "resourceNames" in rule
-                ]
-                == [names]
+                lambda r=role: (
+                    [
+                        rule.get("resourceNames")
+                        for rule in (kube_api.get("roles", NS, r) or {}).get("rules", [])
+                        if rule["resources"] == ["leases"] and "resourceNames" in rule
+                    ]
+                    == [names]
+                )
             )
 
         kube_api.create(
@@ -616,7 +618,9 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         assert ranks["spec"]["clusterIP"] == "None" and ranks["spec"]["publishNotReadyAddresses"]
         config = await exists(kube_api, "configmaps", "planner-care-rl-order")
         order = WorkOrder.parse(yaml.safe_load(config["data"][WORK_ORDER_KEY]), TrainingRun)
-        assert order.resource.spec.base_model_uri == "s3://qpa/default/trainingruns/planner-sft/final/"
+        assert (
+            order.resource.spec.base_model_uri == "s3://qpa/default/trainingruns/planner-sft/final/"
+        )
         assert order.resolved.rollout_pool_url == "http://sandbox-env.default.svc.cluster.local"
         assert order.resource.spec.rl is not None
         assert order.resource.spec.rl.care.low_success_threshold == 0.2
@@ -648,7 +652,9 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
             ),
             TrainingRun,
         )
-        assert sft_order.resolved.dataset_uri == "s3://qpa/default/trainingruns/planner-sft/data/mix/"
+        assert (
+            sft_order.resolved.dataset_uri == "s3://qpa/default/trainingruns/planner-sft/data/mix/"
+        )
 
         job_started(kube_api, "planner-sft-r0", active=2)
         await phase(kube_api, "qtr", "planner-sft", "Running")

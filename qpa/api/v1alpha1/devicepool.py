@@ -111,9 +111,7 @@ LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
 
 def _valid_label_key(key: str) -> bool:
     prefix, _, name = key.rpartition("/")
-    return (
-        len(prefix) <= 253 and 0 < len(name) <= 63 and re.fullmatch(LABEL_KEY, key) is not None
-    )
+    return len(prefix) <= 253 and 0 < len(name) <= 63 and re.fullmatch(LABEL_KEY, key) is not None
 
 
 class DevicePoolSpec(_Model):

@@ -343,9 +343,7 @@ class HarnessReleaseSpec(_Model):
     gate: GateSettings = _defaulted(GateSettings, "Thresholds the candidate must pass.")
     canary: CanarySettings = _defaulted(CanarySettings, "Canary traffic steps.")
     timeouts: ReleaseTimeouts = _defaulted(ReleaseTimeouts, "Deadlines of each stage.")
-    rollout: RolloutSettings = _defaulted(
-        RolloutSettings, "Deployment mode and canary analysis."
-    )
+    rollout: RolloutSettings = _defaulted(RolloutSettings, "Deployment mode and canary analysis.")
     promotion: Literal["auto", "manual"] = Field(
         default="auto",
         description="auto: start the canary when the gate passes; manual: wait for the "
@@ -363,7 +361,7 @@ class HarnessReleaseSpec(_Model):
         default=None,
         description="Additions to the Harness predictor and the benchmark Job (placement, "
         "pull secrets, volumes, env, resources) and to the model predictor (all but "
-        "resources), merged as docs/operator.md \"Pod overrides\" says.",
+        'resources), merged as docs/operator.md "Pod overrides" says.',
     )
 
     RULES = (

@@ -118,7 +118,7 @@ class RolloutPoolSpec(_Model):
     pod_template: PodTemplate | None = Field(
         default=None,
         description="Additions to the environment-server pods (placement, pull secrets, "
-        "volumes, env, resources), merged as docs/operator.md \"Pod overrides\" says.",
+        'volumes, env, resources), merged as docs/operator.md "Pod overrides" says.',
     )
 
     RULES = (

@@ -240,7 +240,7 @@ class TaskBatchSpec(_Model):
     pod_template: PodTemplate | None = Field(
         default=None,
         description="Additions to the worker pods (placement, pull secrets, volumes, env, "
-        "resources), merged as docs/operator.md \"Pod overrides\" says.",
+        'resources), merged as docs/operator.md "Pod overrides" says.',
     )
 
     RULES = (

@@ -378,7 +378,7 @@ class TrainingRunSpec(_Model):
     pod_template: PodTemplate | None = Field(
         default=None,
         description="Additions to the rank and data pods (placement, pull secrets, volumes, env, "
-        "resources), merged as docs/operator.md \"Pod overrides\" says.",
+        'resources), merged as docs/operator.md "Pod overrides" says.',
     )
 
     RULES = (

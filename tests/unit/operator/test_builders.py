@@ -525,7 +525,9 @@ def test_train_summary_round_trips_through_the_termination_message() -> None:
         step=400,
         total_steps=400,
         checkpoints=[
-            Checkpoint(step=s, uri=f"s3://qpa/default/trainingruns/planner-sft/checkpoints/checkpoint-{s}/")
+            Checkpoint(
+                step=s, uri=f"s3://qpa/default/trainingruns/planner-sft/checkpoints/checkpoint-{s}/"
+            )
             for s in (100, 200, 300, 400)
         ],
         model_uri="s3://qpa/default/trainingruns/planner-sft/final/",
