@@ -16,11 +16,20 @@ from typing import Any
 import uvicorn
 
 
-@contextlib.contextmanager
-def serve(app: Any, config: uvicorn.Config | None = None) -> Iterator[str]:
-    """Serve `app` (or `config`, whose app it is) until the block ends; yields its base URL."""
+def loopback_socket() -> socket.socket:
+    """A socket bound to a free 127.0.0.1 port, for an app that must know its URL first."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextlib.contextmanager
+def serve(
+    app: Any, config: uvicorn.Config | None = None, sock: socket.socket | None = None
+) -> Iterator[str]:
+    """Serve `app` (or `config`, whose app it is) until the block ends, on `sock` (default: a
+    fresh `loopback_socket()`); yields its base URL."""
+    sock = sock or loopback_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(config or uvicorn.Config(app, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from helpers.uvicorn_thread import serve
+from helpers.uvicorn_thread import loopback_socket, serve
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -61,26 +61,11 @@ def _port() -> int:
 @contextlib.contextmanager
 def pod(name: str, **options: Any) -> Iterator[tuple[str, EnvServerApp]]:
     """A server that knows it is pod `name` at its own URL; yields (url, app)."""
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
+    sock = loopback_socket()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     app = create_app("sandbox", identity=PodIdentity(name, url), drain_key=KEY, **options)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", port))
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
+    with serve(app, sock=sock):
         yield url, app
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 class Service:
