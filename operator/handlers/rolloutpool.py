@@ -13,10 +13,11 @@ import kopf
 from qpa_operator.builders import devicepool as dp_builder
 from qpa_operator.builders import rolloutpool as builder
 from qpa_operator.builders.common import kind_label
+from qpa_operator.builders.podtemplate import PodTemplateRefused
 from qpa_operator.handlers.apply import delete_child, ensure_all
 from qpa_operator.handlers.netpolicy import report_egress
 from qpa_operator.handlers.runtime import measured, now, runtime
-from qpa_operator.handlers.status import child_event, observed, write_status
+from qpa_operator.handlers.status import child_event, observed, refuse, write_status
 from qpa_operator.handlers.views import Views, fresher, generation_of, parse
 
 from qpa.api import GROUP, VERSION, RolloutPool
@@ -84,7 +85,11 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     if resource is None:
         return
     rt = await runtime()
-    children = builder.children(resource, rt.defaults)
+    try:
+        children = builder.children(resource, rt.defaults)
+    except PodTemplateRefused as exc:
+        await refuse(RolloutPool, obj, exc, "PodTemplateRefused")
+        return
     live = await ensure_all(
         children,
         views,

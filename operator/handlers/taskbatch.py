@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 from qpa_operator.builders import taskbatch as builder
 from qpa_operator.builders.common import kind_label
+from qpa_operator.builders.podtemplate import PodTemplateRefused
 from qpa_operator.builders.storeaccess import OutsideStorePrefix
 from qpa_operator.handlers.apply import ensure_all
 from qpa_operator.handlers.netpolicy import report_egress
@@ -68,8 +69,8 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
     rt = await runtime()
     try:
         children = builder.children(resource, rt.defaults)
-    except OutsideStorePrefix as exc:
-        await refuse(TaskBatch, obj, exc, "OutsideStorePrefix",
+    except (OutsideStorePrefix, PodTemplateRefused) as exc:
+        await refuse(TaskBatch, obj, exc, type(exc).__name__,
                      reread=lambda: views.parent(KIND, *_key(obj)))  # fmt: skip
         return
     live = await ensure_all(children, views, resource)

@@ -29,6 +29,7 @@ import kopf
 from qpa_operator.builders import trainingrun as builder
 from qpa_operator.builders.admission import Verdict, gang_admission
 from qpa_operator.builders.common import JsonDict, job_state, kind_label
+from qpa_operator.builders.podtemplate import PodTemplateRefused
 from qpa_operator.builders.storeaccess import OutsideStorePrefix
 from qpa_operator.handlers.apply import delete_child, ensure_all
 from qpa_operator.handlers.netpolicy import report_egress
@@ -198,8 +199,8 @@ async def reconcile(obj: Mapping[str, Any], views: Views, reason: str) -> None:
         children = builder.children(
             resource, rt.defaults, attempt=attempt, plan=plan, data_ready=data_ready
         )
-    except OutsideStorePrefix as exc:
-        await refuse(TrainingRun, obj, exc, "OutsideStorePrefix")
+    except (OutsideStorePrefix, PodTemplateRefused) as exc:
+        await refuse(TrainingRun, obj, exc, type(exc).__name__)
         return
     live = await ensure_all(children, views, resource)
     ranks_job = builder.job_name(resource, attempt)

@@ -318,6 +318,37 @@ async def test_a_store_uri_outside_the_namespaces_prefix_fails_the_resource_and_
         await exists(kube_api, "jobs", "nightly-tool-use-collect")
 
 
+async def test_a_pod_template_the_operator_refuses_fails_the_resource_and_builds_nothing(
+    kube_api: KubeAPIServer, operator_env: Path
+) -> None:
+    """A service account the chart does not allow for pod overrides (none by default): the
+    TaskBatch, TrainingRun and RolloutPool are Failed with the field named, nothing runs under
+    that account, and no retry loop; once the override goes, the batch runs."""
+    borrowed = {"serviceAccountName": "cluster-deployer"}
+    docs = [example(name) for name in ("taskbatch.yaml", "trainingrun.yaml", "rolloutpool.yaml")]
+    for doc in docs:
+        doc["spec"]["podTemplate"] = borrowed
+    # a dataset already in the store: the run builds its pods at once (no batch to wait for)
+    docs[1]["spec"]["datasets"] = [{"uri": "s3://qpa/default/datasets/curated/", "weight": 1.0}]
+    with operator():
+        for doc in docs:
+            kube_api.create(doc)
+        for plural, name in (("qtb", "nightly-tool-use"), ("qtr", "planner-sft"),
+                             ("qrp", "sandbox")):  # fmt: skip
+            failed = await phase(kube_api, plural, name, "Failed")
+            cond = {c["type"]: c for c in failed["conditions"]}
+            assert (cond["Failed"]["status"], cond["Failed"]["reason"]) == (
+                "True",
+                "PodTemplateRefused",
+            )
+            assert "spec.podTemplate.serviceAccountName" in cond["Failed"]["message"]
+            assert "cluster-deployer" in cond["Failed"]["message"]
+        assert kube_api.list_objects("jobs", NS) == []
+        assert kube_api.list_objects("deployments", NS) == []
+        kube_api.patch("taskbatches", NS, "nightly-tool-use", {"spec": {"podTemplate": None}})
+        await exists(kube_api, "jobs", "nightly-tool-use-collect")
+
+
 # --------------------------------------------------------------------------- RolloutPool
 
 
