@@ -52,6 +52,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from qpa_operator.builders import podtemplate
 from qpa_operator.builders.common import (
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
@@ -273,7 +274,9 @@ def daemonset(pool: DevicePool, defaults: Defaults) -> JsonDict:
             },
         },
     }
-    return with_spec_hash(manifest)
+    # no user template here (the bridge is the admin's): the chart's pull secrets and the
+    # ephemeral-storage request, as on every pod the operator makes
+    return with_spec_hash(podtemplate.merge_into(manifest, None, defaults))
 
 
 def service(pool: DevicePool, defaults: Defaults) -> JsonDict:

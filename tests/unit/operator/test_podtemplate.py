@@ -18,6 +18,7 @@ from helpers.podsecurity import violations
 from qpa_operator.builders import (
     Defaults,
     common,
+    devicepool,
     harnessrelease,
     podtemplate,
     rolloutpool,
@@ -490,6 +491,7 @@ def test_every_kind_gets_the_chart_pull_secrets_and_disk_requests_without_a_temp
         harnessrelease.harness_service(example("harnessrelease.yaml"), D),
         harnessrelease.model_service(example("harnessrelease.yaml"), D),
         harnessrelease.bench_job(example("harnessrelease.yaml"), D),
+        devicepool.daemonset(example("devicepool.yaml"), D),  # no template: the admin's pods
     ]
     for obj in built:
         valid(obj)
