@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from qpa_operator.builders import netpol
+from qpa_operator.builders import netpol, podtemplate
 from qpa_operator.builders.common import (
     Defaults,
     JsonDict,
@@ -68,6 +68,10 @@ WORK_DIR: Final = "/work"
 STARTUP_SECONDS: Final = 1800
 PROBE_PERIOD_SECONDS: Final = 10
 SERVE_ARGS: Final = ("qpa", "rollout", "serve", "--spec", WORK_ORDER_PATH)
+VLLM_CPU_PER_GPU: Final = 4
+VLLM_MEMORY_GI_PER_GPU: Final = 32
+HF_CPU: Final = 2
+HF_MEMORY: Final = "8Gi"
 
 
 def generation(tr: TrainingRun) -> RolloutGeneration | None:
@@ -137,9 +141,7 @@ def deployment(tr: TrainingRun, defaults: Defaults) -> JsonDict:
         "livenessProbe": {**probe, "failureThreshold": 6},
         "securityContext": restricted_container_security(),
     }
-    container_resources = resources(None, gpus=gen.gpus, gpu_resource=GPU_RESOURCE)
-    if container_resources:
-        container["resources"] = container_resources
+    container["resources"] = server_resources(gen)
     pod_spec: JsonDict = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -163,7 +165,21 @@ def deployment(tr: TrainingRun, defaults: Defaults) -> JsonDict:
             },
         },
     }
-    return with_spec_hash(manifest)
+    return with_spec_hash(podtemplate.merge_into(manifest, tr.spec.pod_template, defaults))
+
+
+def server_resources(gen: RolloutGeneration) -> JsonDict:
+    """CPU and memory beside the GPUs (never BestEffort): per GPU what vLLM's engine and
+    tokenizer workers take with the weights in host memory while loading (as the model
+    InferenceService of a HarnessRelease); a CPU `hf` server holds the model once."""
+    if gen.gpus > 0:
+        cpu, memory = VLLM_CPU_PER_GPU * gen.gpus, f"{VLLM_MEMORY_GI_PER_GPU * gen.gpus}Gi"
+    else:
+        cpu, memory = HF_CPU, HF_MEMORY
+    result = resources(None, gpus=gen.gpus, gpu_resource=GPU_RESOURCE)
+    requests = {**result.get("requests", {}), "cpu": str(cpu), "memory": memory}
+    limits = {**result.get("limits", {}), "memory": memory}
+    return {"requests": dict(sorted(requests.items())), "limits": dict(sorted(limits.items()))}
 
 
 def service(tr: TrainingRun, defaults: Defaults) -> JsonDict:

@@ -39,6 +39,7 @@ the last `scheduling.keepFailedAttempts` failed attempts stay (their pods hold t
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -387,6 +388,13 @@ def job(tr: TrainingRun, attempt: int, defaults: Defaults) -> JsonDict:
     return with_spec_hash(manifest)
 
 
+#: The data pod's share (curation and mixing stream record by record; never BestEffort).
+DATA_RESOURCES: Final[JsonDict] = {
+    "requests": {"cpu": "1", "memory": "2Gi"},
+    "limits": {"memory": "8Gi"},
+}
+
+
 def data_job(tr: TrainingRun, plan: DataPlan, defaults: Defaults) -> JsonDict | None:
     """One pod that curates and mixes the inputs, or None when nothing needs preparing."""
     if not plan.steps:
@@ -399,6 +407,7 @@ def data_job(tr: TrainingRun, plan: DataPlan, defaults: Defaults) -> JsonDict | 
         "command": ["sh", "-c", f"set -e; {script}"],
         "env": list(parts.env),
         "volumeMounts": list(parts.mounts),
+        "resources": copy.deepcopy(DATA_RESOURCES),
         "securityContext": restricted_container_security(),
     }
     manifest = {

@@ -448,6 +448,8 @@ def test_a_trainingrun_rank_and_data_pod_carry_the_template() -> None:
     data = trainingrun.data_job(tr, plan, D)
     assert data is not None
     assert_template_applied(data)
+    requests = data["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert (requests["cpu"], requests["memory"]) == ("1", "2Gi")  # never BestEffort
 
 
 def test_a_harnessrelease_applies_the_template_to_its_predictors_and_benchmark() -> None:

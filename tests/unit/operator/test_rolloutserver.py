@@ -72,8 +72,15 @@ def test_vllm_generation_starts_a_gpu_rollout_server_the_ranks_are_wired_to() ->
     assert {"--spec"} <= serve_options()
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["startupProbe"]["httpGet"]["path"] == "/health"
-    assert container["resources"]["requests"]["nvidia.com/gpu"] == "2"
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"] == {
+        "requests": {
+            "cpu": "8",
+            "ephemeral-storage": "1Gi",
+            "memory": "64Gi",
+            "nvidia.com/gpu": "2",
+        },
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": "2"},
+    }  # never BestEffort: CPU and memory per GPU beside the GPUs
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
@@ -177,7 +184,11 @@ def test_hf_backend_without_gpus_and_no_generation_at_all() -> None:
     tr = rl_run({"backend": "hf", "gpus": 0, "image": "registry.local/qpa-trainer:cpu"})
     deployment = rolloutserver.deployment(tr, D)
     pod = deployment["spec"]["template"]["spec"]
-    assert "resources" not in pod["containers"][0] and "tolerations" not in pod
+    assert "tolerations" not in pod
+    assert pod["containers"][0]["resources"] == {
+        "requests": {"cpu": "2", "ephemeral-storage": "1Gi", "memory": "8Gi"},
+        "limits": {"memory": "8Gi"},
+    }
     assert pod["containers"][0]["image"] == "registry.local/qpa-trainer:cpu"
 
     plain = rl_run(None)
