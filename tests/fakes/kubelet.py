@@ -58,8 +58,7 @@ Networking (the simplest faithful model): pods share the host's network namespac
 `hostNetwork`; each Pod gets its own loopback address (127.1.x.y) as podIP, so a server on
 0.0.0.0 answers on it. Two Pods declaring the same `containerPort` cannot both run: the second
 stays Pending (PodScheduled=False, Unschedulable, "didn't have free ports", as a hostPort
-conflict) until the port is free (held by another pod, or by any process on the host: a pod is
-admitted only when its ports can be bound); except the nodes of one Indexed Job (other
+conflict) until no other pod holds the port; except the nodes of one Indexed Job (other
 indexes), which in a cluster run side by side and where one index alone serves the declared
 port (index 0's rendezvous of a TrainingRun's ranks: the others only connect to it). Each Pod's
 `/etc/hosts` (rewritten in place as things change) maps every Service name (`svc` in its own
@@ -467,17 +466,6 @@ class _Pod:
         return any(c.running for c in self.containers)
 
 
-def _bindable(port: int) -> bool:
-    """Whether a server could listen on `port` (0.0.0.0, as pods' servers do) right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
 @dataclass
 class _HostsEntry:
     """One /etc/hosts line: `names` for every pod, `local` ones for pods in `namespace` only."""
@@ -811,10 +799,6 @@ class TestKubelet:
         for other in holders:
             if other is not pod and wanted & other.ports() and not _peers(pod.obj, other.obj):
                 return "/".join(other.key)
-        peers = any(p is not pod and _peers(pod.obj, p.obj) for p in holders)
-        for port in sorted(wanted) if not peers else ():
-            if not _bindable(port):  # a process outside any pod (or one a pod left behind)
-                return f"<a process on the host, port {port}>"
         return None
 
     def _finished(self, pod: _Pod) -> bool:
