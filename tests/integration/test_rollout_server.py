@@ -247,6 +247,9 @@ def test_rl_through_the_rollout_server(
                 assert not torch.isnan(sampler[trained]).any()
                 gap = (sampler[trained] - old[trained]).abs().max()
                 assert float(gap) < 1e-4, (step, float(gap))
+            # so the truncated importance weights are 1 and none is cut (the step's metrics)
+            assert abs(result.metrics["is_weight"] - 1.0) < 1e-3, result.metrics
+            assert result.metrics["is_truncated"] == 0.0
             # the step's new weights reached the server
             digest = server_digest(url)
             assert digest == trainer_digest(trainer), step

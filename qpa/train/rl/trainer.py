@@ -567,8 +567,10 @@ class RLTrainer:
                     if self.ref_model is not None:
                         ref[i] = token_logprobs(self.ref_model, batch, temperature)
         self.model.train()
-        # loss, clip-fraction and KL sums weighted by trained tokens, and those tokens
-        sums = [0.0, 0.0, 0.0, 0.0]
+        # loss, clip-fraction and KL sums weighted by trained tokens, and those tokens; then
+        # the truncated importance weights' mean and truncated share over the tokens that had
+        # sampler log-probs (a rollout server), and those tokens
+        sums = [0.0] * 7
         grad_norm = 0.0
         for _ in range(loss_cfg.ppo_epochs if batches else 0):
             for i, batch in enumerate(batches):
@@ -587,8 +589,19 @@ class RLTrainer:
                 sums[1] += stats["clip_fraction"] * share
                 sums[2] += stats["kl"] * share
                 sums[3] += share
+                if "is_weight" in stats:
+                    sums[4] += stats["is_weight"] * share
+                    sums[5] += stats["is_truncated"] * share
+                    sums[6] += share
             grad_norm = self._optimizer_step()
-        loss_sum, clipped, kl, weighted = self._all_reduce_sum(sums)
+        loss_sum, clipped, kl, weighted, is_weight, is_truncated, sampled = self._all_reduce_sum(
+            sums
+        )
+        sampler_metrics = (
+            {"is_weight": is_weight / sampled, "is_truncated": is_truncated / sampled}
+            if sampled
+            else {}
+        )
         return {
             "loss": loss_sum / self.world_size,
             "clip_fraction": clipped / weighted if weighted else 0.0,
@@ -598,6 +611,7 @@ class RLTrainer:
             "train_tokens": float(total_tokens),
             "micro_batches": float(passes),
             "padded_micro_batches": float(padding),
+            **sampler_metrics,
         }
 
     def _filler(self, samples: Sequence[Sample]) -> Sample:
