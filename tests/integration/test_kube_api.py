@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import subprocess
 import threading
 import urllib.error
@@ -181,25 +182,25 @@ def test_status_subresource_is_separate(kube_client: Any) -> None:
         NS,
         "trainingruns",
         "planner-sft",
-        {"spec": {"nodes": 3}, "status": {"phase": "Failed"}},
+        {"spec": {"checkpointEvery": 3}, "status": {"phase": "Failed"}},
     )
-    assert main["spec"]["nodes"] == 3 and "status" not in main
+    assert main["spec"]["checkpointEvery"] == 3 and "status" not in main
     status = api.patch_namespaced_custom_object_status(
         GROUP,
         VERSION,
         NS,
         "trainingruns",
         "planner-sft",
-        {"spec": {"nodes": 9}, "status": {"phase": "Running", "step": 10}},
+        {"spec": {"checkpointEvery": 9}, "status": {"phase": "Running", "step": 10}},
     )
-    assert status["spec"]["nodes"] == 3 and status["status"]["phase"] == "Running"
+    assert status["spec"]["checkpointEvery"] == 3 and status["status"]["phase"] == "Running"
     replaced = copy.deepcopy(status)
     replaced["status"] = {"phase": "Succeeded"}
-    replaced["spec"]["nodes"] = 4
+    replaced["spec"]["checkpointEvery"] = 4
     after = api.replace_namespaced_custom_object(
         GROUP, VERSION, NS, "trainingruns", "planner-sft", replaced
     )
-    assert after["spec"]["nodes"] == 4 and after["status"]["phase"] == "Running"
+    assert after["spec"]["checkpointEvery"] == 4 and after["status"]["phase"] == "Running"
     assert after["metadata"]["generation"] == 3
 
 
@@ -1083,17 +1084,20 @@ def test_kubectl_drives_the_emulator(kubectl: Kubectl, kube_api: KubeAPIServer) 
     assert "trainingrun.qpa.ai/planner-care-rl" in kubectl("get", "qpa").stdout
     described = kubectl("describe", "qtr", "planner-sft").stdout
     assert "Kind:         TrainingRun" in described and "Zero Stage:" in described
-    assert "Phase:     Running" in described
-    kubectl("patch", "qtr", "planner-sft", "--type=merge", "-p", '{"spec":{"nodes":3}}')
+    assert re.search(r"^\s+Phase:\s+Running$", described, re.MULTILINE)
+    # nodes is immutable (world size); checkpointEvery changes like any spec field
+    kubectl("patch", "qtr", "planner-sft", "--type=merge", "-p", '{"spec":{"checkpointEvery":3}}')
     stored = kube_api.get("qtr", NS, "planner-sft")
-    assert stored is not None and stored["spec"]["nodes"] == 3
+    assert stored is not None and stored["spec"]["checkpointEvery"] == 3
     assert stored["metadata"]["generation"] == 2
     kubectl(
         "patch", "qtr", "planner-sft", "--subresource=status", "--type=merge",
         "-p", '{"status":{"step":43}}',
     )  # fmt: skip
     assert "43" in kubectl("get", "qtr", "planner-sft", "-o", "jsonpath={.status.step}").stdout
-    strategic = kubectl("patch", "qtr", "planner-sft", "-p", '{"spec":{"nodes":4}}', check=False)
+    strategic = kubectl(
+        "patch", "qtr", "planner-sft", "-p", '{"spec":{"checkpointEvery":4}}', check=False
+    )
     assert strategic.returncode != 0 and "merge-patch" in strategic.stderr
     again = kubectl("apply", "-f", "examples/trainingrun.yaml").stdout
     assert "planner-care-rl unchanged" in again
@@ -1162,7 +1166,8 @@ async def test_kopf_operator_runs_against_the_emulator(
         patch.status["phase"] = "Running"
         patch.status["step"] = 1
 
-    @kopf.on.update("qpa.ai", "v1alpha1", "trainingruns", field="spec.nodes", registry=registry)
+    @kopf.on.update("qpa.ai", "v1alpha1", "trainingruns", field="spec.checkpointEvery",
+                    registry=registry)  # fmt: skip
     def updated(new: int, patch: Any, **_: Any) -> None:
         seen["updated"].append(new)
         patch.status["step"] = new
@@ -1183,7 +1188,7 @@ async def test_kopf_operator_runs_against_the_emulator(
 
         obj = await kube_api.eventually(running)
         assert obj["metadata"]["finalizers"] == ["qpa.ai/test"]
-        kube_api.patch("qtr", NS, "planner-sft", {"spec": {"nodes": 5}})
+        kube_api.patch("qtr", NS, "planner-sft", {"spec": {"checkpointEvery": 5}})
         await kube_api.eventually(
             lambda: (
                 (kube_api.get("qtr", NS, "planner-sft") or {}).get("status", {}).get("step") == 5

@@ -46,7 +46,7 @@ def test_kubectl_scale_writes_the_warm_size_and_reads_the_scale(
     assert "rolloutpool.qpa.ai/sandbox scaled" in scaled.stdout
     stored = kube_api.get("qrp", NS, "sandbox")
     assert stored is not None
-    assert stored["spec"]["replicas"] == {"min": 3, "max": 4}
+    assert stored["spec"]["replicas"] == {"min": 3, "max": 4, "targetPercent": 70}  # defaulted
     assert stored["metadata"]["generation"] == 2
     assert stored["status"]["replicas"] == 1  # status is the controller's, untouched
 
