@@ -181,7 +181,7 @@ async def test_taskbatch_runs_collect_as_an_indexed_job(
         assert order.resolved.rollout_pool_url == "http://sandbox-env.default.svc.cluster.local"
         c = container(job)
         assert c["resources"] == {
-            "requests": {"cpu": "500m", "memory": "1Gi"},
+            "requests": {"cpu": "500m", "ephemeral-storage": "1Gi", "memory": "1Gi"},
             "limits": {"memory": "2Gi"},
         }
         env = {e["name"]: e for e in c["env"]}
