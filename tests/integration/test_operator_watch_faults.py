@@ -84,4 +84,9 @@ async def test_everything_converges_when_watches_expire_drop_and_lists_go_stale(
         assert len(owned(kube_api, "configmaps", "TaskBatch", name)) == 1, name
     for name in pools:
         assert len(owned(kube_api, "deployments", "RolloutPool", name)) == 1, name
-        assert len(owned(kube_api, "services", "RolloutPool", name)) == 1, name
+        services = sorted(
+            s["metadata"]["name"] for s in owned(kube_api, "services", "RolloutPool", name)
+        )
+        assert services == [f"{name}-env", f"{name}-env-pods"], (
+            name
+        )  # the Service, the headless one
