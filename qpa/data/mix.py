@@ -58,6 +58,7 @@ from qpa.data.review import (
     open_batch,
     read_jsonl,
     rejected_refs,
+    require_published,
     stable_hash,
     start_batch,
 )
@@ -514,6 +515,7 @@ def load_curated(
     `origins`, when given, is filled with trajectory id -> the input it came from."""
     out: list[Trajectory] = []
     for uri in inputs:
+        require_published(uri)  # the review gate: refuse pending or unpublished inputs
         batch = open_batch(uri)
         rejected = rejected_refs(batch)
         keys = [SUCCESSES_KEY, *([FAILURES_KEY] if include_failures else [])]
@@ -621,7 +623,7 @@ def mix(
             },
         },
     )
-    manifest = manifest_with_review(manifest, queue)
+    manifest = manifest_with_review(manifest, queue, review or ReviewConfig())
     write_manifest(store, "", manifest)
     return MixResult(plan, len(rows), manifest)
 

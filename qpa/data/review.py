@@ -36,11 +36,13 @@ from qpa.store import (
     ArtifactNotFound,
     ArtifactStore,
     ObjectInfo,
+    StoreConfig,
     StoreError,
     open_object,
     open_store,
 )
 from qpa.store.manifest import (
+    MANIFEST_NAME,
     DatasetManifest,
     ManifestError,
     read_manifest,
@@ -53,6 +55,7 @@ C = TypeVar("C", bound=BaseModel)
 
 REVIEW_KEY = "review.json"
 PUBLISHED_KEY = "published.json"
+MANIFEST_KEY = MANIFEST_NAME
 
 GateMode = Literal["manual", "automatic"]
 ItemKind = Literal["task", "sample", "failure", "row"]
@@ -502,8 +505,14 @@ def is_published(store: ArtifactStore) -> bool:
     return store.exists(PUBLISHED_KEY)
 
 
-def manifest_with_review(manifest: DatasetManifest, queue: ReviewQueue | None) -> DatasetManifest:
-    """The manifest with the batch's review state recorded (unpublished)."""
+def manifest_with_review(
+    manifest: DatasetManifest, queue: ReviewQueue | None, config: ReviewConfig | None = None
+) -> DatasetManifest:
+    """The manifest with the batch's review state recorded (unpublished).
+
+    Without a queue (a stage that samples nothing of its own, e.g. a mix without
+    `review_rows`), `config` still records the gate mode, so readers know whether the batch
+    waits for people (`require_published`)."""
     if queue is not None:
         manifest.review = {
             "published": False,
@@ -512,11 +521,141 @@ def manifest_with_review(manifest: DatasetManifest, queue: ReviewQueue | None) -
             "population": queue.population,
             "gate": queue.config.gate,
         }
+    elif config is not None:
+        manifest.review = {"published": False, "queue": None, "gate": config.gate}
     return manifest
+
+
+# --------------------------------------------------------------------------- the readers' gate
+
+ReviewStateName = Literal[
+    "published", "automatic", "pending", "rejected", "unpublished", "unreviewed"
+]
+#: Stages whose batches are made for review: one of their datasets without review metadata was
+#: never published (it is not a user's own file), so it counts as unpublished.
+REVIEWED_GENERATORS = ("qpa.data.generate", "qpa.data.curate", "qpa.data.mix")
+_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class ReviewState(_Model):
+    """Where a dataset stands for its readers: `require_published` refuses all but
+    `published`, `automatic` and `unreviewed` (data that never entered the review flow)."""
+
+    dataset: str = Field(description="the reference as given (path or URI)")
+    root: str = Field(description="the batch holding its manifest / review queue")
+    state: ReviewStateName
+    detail: str
+
+    @property
+    def readable(self) -> bool:
+        return self.state in ("published", "automatic", "unreviewed")
+
+
+def _dataset_roots(ref: str) -> list[str]:
+    """Where a dataset's review metadata may live: the reference itself, and for a file or a
+    mixture's `dataset/` folder, its parent (`<batch>/dataset`, `<batch>/tasks.jsonl`)."""
+    text = ref.rstrip("/")
+    parent = text.rsplit("/", 1)[0] if "/" in text else "."
+    if "://" not in text:
+        path = Path(text)
+        if path.is_file() or text.endswith(_FILE_SUFFIXES):
+            return [str(path.parent)]
+        return [text, str(path.parent)] if path.name == "dataset" else [text]
+    if text.endswith(_FILE_SUFFIXES):
+        return [parent]
+    return [text, parent] if text.rsplit("/", 1)[-1] == "dataset" else [text]
+
+
+def _open_root(root: str, store_config: StoreConfig | None) -> ArtifactStore | None:
+    if "://" not in root and not Path(root).is_dir():
+        return None
+    return open_store(root, store_config)
+
+
+def review_state(ref: str | Path, *, store_config: StoreConfig | None = None) -> ReviewState:
+    """The review state of the dataset at `ref` (a local path or store URI: a batch, one of
+    its files, or a mixture's `dataset/` folder). Reads only; never writes.
+
+    - `published`: `qpa data publish` wrote `published.json` (the stage that rewrites a batch
+      deletes it, so it always speaks of the current data);
+    - `automatic`: the manifest records `gate: automatic` (the loop's presets);
+    - `pending` / `rejected`: its review queue has items awaiting review / rejects more than
+      `max_reject_rate` allows;
+    - `unpublished`: reviewed (or made by a reviewed stage) but never published;
+    - `unreviewed`: no manifest, queue or publication at all (a user's own file).
+    """
+    text = str(ref)
+    for root in _dataset_roots(text):
+        try:
+            store = _open_root(root, store_config)
+            found = None if store is None else _state_at(store)
+        except (StoreError, OSError, ValueError) as exc:
+            raise GateClosed(f"dataset {text}: cannot read its review state: {exc}") from None
+        if found is not None and store is not None:
+            name, detail = found
+            return ReviewState(dataset=text, root=store.root_uri, state=name, detail=detail)
+    return ReviewState(
+        dataset=text, root=text, state="unreviewed", detail="no manifest or review queue"
+    )
+
+
+def _state_at(store: ArtifactStore) -> tuple[ReviewStateName, str] | None:
+    """(state, detail) of the batch at `store`'s root; None when it holds no dataset metadata."""
+    published = store.exists(PUBLISHED_KEY)
+    has_manifest = store.exists(MANIFEST_KEY)
+    queue = load_queue(store, required=False)
+    if not (published or has_manifest or queue is not None):
+        return None
+    if published:
+        return "published", f"published ({PUBLISHED_KEY})"
+    manifest = read_manifest(store) if has_manifest else None
+    recorded = (manifest.review if manifest is not None else None) or {}
+    if recorded.get("gate") == "automatic" or recorded.get("mode") == "automatic":
+        return "automatic", "its manifest records gate: automatic"
+    if queue is not None:
+        gate = queue.status()
+        if gate.mode == "automatic":
+            return "automatic", "its review queue's gate is automatic"
+        if gate.pending:
+            return "pending", gate.detail
+        if not gate.passed:
+            return "rejected", gate.detail
+        return "unpublished", f"review passed ({gate.detail}) but it was never published"
+    generator = manifest.lineage.generator if manifest is not None else ""
+    if recorded or generator in REVIEWED_GENERATORS:
+        return "unpublished", f"written by {generator or 'a reviewed stage'}, never published"
+    return "unreviewed", "its manifest carries no review metadata"
+
+
+_HINTS = {
+    "pending": "review it with qpa data review list|accept|reject {root}, then publish it",
+    "rejected": "too many sampled items were rejected: fix and regenerate the batch",
+    "unpublished": "publish it once its gates pass: qpa data publish {root}",
+}
+
+
+def require_published(ref: str | Path, *, store_config: StoreConfig | None = None) -> None:
+    """Refuse to read a dataset whose review state is pending, rejected or unpublished.
+
+    The one decision every reader of flywheel data makes (a mixture's inputs, an SFT dataset,
+    an RL or collection task pool, and so a TrainingRun's pods): `GateClosed` names the
+    dataset and its state, unless the manifest records `gate: automatic`. Data that never
+    entered the review flow (no manifest, queue or publication: a hand-made JSONL) is read
+    as is: the gate guards what the flywheel produced (docs/data-flywheel.md).
+    """
+    found = review_state(ref, store_config=store_config)
+    if found.readable:
+        return
+    hint = _HINTS[found.state].format(root=found.root)
+    raise GateClosed(
+        f"dataset {found.dataset}: review state {found.state}: {found.detail}; "
+        f"refusing to read it ({hint})"
+    )
 
 
 __all__ = [
     "PUBLISHED_KEY",
+    "REVIEWED_GENERATORS",
     "REVIEW_KEY",
     "DataError",
     "GateClosed",
@@ -527,6 +666,7 @@ __all__ = [
     "ReviewError",
     "ReviewItem",
     "ReviewQueue",
+    "ReviewState",
     "as_uri",
     "batch_of",
     "create_queue",
@@ -546,6 +686,8 @@ __all__ = [
     "read_jsonl",
     "read_source",
     "rejected_refs",
+    "require_published",
+    "review_state",
     "sample_items",
     "save_queue",
     "stable_hash",

@@ -6,6 +6,8 @@
 - **Origin.** `generator`: `generate_suite(suite, seed)`. `datasetUri`: a tasks JSON Lines file,
   or a dataset prefix holding a `manifest.json`: a `tasks` dataset's rows are the tasks; any
   other kind (SFT, trajectories) contributes the canonical suite's tasks its lineage names.
+  A dataset whose review is pending or unpublished is refused (`GateClosed`, naming it and
+  its state) unless its manifest records `gate: automatic` (`qpa.data.review.require_published`).
 - **Filters.** `split`, `domains`, `capabilities` (a task exercising any of them) and `taskIds`,
   each off when unset or empty. A task id that is not in the origin is an error.
 - **Limit.** At most `limit` tasks, taken round-robin across domains (each domain's tasks in
@@ -24,6 +26,7 @@ from pydantic import ValidationError
 
 from qpa.api.v1alpha1 import TaskSource
 from qpa.contract import CorruptLineError, Task
+from qpa.data.review import require_published
 from qpa.store import ArtifactNotFound, StoreConfig, open_object, open_store
 from qpa.store.manifest import read_manifest
 
@@ -93,6 +96,7 @@ def _origin(source: TaskSource, store_config: StoreConfig | None) -> list[Task]:
         except KeyError as exc:
             raise TaskSelectionError(f"source.generator.suite: {exc.args[0]}") from None
     assert source.dataset_uri is not None  # the model's rule: exactly one origin
+    require_published(source.dataset_uri, store_config=store_config)  # the review gate
     return load_tasks(source.dataset_uri, store_config)
 
 

@@ -17,7 +17,9 @@ masked token contributes exactly zero gradient (tests prove it on the trainer's 
 
 Before any compute (`plan_sft`) the inputs are checked and clear errors raised: a missing base
 checkpoint, tokenizer or resume checkpoint (named), a tokenizer whose ids do not fit the model's
-embedding, a dataset without a `messages` column or without a single trainable token (named).
+embedding, a dataset without a `messages` column or without a single trainable token (named),
+and a dataset whose human review is pending or unpublished (`qpa.data.review.require_published`:
+refused, naming it and its state, unless its manifest records `gate: automatic`).
 
 Checkpoints are written every `checkpoint.every_steps` steps, then hashed and uploaded to the
 store in a background thread while training goes on (`qpa.train.checkpoint`); `resume:
@@ -243,6 +245,16 @@ def _verify_manifest(root: Path, manifest: dict[str, Any], source: str) -> None:
             raise SFTInputError(f"dataset {source}: {entry.get('key')} does not match its SHA-256")
 
 
+def _require_reviewed(source: str) -> None:
+    """The review gate (`qpa.data.review.require_published`), before anything is downloaded."""
+    from qpa.data.review import GateClosed, require_published
+
+    try:
+        require_published(source)
+    except GateClosed as exc:
+        raise SFTInputError(str(exc)) from None
+
+
 def load_rows(source: str, *, split: str = "train", cache_dir: Path) -> LoadedRows:
     """The dataset at `source`: a `save_to_disk` folder (a `DatasetDict`: its `split`), a store
     prefix holding one (as `qpa data mix` writes: `manifest.json` + `dataset/`, verified against
@@ -251,6 +263,7 @@ def load_rows(source: str, *, split: str = "train", cache_dir: Path) -> LoadedRo
 
     import datasets
 
+    _require_reviewed(source)
     try:
         path = resolve_local(source, field="dataset", cache_dir=cache_dir)
     except ResolveError as exc:
@@ -574,6 +587,7 @@ def plan_sft(config: SFTConfig) -> SFTPlan:
             and not is_hub_id(location)  # resolved below (qpa.train.placement)
         ):
             raise SFTInputError(f"{what} {location} does not exist")
+    _require_reviewed(config.dataset)  # refuse unreviewed flywheel data before any side effect
     resume_from = config.checkpoint.resume_from
     if resume_from and "://" not in resume_from and not Path(resume_from).is_dir():
         raise SFTInputError(f"resume checkpoint {resume_from} does not exist")

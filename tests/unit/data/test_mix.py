@@ -28,7 +28,7 @@ from qpa.data.mix import (
     mix,
     plan_mixture,
 )
-from qpa.data.review import DataError, decide, load_queue, open_batch
+from qpa.data.review import DataError, decide, load_queue, open_batch, publish
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.harness.planners import NoopPlanner, OraclePlanner
@@ -170,7 +170,13 @@ def curated_batch(tmp_path_factory: pytest.TempPathFactory, skewed: list[Traject
     out = tmp_path_factory.mktemp("curated") / "batch"
     delegating = [oracle(t) for t in TRAIN if t.template == "triage_three_mailboxes"][:2]
     failed = [run_episode(SandboxEnv(), t.task, NoopPlanner()) for t in skewed[:3]]
-    write_curated(open_batch(out), curate([*skewed, *delegating, *failed]), inputs=[str(out)])
+    batch = open_batch(out)
+    write_curated(batch, curate([*skewed, *delegating, *failed]), inputs=[str(out)])
+    queue = load_queue(batch)
+    assert queue is not None
+    for item in queue.items:  # a reviewer passes the batch and publishes it: the mix may read it
+        decide(batch, item.id, accept=True, reviewer="fixture")
+    publish(batch)
     return str(out)
 
 
