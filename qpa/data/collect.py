@@ -55,8 +55,11 @@ from qpa.data.collect_config import (
     CollectConfig,
 )
 from qpa.data.tasks import select_tasks
-from qpa.harness.factory import PlannerSpec
+from qpa.envs.faults import InjectionLog
+from qpa.harness.factory import PlannerFactory, PlannerSpec
+from qpa.harness.planners import Planner
 from qpa.harness.pool import check_remote, env_maker, policy_of, run_episodes
+from qpa.harness.recovery import RecoveringPlanner
 from qpa.store import (
     ArtifactStore,
     StoreConfig,
@@ -322,6 +325,8 @@ def run_collect(
         _check_remote(config.env_url)
     if spec is None:
         spec = config.planner.spec()
+    if config.recovering and spec.name != "oracle":
+        raise CollectError(f"recovering: the recovering planner is the oracle's, not {spec.name!r}")
     policy = policy_of(spec)
     config = config.model_copy(update={"shard": shard, "parents": parents})
 
@@ -446,6 +451,12 @@ def _collect(
             record,
             concurrency=min(config.concurrency, len(pending)),
             make_env=env_maker(urls, config.env_kind),
+            faults=(
+                InjectionLog(config.transient_error_rate, spec.seed)
+                if config.transient_error_rate > 0
+                else None
+            ),
+            planners=_recovering(config) if config.recovering else PlannerFactory,
             max_turns=config.max_turns,
             stop=hooks.stop,
             env_retries=config.env_retries,
@@ -499,6 +510,12 @@ def _collect(
         "env": {"kind": "remote" if urls else config.env_kind, "urls": urls},
         "max_turns": config.max_turns,
         "planner": {"name": spec.name, "seed": spec.seed, "noise": spec.noise},
+        **({"recovery": {"mistake_rate": config.mistake_rate}} if config.recovering else {}),
+        **(
+            {"transient_error_rate": config.transient_error_rate}
+            if config.transient_error_rate > 0
+            else {}
+        ),
         **config.params,
     }
     generators = sorted({str(t.lineage.get("generator", t.source)) for t in tasks})
@@ -622,15 +639,25 @@ def _execute(
     *,
     concurrency: int,
     make_env: Callable[[int], Environment],
+    faults: InjectionLog | None,
+    planners: Callable[[PlannerSpec], Callable[[], Planner]],
     max_turns: int,
     stop: threading.Event,
     env_retries: int,
     retry_backoff_s: float,
     on_retry: Callable[[Trajectory, int, float], None],
 ) -> bool:
-    """Run the episodes on worker threads; `record` each in this thread. True if interrupted."""
+    """Run the episodes on worker threads; `record` each in this thread. True if interrupted.
+
+    With `faults`, every worker's environment injects transient errors and each trajectory's
+    injected steps are annotated before it is recorded."""
+    if faults is not None:
+        inner = make_env
+        make_env = lambda worker: faults.wrap(inner(worker))  # noqa: E731
 
     def labelled(trajectory: Trajectory) -> None:
+        if faults is not None:
+            faults.mark(trajectory)
         trajectory.metadata["group"] = trajectory.task.id
         trajectory.metadata["shard"] = shard_label
         record(trajectory, trajectory.model_dump_json().encode())
@@ -648,7 +675,17 @@ def _execute(
         env_retries=env_retries,
         retry_backoff_s=retry_backoff_s,
         on_retry=on_retry,
+        planners=planners,
     )
+
+
+def _recovering(config: CollectConfig) -> Callable[[PlannerSpec], Callable[[], Planner]]:
+    """Per-episode factories of the recovering oracle (seeded by the spec's seed)."""
+
+    def factory(spec: PlannerSpec) -> Callable[[], Planner]:
+        return lambda: RecoveringPlanner(mistake_rate=config.mistake_rate, seed=spec.seed)
+
+    return factory
 
 
 def read_collected(out: str, config: StoreConfig | None = None) -> list[Trajectory]:

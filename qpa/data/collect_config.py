@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from qpa.api.v1alpha1 import (
     API_KEY_ENV,
@@ -120,6 +127,21 @@ class CollectConfig(BaseModel):
     env_retry_backoff_s: float = Field(
         default=1.0, ge=0, description="Seconds before the first rerun (doubling after)."
     )
+    recovering: bool = Field(
+        default=False,
+        description="The oracle recovers: a corrected wrong call in a share `mistake_rate` of "
+        "the episodes, transient errors retried (qpa.harness.recovery; planner oracle only).",
+    )
+    mistake_rate: float = Field(
+        default=1.0, ge=0, le=1, description="Share of recovering episodes with a wrong call."
+    )
+    transient_error_rate: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of episodes whose first state-changing call gets an injected "
+        "transient error (qpa.envs.faults; seeded by the planner's seed).",
+    )
     name: str | None = Field(default=None, description="Dataset name in the manifest.")
     generator: str | None = Field(default=None, description="Lineage generator (default: tasks').")
     parents: list[str] = Field(default_factory=list, description="Lineage parents.")
@@ -140,6 +162,14 @@ class CollectConfig(BaseModel):
         if value is not None:
             shard_tag(value)  # 0 <= index < count
         return value
+
+    @model_validator(mode="after")
+    def _recovering_oracle(self) -> CollectConfig:
+        if self.recovering and self.planner.name != "oracle":
+            raise ValueError(
+                f"recovering: the recovering planner is the oracle's, not {self.planner.name!r}"
+            )
+        return self
 
     @classmethod
     def from_taskbatch(

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from qpa import progress
 from qpa.contract import Environment, Policy, Task, Trajectory
 from qpa.harness.factory import MODEL_PLANNERS, PlannerFactory, PlannerSpec
+from qpa.harness.planners import Planner
 from qpa.harness.runner import Budgets, run_episode
 
 MAX_RETRY_BACKOFF_S = 10.0
@@ -99,11 +100,13 @@ def run_episodes(
     env_retries: int = 0,
     retry_backoff_s: float = 1.0,
     on_retry: Callable[[Trajectory, int, float], None] | None = None,
+    planners: Callable[[PlannerSpec], Callable[[], Planner]] = PlannerFactory,
 ) -> bool:
     """Run `pending` (task, sample) pairs; True when stopped before all of them ran.
 
     `on_retry(trajectory, attempt, delay_s)` is called (in the worker thread) before an episode
-    an environment-side failure ended is run again; see the module doc.
+    an environment-side failure ended is run again; see the module doc. `planners(spec)` makes
+    the per-episode planner factory (`PlannerFactory`, or e.g. the recovering oracle's).
     """
     if not pending:
         return stop.is_set()
@@ -112,19 +115,17 @@ def run_episodes(
         work.put(episode)
     results: queue.Queue[Trajectory | _Failed | object] = queue.Queue()
     budgets = episode_budgets(spec, max_turns)
-    shared = PlannerFactory(spec)
-    factories: dict[int, PlannerFactory] = {}
+    shared = planners(spec)
+    factories: dict[int, Callable[[], Planner]] = {}
     factories_lock = threading.Lock()
 
-    def factory_for(sample: int) -> PlannerFactory:
+    def factory_for(sample: int) -> Callable[[], Planner]:
         # the noisy planner varies its faults by sample, so pass^k means something for it
         if spec.name != "noisy":
             return shared
         with factories_lock:
             if sample not in factories:
-                factories[sample] = PlannerFactory(
-                    dataclasses.replace(spec, seed=spec.seed + sample)
-                )
+                factories[sample] = planners(dataclasses.replace(spec, seed=spec.seed + sample))
             return factories[sample]
 
     def attempts(env: Environment, task: Task, sample: int) -> Trajectory:
