@@ -23,6 +23,16 @@ control), and only episodes that failed count (a fault that changed nothing has 
 attribute). Printed: per source (runs, failed, side and cause accuracy), the confusion matrix
 expected side x predicted side, accuracy per expected cause, overall accuracy, the control's
 failures (real Harness gaps the default configuration has) and the misattributions.
+
+**Replay labels** (`--replay RUN_DIR`): the failures of a trained model in a finished `qpa loop`
+run (the eval stages' `trajectories.jsonl`, `--stages`, default `eval_sft,eval_harness`), each
+labelled by counterfactual replay (`qpa.train.replay`: the oracle's step substituted at the
+diverging turn, the same model under the run's revised Harness and a Harness with every tool and
+Skill in reach, a retry in a fresh environment), labels the rules did not help make. Printed:
+the count per label, the confusion matrix replay label x `qpa diagnose` side, side accuracy on
+the decided labels and cause accuracy where the label names one (Wilson 95% intervals,
+`qpa.bench.stats`), how many failures both a substituted step and a revised Harness fix, and
+disagreements. `--labels F` writes every label (JSON Lines), `--json F` the numbers.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the fault injection lives with the test helpers
@@ -46,9 +57,12 @@ from helpers.faults import (  # noqa: E402
     run_harness,
 )
 
+from qpa.bench.stats import wilson_interval  # noqa: E402
+from qpa.contract import Trajectory  # noqa: E402
 from qpa.diagnose import SIDES  # noqa: E402
 from qpa.diagnose.attribution import diagnose  # noqa: E402
 from qpa.envs.sandbox.suite import generate_suite  # noqa: E402
+from qpa.train.replay import LABELS, ReplayLabel  # noqa: E402
 
 
 def _pct(num: int, den: int) -> str:
@@ -65,7 +79,19 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--detours", type=int, default=3, help="detour every K turns (0: off)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the noisy planner")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    parser.add_argument(
+        "--replay", type=Path, default=None, metavar="RUN_DIR", help="score on replay labels"
+    )
+    parser.add_argument("--stages", default="eval_sft,eval_harness", help="with --replay")
+    parser.add_argument("--splits", default="validation,test", help="with --replay")
+    parser.add_argument(
+        "--substitutions", type=int, default=1, help="oracle steps substituted at most"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="failures per stage and split")
+    parser.add_argument("--labels", type=Path, default=None, help="write the labels (JSONL)")
     args = parser.parse_args(argv)
+    if args.replay is not None:
+        return replay_main(args)
 
     started = time.perf_counter()
     tasks = [t for t in generate_suite() if t.split == "test"][:: max(1, args.stride)]
@@ -191,6 +217,197 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+# =========================================================================== replay labels
+
+
+def _ci(hits: int, n: int) -> list[float] | None:
+    return [round(x, 4) for x in wilson_interval(hits, n)] if n else None
+
+
+def score_replay(rows: list[tuple[str, Trajectory, ReplayLabel]]) -> dict[str, Any]:
+    """`qpa diagnose` against replay labels: rows are (source, failed trajectory, its label).
+
+    Side accuracy counts the decided labels (not `unknown`); cause accuracy the labels that name
+    a cause. Returns the counts, the confusion matrix (label x diagnosed side), accuracies with
+    Wilson intervals and the disagreements."""
+    labels: Counter[str] = Counter(label.label for _, _, label in rows)
+    confusion: Counter[tuple[str, str]] = Counter()
+    side_hits = decided = cause_hits = caused = both = 0
+    disagreements: list[dict[str, Any]] = []
+    per_source: dict[str, Counter[str]] = defaultdict(Counter)
+    for source, trajectory, label in rows:
+        found = diagnose(trajectory)
+        if found is None:
+            raise ValueError(f"{trajectory.id}: diagnose sees a success in a failed trajectory")
+        confusion[(label.label, found.side)] += 1
+        per_source[source][label.label] += 1
+        both += label.fixed_by_both
+        if label.label == "unknown":
+            continue
+        decided += 1
+        side_ok = found.side == label.label
+        side_hits += side_ok
+        per_source[source]["side_correct"] += side_ok
+        if label.cause is not None:
+            caused += 1
+            cause_hits += found.cause == label.cause
+        if not side_ok or (label.cause is not None and found.cause != label.cause):
+            disagreements.append(
+                {
+                    "source": source,
+                    "trajectory": trajectory.id,
+                    "label": f"{label.label}/{label.cause}",
+                    "diagnosed": f"{found.side}/{found.cause}",
+                    "replay": label.reason,
+                    "diagnosis": found.reason,
+                }
+            )
+    return {
+        "failures": len(rows),
+        "labels": {name: labels[name] for name in LABELS},
+        "decided": decided,
+        "confusion": {lab: {side: confusion[(lab, side)] for side in SIDES} for lab in LABELS},
+        "side_accuracy": side_hits / decided if decided else None,
+        "side_accuracy_ci": _ci(side_hits, decided),
+        "with_cause": caused,
+        "cause_accuracy": cause_hits / caused if caused else None,
+        "cause_accuracy_ci": _ci(cause_hits, caused),
+        "fixed_by_both": both,
+        "per_source": {k: dict(v) for k, v in sorted(per_source.items())},
+        "disagreements": disagreements,
+    }
+
+
+def _replay_variants(run: Path) -> list[Any]:
+    """The Harness variants a failure is replayed under: the run's revised Harness and the
+    widest Harness its model was trained for (the last rung of the loop's Harness ladder: the
+    revision's caps on tools, adapter budget and memory; the revision's turn cap)."""
+    from qpa.harness.agent import HarnessConfig
+    from qpa.loop.presets import LoopPreset
+    from qpa.loop.stages import harness_ladder
+
+    preset = LoopPreset.model_validate_json((run / "preset.json").read_text())
+    widest = harness_ladder(preset)[-1]
+    wide = widest.model_copy(
+        update={
+            "version": "harness-wide",
+            "max_turns": max(widest.max_turns, preset.revision.max_turns_cap),
+        }
+    )
+    variants = []
+    revision = run / "stages" / "harness_revision" / "done.json"
+    if revision.exists():
+        data = json.loads(revision.read_text())["outputs"]["harness"]
+        variants.append(HarnessConfig.model_validate(data))
+    return [*variants, wide]
+
+
+def replay_main(args: argparse.Namespace) -> dict[str, Any]:
+    """Label the failures of a loop run by replay and score `qpa diagnose` against them."""
+    from qpa.contract import read_trajectories
+    from qpa.harness.agent import HarnessConfig
+    from qpa.loop.presets import LoopPreset
+    from qpa.train.greedy import load_model
+    from qpa.train.replay import ModelRunner, label_failures
+
+    run: Path = args.replay
+    if not (run / "preset.json").exists():
+        raise SystemExit(f"--replay {run}: no preset.json (not a `qpa loop` run folder)")
+    preset = LoopPreset.model_validate_json((run / "preset.json").read_text())
+    variants = _replay_variants(run)
+    started = time.perf_counter()
+    rows: list[tuple[str, Trajectory, ReplayLabel]] = []
+    stages = [s for s in args.stages.split(",") if s]
+    splits = [s for s in args.splits.split(",") if s]
+    for stage in stages:
+        done = run / "stages" / stage / "done.json"
+        if not done.exists():
+            raise SystemExit(f"--replay {run}: stage {stage} has not finished ({done} missing)")
+        outputs = json.loads(done.read_text())["outputs"]
+        harness = HarnessConfig.model_validate(outputs["harness"])
+        model, tokenizer = load_model(run / outputs["model"])
+        runner = ModelRunner(
+            model,
+            tokenizer,
+            label=stage,
+            max_new_tokens=preset.eval.max_new_tokens,
+            workers=preset.eval.workers,
+        )
+        for split in splits:
+            if split not in outputs:
+                continue
+            episodes = list(read_trajectories(run / outputs[split]["trajectories"]))
+            failures = [t for t in episodes if not t.success][: args.limit]
+            t0 = time.perf_counter()
+            labels = label_failures(
+                failures,
+                runner,
+                harness=harness,
+                variants=variants,
+                max_substitutions=args.substitutions,
+            )
+            print(
+                f"{stage}/{split}: {len(failures)} of {len(episodes)} episodes failed, "
+                f"labelled in {time.perf_counter() - t0:.1f} s",
+                flush=True,
+            )
+            rows += [(f"{stage}/{split}", t, lab) for t, lab in zip(failures, labels, strict=True)]
+    elapsed = time.perf_counter() - started
+    scored = score_replay(rows)
+    _print_replay(scored, run, variants, args.substitutions, elapsed)
+    summary: dict[str, Any] = {
+        "run": str(run),
+        "stages": stages,
+        "splits": splits,
+        "substitutions": args.substitutions,
+        "variants": [v.version for v in variants],
+        "seconds": round(elapsed, 1),
+        **scored,
+    }
+    if args.labels is not None:
+        with open(args.labels, "w", encoding="utf-8") as stream:
+            for source, _, label in rows:
+                stream.write(json.dumps({"source": source, **label.model_dump()}) + "\n")
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _print_replay(
+    scored: dict[str, Any], run: Path, variants: list[Any], substitutions: int, elapsed: float
+) -> None:
+    print(
+        f"\nDiagnosis accuracy on replay labels: {run}, {scored['failures']} failures, "
+        f"Harness variants {[v.version for v in variants]}, up to {substitutions} oracle "
+        f"step(s) substituted, {elapsed:.1f} s"
+    )
+    print("labels: " + ", ".join(f"{k} {n}" for k, n in scored["labels"].items()))
+    print("\nConfusion matrix (rows: replay label, columns: `qpa diagnose` side)")
+    print(f"{'':<14}" + "".join(f"{s:>13}" for s in SIDES) + f"{'total':>9}")
+    for label, row in scored["confusion"].items():
+        counts = [row[s] for s in SIDES]
+        print(f"{label:<14}" + "".join(f"{n:>13}" for n in counts) + f"{sum(counts):>9}")
+
+    def fmt(key: str, n: int) -> str:
+        value, ci = scored[key], scored[f"{key}_ci"]
+        if value is None:
+            return "-"
+        return f"{100 * value:.1f}% [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}] of {n}"
+
+    print(f"\nside accuracy (decided labels): {fmt('side_accuracy', scored['decided'])}")
+    print(f"cause accuracy (labels with a cause): {fmt('cause_accuracy', scored['with_cause'])}")
+    print(f"fixed both by the oracle's step and by a Harness variant: {scored['fixed_by_both']}")
+    for source, counts in scored["per_source"].items():
+        print(f"  {source}: {dict(counts)}")
+    if scored["disagreements"]:
+        print(f"\nDisagreements ({len(scored['disagreements'])}), first 10:")
+        for row in scored["disagreements"][:10]:
+            print(
+                f"  {row['source']} {row['trajectory']}: replay {row['label']} "
+                f"({row['replay']}); diagnose {row['diagnosed']}: {row['diagnosis']}"
+            )
 
 
 if __name__ == "__main__":
