@@ -427,6 +427,9 @@ def test_datasets_from_a_store_prefix_a_jsonl_file_and_weights(
         "kind": "sft",
         "files": files,
         "lineage": {"generator": "qpa.data.mix"},
+        # as the loop's mixes: no human review, so the manifest records the automatic gate
+        # (without it the review gate refuses the mixture as unpublished)
+        "review": {"published": False, "queue": None, "gate": "automatic"},
     }
     store.put_bytes("mixes/m1/manifest.json", json.dumps(manifest).encode())
     uri = store.uri("mixes/m1")
