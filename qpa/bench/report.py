@@ -5,6 +5,11 @@
 `success_vs_tokens.png` (success against output tokens per episode, one point per domain).
 Plots use matplotlib's Agg canvas directly (no pyplot state, safe in threads and servers).
 
+Every success rate in `report.md` has two 95% intervals: the percentile bootstrap over tasks
+(`Report.ci`) and the Wilson score interval over episodes (`qpa.bench.stats.wilson_interval`;
+exact for one sample per task, narrower than it should be when a task's k samples are
+correlated, so read the bootstrap then).
+
 `compare(a, b)` lines two reports up: each metric of A and B and the delta B - A. Success rates
 (overall, each capability, optionally each domain) get a significance test:
 
@@ -41,6 +46,7 @@ from qpa.bench.scoring import (
     bootstrap_means,
     quantile,
 )
+from qpa.bench.stats import wilson_interval
 from qpa.contract import CAPABILITIES, Policy
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with this module
@@ -91,26 +97,40 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def wilson(success: float, episodes: int) -> tuple[float, float]:
+    """The Wilson 95% interval of a success rate over `episodes` episodes (the successes are
+    `success * episodes`: every task has the same number of samples)."""
+    return wilson_interval(min(episodes, round(success * episodes)), episodes)
+
+
+def _wilson_text(success: float, episodes: int) -> str:
+    low, high = wilson(success, episodes)
+    return f"{_pct(low)} to {_pct(high)}"
+
+
 def _group_rows(groups: dict[str, GroupScore], report: Report | None = None) -> list[str]:
-    """Table rows of group scores; with `report`, a column of the group's 95% interval."""
+    """Table rows of group scores with the Wilson 95% interval; with `report`, also the
+    bootstrap interval (`Report.ci`)."""
     rows = []
     for name, group in groups.items():
         ci = ""
         if report is not None:
             interval = report.ci.get(name)
-            ci = f" {_pct(interval.low)} to {_pct(interval.high)} |" if interval else " |"
+            ci = f" {_pct(interval.low)} to {_pct(interval.high)} |" if interval else " - |"
         rows.append(
-            f"| {name} | {_pct(group.success)} |{ci} {group.tasks} | {group.episodes} "
+            f"| {name} | {_pct(group.success)} |{ci} "
+            f"{_wilson_text(group.success, group.episodes)} | {group.tasks} | {group.episodes} "
             f"| {_pct(group.mean_progress)} | {_num(group.output_tokens)} |"
         )
     return rows
 
 
 def _group_header(with_ci: bool) -> list[str]:
-    ci, align = (" 95% CI |", "---|") if with_ci else ("", "")
+    ci, align = (" 95% CI (bootstrap) |", "---|") if with_ci else ("", "")
     return [
-        f"| group | success |{ci} tasks | episodes | progress | output tokens / episode |",
-        f"|---|---:|{align}---:|---:|---:|---:|",
+        f"| group | success |{ci} 95% CI (Wilson) | tasks | episodes | progress "
+        "| output tokens / episode |",
+        f"|---|---:|{align}---|---:|---:|---:|---:|",
     ]
 
 
@@ -138,6 +158,8 @@ def render_markdown(report: Report, *, plots: Sequence[str] = ()) -> str:
         "| metric | value |",
         "|---|---:|",
         f"| overall success | {_pct(report.overall)} |",
+        f"| 95% CI (Wilson, {report.episodes} episodes) "
+        f"| {_wilson_text(report.overall, report.episodes)} |",
         f"| mean progress | {_pct(report.mean_progress)} |",
     ]
     for k in sorted(report.pass_at_k):
@@ -209,7 +231,9 @@ def render_markdown(report: Report, *, plots: Sequence[str] = ()) -> str:
         "Success per task is the share of its samples that succeeded; group scores average it "
         "over the group's tasks. Intervals: percentile bootstrap over tasks "
         f"({next(iter(report.ci.values())).resamples if report.ci else CI_RESAMPLES} "
-        "resamples, fixed seed). pass@k and pass^k use the unbiased estimators over the "
+        "resamples, fixed seed) and Wilson score over episodes (exact for one sample per "
+        "task; with several, a task's samples are correlated: read the bootstrap). "
+        "pass@k and pass^k use the unbiased estimators over the "
         f"samples. Prices: {price.prompt_per_1m} / {price.completion_per_1m} {report.currency} "
         "per 1M prompt / completion tokens.",
         "",

@@ -112,3 +112,34 @@ def test_paired_bootstrap_of_a_consistent_gain_excludes_zero() -> None:
     assert 0.0 < low <= mean <= high
     with pytest.raises(ValueError, match="before has 1, after has 2"):
         paired_bootstrap([0.0], [0.0, 1.0])
+
+
+def test_bench_report_markdown_shows_wilson_intervals() -> None:
+    from qpa.bench.report import render_markdown, wilson
+    from qpa.bench.scoring import score
+    from qpa.contract import Policy, Task, Trajectory, Verification
+
+    policy = Policy(planner="oracle", model="m", harness_version="h1")
+    trajectories = []
+    for i in range(60):
+        task = Task(
+            id=f"t{i:02d}",
+            split="test",
+            domain="calendar",
+            capabilities=["tool_use"],
+            instruction="do it",
+        )
+        ok = i < 14
+        trajectories.append(
+            Trajectory(
+                id=f"t{i:02d}#0",
+                task=task,
+                policy=policy,
+                verification=Verification(done=True, success=ok, progress=float(ok)),
+            )
+        )
+    report = score(trajectories)
+    assert wilson(report.overall, report.episodes) == wilson_interval(14, 60)
+    text = render_markdown(report)
+    assert "| 95% CI (Wilson, 60 episodes) | 14.4% to 35.4% |" in text
+    assert "| tool_use | 23.3% |" in text and "14.4% to 35.4% | 60 | 60 |" in text
