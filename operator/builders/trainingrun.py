@@ -49,6 +49,7 @@ from typing import Any, Final
 from qpa_operator.builders import netpol, podtemplate, storeaccess
 from qpa_operator.builders.admission import Verdict
 from qpa_operator.builders.common import (
+    LABEL_COMPONENT,
     TERMINATION_LOG,
     Defaults,
     JobState,
@@ -95,6 +96,9 @@ from qpa.api.v1alpha1.workorder import WORK_ORDER_PATH
 COMPONENT: Final = "trainer"
 DATA_COMPONENT: Final = "data"
 CONTAINER: Final = "trainer"
+DATA_CONTAINER: Final = "data"
+#: How qpa starts the refusal a pod leaves as its termination message (`qpa.cli.common.die`).
+REFUSAL_PREFIX: Final = "error:"
 WORK_DIR: Final = "/work"
 ATTEMPT_LABEL: Final = "qpa.ai/attempt"
 COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
@@ -402,7 +406,7 @@ def data_job(tr: TrainingRun, plan: DataPlan, defaults: Defaults) -> JsonDict | 
     parts = _pod_parts(tr, defaults)
     script = " && ".join(" ".join(_quote(word) for word in step) for step in plan.steps)
     container: JsonDict = {
-        "name": "data",
+        "name": DATA_CONTAINER,
         "image": tr.spec.image or defaults.trainer_image,
         "command": ["sh", "-c", f"set -e; {script}"],
         "env": list(parts.env),
@@ -595,6 +599,32 @@ def rank0_summary(pod: Mapping[str, Any]) -> tuple[int, TrainSummary] | None:
     return (attempt, summary) if summary is not None else None
 
 
+def pod_refusal(pod: Mapping[str, Any]) -> tuple[str, int, str] | None:
+    """(component, attempt, why) of a trainer or data pod whose container exited non-zero and
+    left qpa's refusal (`error: ...`, e.g. a dataset the review gate refuses) in its
+    termination message; None for any other pod. Under torchrun the exit code is the
+    launcher's (1), so the message, not the code, says that the input was refused."""
+    pod_labels = (pod.get("metadata") or {}).get("labels") or {}
+    component = str(pod_labels.get(LABEL_COMPONENT, ""))
+    container = {COMPONENT: CONTAINER, DATA_COMPONENT: DATA_CONTAINER}.get(component)
+    terminated = terminated_container(pod, container) if container else None
+    if terminated is None or not terminated.get("exitCode"):
+        return None
+    lines = [line.strip() for line in str(terminated.get("message") or "").splitlines()]
+    refusals = [line for line in lines if line.startswith(REFUSAL_PREFIX)]
+    if not refusals:
+        return None
+    try:
+        attempt = int(pod_labels.get(ATTEMPT_LABEL, "0"))
+    except ValueError:
+        attempt = 0
+    return component, attempt, refusals[-1][len(REFUSAL_PREFIX) :].strip()
+
+
+def _with_refusal(message: str, why: str | None) -> str:
+    return f"{message}; the pod refused its input: {why}" if why else message
+
+
 def trainingrun_status(
     tr: TrainingRun,
     *,
@@ -607,17 +637,24 @@ def trainingrun_status(
     now: datetime,
     queue: str | None = None,
     verdict: Verdict | None = None,
+    refusals: Iterable[tuple[str, int, str]] = (),
 ) -> TrainingRunStatus:
     """The status of a run from its current attempt's Job, its data Job and rank-0 summaries.
 
     `queue` is the Kueue queue admitting the Job (None: the operator admits it); `verdict`
     the operator's admission check of this reconcile, if it made one (else the `Admitted`
-    condition's message stands).
+    condition's message stands). `refusals` (`pod_refusal` of the run's pods) put why a
+    failed pod refused its input (e.g. the dataset and its review state) into the message.
     """
     current = tr.status or TrainingRunStatus()
     state = job_state(job)
     data = job_state(data_job)
     name = job_name(tr, attempt)
+    refused = {
+        component: min(why for c, a, why in refusals if c == component and a == at)
+        for component, at in ((DATA_COMPONENT, 0), (COMPONENT, attempt))
+        if any(c == component and a == at for c, a, _ in refusals)
+    }
     waiting = suspended(job) and not state.finished
     previous = next((c for c in current.conditions if c.type == "Admitted"), None)
     if verdict is not None and not verdict.admitted:
@@ -636,7 +673,9 @@ def trainingrun_status(
         message = "waiting for TaskBatch " + ", ".join(plan.waiting_for) + " to succeed"
     elif plan.steps and data.failed_for_good:
         phase, reason = "Failed", "DataPreparationFailed"
-        message = data.message or f"Job {data_job_name(tr)} failed"
+        message = _with_refusal(
+            data.message or f"Job {data_job_name(tr)} failed", refused.get(DATA_COMPONENT)
+        )
     elif plan.steps and not data.complete:
         phase, reason = "Pending", "PreparingData"
         message = f"Job {data_job_name(tr)} curates and mixes the datasets"
@@ -646,7 +685,7 @@ def trainingrun_status(
         if retry is None:
             phase = "Failed"
             reason = "BugExitCode" if kind == "bug" else reason_word(state.reason, "JobFailed")
-            message = state.message or f"Job {name} failed"
+            message = _with_refusal(state.message or f"Job {name} failed", refused.get(COMPONENT))
         elif kind == "disruption":
             phase, reason = "Resuming", "AttemptDisrupted"
             message = (
@@ -655,7 +694,10 @@ def trainingrun_status(
             )
         else:
             phase, reason = "Resuming", "AttemptFailed"
-            message = f"Job {name} failed; attempt {retry} resumes from the latest checkpoint"
+            message = _with_refusal(
+                f"Job {name} failed; attempt {retry} resumes from the latest checkpoint",
+                refused.get(COMPONENT),
+            )
     elif state.complete:
         phase, reason, message = "Succeeded", "JobComplete", f"Job {name} completed"
     elif waiting and queue is not None:

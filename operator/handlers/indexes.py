@@ -5,6 +5,8 @@
 - one index per custom resource kind (`qpa_taskbatches`, ...), keyed `(namespace, name)`;
 - `qpa_taskbatch_shards`: (shard, summary) of finished collector pods, keyed by TaskBatch;
 - `qpa_trainingrun_summaries`: (attempt, summary) of rank-0 trainer pods, keyed by run;
+- `qpa_trainingrun_refusals`: (component, attempt, why) of trainer or data pods that refused
+  their input (`error: ...` in the termination message), keyed by run;
 - `qpa_phone_leases` / `qpa_pool_leases`: phone Leases by DevicePool and by RolloutPool.
 
 The parent event handler here also keeps `qpa_operator_objects{kind,phase}` current.
@@ -61,6 +63,14 @@ def qpa_taskbatch_shards(body: Any, namespace: str | None, labels: Any, **_: Any
 @kopf.index("", "v1", "pods", labels={kind_label("TrainingRun"): kopf.PRESENT})
 def qpa_trainingrun_summaries(body: Any, namespace: str | None, labels: Any, **_: Any) -> Any:
     found = tr.rank0_summary(body)
+    if found is None:
+        return None
+    return {(namespace, labels[kind_label("TrainingRun")]): found}
+
+
+@kopf.index("", "v1", "pods", labels={kind_label("TrainingRun"): kopf.PRESENT})
+def qpa_trainingrun_refusals(body: Any, namespace: str | None, labels: Any, **_: Any) -> Any:
+    found = tr.pod_refusal(body)
     if found is None:
         return None
     return {(namespace, labels[kind_label("TrainingRun")]): found}

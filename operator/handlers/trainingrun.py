@@ -97,6 +97,7 @@ async def refresh_status(
             data_job=job(builder.data_job_name(resource)),
             plan=_plan(resource, views),
             summaries=views.values("qpa_trainingrun_summaries", (namespace, name)),
+            refusals=views.values("qpa_trainingrun_refusals", (namespace, name)),
             observed_generation=generation if generation is not None else observed(resource),
             now=now(),
             queue=builder.queue_name(resource, defaults),
@@ -264,7 +265,9 @@ async def trainingrun_job_event(type: str | None, body: Any, **kwargs: Any) -> N
 
 @kopf.on.event("", "v1", "pods", labels={kind_label(KIND): kopf.PRESENT})
 async def trainingrun_pod_event(type: str | None, body: Any, **kwargs: Any) -> None:
-    if type == "DELETED" or builder.rank0_summary(body) is None:
+    if type == "DELETED" or (
+        builder.rank0_summary(body) is None and builder.pod_refusal(body) is None
+    ):
         return
     await child_event(KIND, body, None, Views(kwargs), reconcile, _refresh)
 

@@ -36,6 +36,24 @@ def write_summary(summary: PodSummary) -> None:
             stream.write(summary.to_message(STATUS_FILE_LIMIT))
 
 
+def write_refusal(message: str) -> None:
+    """Leave `error: <message>` as the pod's termination message (where `$QPA_STATUS_FILE`
+    points), so the operator can put why a pod refused its work into the resource's status.
+    A typed summary already written there wins (it is only written on success)."""
+    path = os.environ.get(STATUS_FILE_ENV)
+    if not path:
+        return
+    try:
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            return
+        data = f"error: {message}".encode()[:STATUS_FILE_LIMIT]
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(data.decode("utf-8", errors="ignore"))
+    except OSError:
+        pass  # the message still goes to stderr, the pod's log
+
+
 def die(message: str, code: int = 2) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}")
+    write_refusal(message)
     raise typer.Exit(code)

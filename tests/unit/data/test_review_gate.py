@@ -226,3 +226,45 @@ def test_rl_and_collection_task_pools_refuse_pending_datasets(tmp_path: Path) ->
     mine = tmp_path / "mine.jsonl"
     write_tasks(mine, TRAIN[:3])
     assert len(load_tasks(TaskSource(dataset_uri=mine.as_uri()))) == 3
+
+
+# --------------------------------------------------------------------------- a TrainingRun's pod
+
+
+def test_a_trainer_pods_refusal_reaches_the_trainingrun_status(
+    tmp_path: Path, trajectories: list[Trajectory], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`qpa train sft` in a pod: the refusal is its termination message (`$QPA_STATUS_FILE`),
+    which the operator turns into the TrainingRun's status message, naming the dataset."""
+    import yaml
+    from qpa_operator.builders import trainingrun
+    from typer.testing import CliRunner
+
+    from qpa.cli import app
+    from qpa.cli.common import STATUS_FILE_ENV, write_refusal
+
+    source = curated(tmp_path / "curated", trajectories, AUTOMATIC)
+    rows = MixConfig(target_size=6, review_rows=True)
+    mix(open_batch(tmp_path / "mix"), [str(source)], rows, review=MANUAL)
+    dataset = (tmp_path / "mix").as_uri()
+    (tmp_path / "model").mkdir()
+    config = tmp_path / "sft.yaml"
+    settings = {"model": str(tmp_path / "model"), "dataset": dataset}
+    config.write_text(yaml.safe_dump({**settings, "output_dir": str(tmp_path / "run")}))
+    log = tmp_path / "termination-log"
+    log.touch()  # as the kubelet creates it: empty
+    monkeypatch.setenv(STATUS_FILE_ENV, str(log))
+    result = CliRunner().invoke(app, ["train", "sft", "--config", str(config)])
+    assert result.exit_code == 2
+    message = log.read_text()
+    assert message.startswith(f"error: dataset {dataset}: review state pending: ")
+    write_refusal("something else")  # the first word stands (a typed summary would, too)
+    assert log.read_text() == message
+
+    terminated = {"exitCode": 1, "message": message}  # torchrun's exit code, qpa's message
+    pod = {
+        "metadata": {"labels": {"app.kubernetes.io/component": "trainer", "qpa.ai/attempt": "0"}},
+        "status": {"containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]},
+    }
+    refusal = trainingrun.pod_refusal(pod)
+    assert refusal is not None and refusal[2].startswith(f"dataset {dataset}: review state pending")
