@@ -69,7 +69,11 @@ def rl_summary(result: RunResult, config: RLConfig) -> TrainSummary:
         checkpoints=checkpoints_of(result.checkpoint_uris),
         model_uri=result.final_uri,
         loss=last.get("loss"),
-        metrics={"care": float(config.care.enabled), **last},
+        metrics={
+            "care": float(config.care.enabled),
+            "learnability_sampling": float(config.sampling.strategy == "learnability"),
+            **last,
+        },
         resumed_from=None,
         resumed_step=result.resumed_from or None,
     )

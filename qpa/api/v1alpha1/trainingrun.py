@@ -194,6 +194,37 @@ class RolloutGeneration(_Model):
     )
 
 
+class TaskSampling(_Model):
+    """Which pool tasks an RL step rolls out (`qpa.train.rl.tasks`).
+
+    `uniform`: a seeded shuffle per epoch, every task once per epoch. `learnability`: each
+    task's success rate p is estimated from its last `window` groups (unseen tasks count as
+    p = 0.5, the most learnable), tasks are drawn without replacement with weight
+    p(1-p) + `floor`, and groups whose rollouts all succeed or all fail (no success variance,
+    no signal) are dropped from the update and replaced by freshly drawn tasks, up to
+    `refillRounds` rounds a step.
+    """
+
+    strategy: Literal["uniform", "learnability"] = Field(
+        default="uniform", description="How a step's tasks are drawn from the pool."
+    )
+    window: int = Field(
+        default=4, ge=1, le=1024, description="Recent groups per task its success rate uses."
+    )
+    floor: float = Field(
+        default=0.02,
+        gt=0,
+        le=1,
+        description="Weight added to p(1-p), so no task starves (learnability).",
+    )
+    refill_rounds: int = Field(
+        default=2,
+        ge=0,
+        le=16,
+        description="Rounds a step may replace its zero-variance groups (learnability).",
+    )
+
+
 class RLSettings(_Model):
     """Online agentic RL (GRPO with CARE) in a RolloutPool's environments."""
 
@@ -206,6 +237,7 @@ class RLSettings(_Model):
     tasks_per_step: int = Field(default=8, ge=1, le=4096, description="Tasks per RL step.")
     max_turns: int = Field(default=40, ge=1, le=1000, description="Turn budget per rollout.")
     care: CareSettings = _defaulted(CareSettings, "CARE reward and advantage settings.")
+    sampling: TaskSampling = _defaulted(TaskSampling, "How each step draws its tasks.")
     generation: RolloutGeneration | None = Field(
         default=None,
         description="Sample through a rollout server the operator starts (unset: each rank "

@@ -2,7 +2,8 @@
 
 `RLConfig.from_trainingrun(order)` is the one translation of a TrainingRun work order (stage rl)
 into these settings; `qpa train rl --config FILE` builds the same object from YAML and flags.
-The CARE settings (`care`) and the task source (`tasks`) are the `qpa.api` models themselves.
+The CARE settings (`care`), the task source (`tasks`) and the task sampling (`sampling`) are the
+`qpa.api` models themselves.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qpa.api.v1alpha1 import CareSettings, TaskGenerator, TaskSource, TrainingRun, WorkOrder
+from qpa.api.v1alpha1 import (
+    CareSettings,
+    TaskGenerator,
+    TaskSampling,
+    TaskSource,
+    TrainingRun,
+    WorkOrder,
+)
 from qpa.harness.agent import HarnessConfig
 from qpa.train.config import (
     CheckpointSettings,
@@ -169,6 +177,8 @@ class RLConfig(_Settings):
             checkpointing for hidden sizes >= 1024).
         tasks: the task pool (`qpa.api` TaskSource, read by `qpa.data.tasks.select_tasks`);
             default: the canonical suite's train split.
+        sampling: which pool tasks a step draws (`uniform` or `learnability`; the CRD's
+            `spec.rl.sampling`, `qpa.api.v1alpha1.TaskSampling`, see `qpa.train.rl.tasks`).
         env, harness, generation, loss, optim, care: see their classes (`care` is the CRD's
             `spec.rl.care` model, `qpa.api.v1alpha1.CareSettings`).
         deepspeed, checkpoint, metrics: shared with SFT (`qpa.train.config`).
@@ -187,6 +197,7 @@ class RLConfig(_Settings):
     bf16: Auto | bool = "auto"
     gradient_checkpointing: Auto | bool = "auto"
     tasks: TaskSource = Field(default_factory=lambda: TRAIN_SPLIT)
+    sampling: TaskSampling = Field(default_factory=TaskSampling)
     env: EnvSettings = Field(default_factory=EnvSettings)
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(max_turns=8))
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
@@ -283,6 +294,7 @@ class RLConfig(_Settings):
                 learning_rate=hp.learning_rate, max_grad_norm=spec.deepspeed.gradient_clipping
             ),
             care=rl.care,
+            sampling=rl.sampling,
             metrics=MetricsSettings(logging_steps=1),
         )
 

@@ -1,16 +1,34 @@
 """The RL task pool (the `qpa.api` TaskSource, selected by `qpa.data.tasks.select_tasks`) and
-which of its tasks a step samples."""
+which of its tasks a step samples.
+
+Two strategies (`qpa.api.v1alpha1.TaskSampling.strategy`):
+
+- `uniform` (`sample_tasks`): a seeded shuffle per epoch, consumed in order.
+- `learnability` (`LearnabilitySampler`): a task's success rate p is the mean success share of
+  its last `window` groups, its weight p(1-p) + `floor` (an unseen task counts as p = 0.5, the
+  largest weight, so it is tried soon). p(1-p) is the variance of a group's success: a task the
+  policy always or never solves gives GRPO no signal, one it solves half the time the most.
+
+Every draw is a pure function of (pool, seed, step, round, history), and the history only ever
+grows from outcomes every rank has (the trainer all-reduces them), so ranks agree on the tasks.
+"""
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from qpa.api.v1alpha1 import TaskSource
+from qpa.api.v1alpha1 import TaskSampling, TaskSource
 from qpa.contract import Task
 from qpa.train.config import (
     ConfigError,
 )
+
+#: The success rate assumed for a task with no group yet: p(1-p) is largest there.
+UNSEEN_PRIOR = 0.5
 
 
 def load_tasks(source: TaskSource) -> list[Task]:
@@ -40,3 +58,83 @@ def sample_tasks(pool: Sequence[Task], count: int, seed: int, step: int) -> list
         random.Random(f"{seed}:{epoch}").shuffle(order)
         chosen.append(pool[order[offset]])
     return chosen
+
+
+def is_zero_variance(successes: float, episodes: float) -> bool:
+    """True when a group's episodes all succeeded or all failed (or it has none)."""
+    return episodes <= 0 or successes <= 0 or successes >= episodes
+
+
+class LearnabilitySampler:
+    """Learnability-weighted task draws over a pool, with the per-task outcome history.
+
+    The history maps a task id to the success shares of its last `window` groups (copies of
+    a task in the pool share one history; each copy is drawn on its own, so a task the mixture
+    repeats keeps its extra weight).
+    """
+
+    def __init__(self, pool: Sequence[Task], settings: TaskSampling, seed: int) -> None:
+        if not pool:
+            raise ConfigError("tasks: the RL task pool is empty")
+        self.pool = list(pool)
+        self.settings = settings
+        self.seed = seed
+        self.history: dict[str, deque[float]] = {}
+
+    # ------------------------------------------------------------------ estimates
+    def success_rate(self, task_id: str) -> float:
+        """The task's estimated success rate (`UNSEEN_PRIOR` before its first group)."""
+        shares = self.history.get(task_id)
+        return sum(shares) / len(shares) if shares else UNSEEN_PRIOR
+
+    def learnability(self, task_id: str) -> float:
+        """p(1-p) of the task's estimated success rate p."""
+        p = self.success_rate(task_id)
+        return p * (1.0 - p)
+
+    def weight(self, task_id: str) -> float:
+        return self.learnability(task_id) + self.settings.floor
+
+    # ------------------------------------------------------------------ draws
+    def sample(
+        self, count: int, step: int, round_: int = 0, exclude: Iterable[str] = ()
+    ) -> list[Task]:
+        """`count` tasks for `step` (refill round `round_`), without replacement while the pool
+        (less the task ids in `exclude`, those this step already rolled out) has enough; then
+        the whole pool again. Weighted sampling without replacement by Efraimidis-Spirakis
+        keys u^(1/w), seeded by (seed, step, round)."""
+        rng = random.Random(f"learnability:{self.seed}:{step}:{round_}")
+        skip = set(exclude)
+        candidates = [i for i, task in enumerate(self.pool) if task.id not in skip]
+        if not candidates:
+            candidates = list(range(len(self.pool)))
+        chosen: list[Task] = []
+        while len(chosen) < count:
+            keyed = sorted(
+                candidates,
+                key=lambda i: math.log(1.0 - rng.random()) / self.weight(self.pool[i].id),
+                reverse=True,
+            )
+            chosen += [self.pool[i] for i in keyed[: count - len(chosen)]]
+            candidates = list(range(len(self.pool)))
+        return chosen
+
+    # ------------------------------------------------------------------ history
+    def record(self, outcomes: Iterable[tuple[str, float, float]]) -> None:
+        """Add groups' outcomes as (task id, successes, episodes); empty groups are ignored."""
+        for task_id, successes, episodes in outcomes:
+            if episodes <= 0:
+                continue
+            shares = self.history.setdefault(task_id, deque(maxlen=self.settings.window))
+            shares.append(successes / episodes)
+
+    def state(self) -> dict[str, Any]:
+        """The history as JSON (saved with a checkpoint, so a resumed run draws the same)."""
+        return {"history": {k: list(v) for k, v in sorted(self.history.items())}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        window = self.settings.window
+        self.history = {
+            str(k): deque((float(x) for x in v), maxlen=window)
+            for k, v in dict(state.get("history", {})).items()
+        }

@@ -1,4 +1,11 @@
-"""The RL trainer: roll out, score with CARE, update, checkpoint; `run_rl`."""
+"""The RL trainer: roll out, score with CARE, update, checkpoint; `run_rl`.
+
+A step draws its tasks (`qpa.train.rl.tasks`: uniform, or learnability-weighted from every
+rank's recent outcomes), rolls out k episodes per task, scores each group, and updates on the
+groups. Under `sampling.strategy: learnability` a group with no success variance (all k
+succeeded or all failed) is dropped and replaced by a freshly drawn task, for up to
+`sampling.refill_rounds` rounds, so the step's update is spent on groups that carry signal.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ from qpa.train.rl.generation import (
     hf_generate,
 )
 from qpa.train.rl.loss import Sample, build_samples, collate, policy_loss, token_logprobs
-from qpa.train.rl.tasks import load_tasks, sample_tasks
+from qpa.train.rl.tasks import LearnabilitySampler, is_zero_variance, load_tasks, sample_tasks
 
 Auto = Literal["auto"]
 STATE_FILE = "rl_state.json"
@@ -95,6 +102,11 @@ class RLTrainer:
         self.run_dir = config.run_dir
         self.pool = list(tasks) if tasks is not None else load_tasks(config.tasks)
         self._environment = environment
+        self.sampler = (
+            LearnabilitySampler(self.pool, config.sampling, config.seed)
+            if config.sampling.strategy == "learnability"
+            else None
+        )
         self.step = 0
         self.resumed_from = 0
         self.last_checkpoint: Path | None = None
@@ -399,8 +411,9 @@ class RLTrainer:
         return hf_generate(self.model, self.tokenizer, prompts, settings)
 
     # ------------------------------------------------------------------ rollouts
-    def rollout(self, tasks: Sequence[Task], *, step: int = 0) -> list[Episode]:
-        """k episodes per task through the Harness, generation batched across episodes."""
+    def rollout(self, tasks: Sequence[Task], *, step: int = 0, round_: int = 0) -> list[Episode]:
+        """k episodes per task through the Harness, generation batched across episodes
+        (`round_`: the step's refill round, which seeds its sampling apart)."""
         import torch
 
         cfg = self.config
@@ -433,7 +446,8 @@ class RLTrainer:
         threads = [
             threading.Thread(target=work, name=f"rollout-{i}", daemon=True) for i in range(workers)
         ]
-        torch.manual_seed(hash((cfg.seed, step, self.rank)) & 0x7FFFFFFF)
+        key = (cfg.seed, step, self.rank) if round_ == 0 else (cfg.seed, step, self.rank, round_)
+        torch.manual_seed(hash(key) & 0x7FFFFFFF)
         was_training = self.model.training
         self.model.eval()
         # A rollout server samples: the local (ZeRO-3 partitioned) weights need no gathering.
@@ -700,25 +714,99 @@ class RLTrainer:
         return float(groups[0]["lr"]) if groups else self.config.optim.learning_rate
 
     # ------------------------------------------------------------------ one step
+    def _rollout_groups(
+        self, step: int
+    ) -> tuple[list[Episode], list[tuple[list[Episode], GroupResult]], dict[str, float]]:
+        """Draw the step's tasks, roll them out and score them; under learnability sampling,
+        drop zero-variance groups and roll out replacements (up to `refill_rounds` rounds).
+
+        The draws are global (every rank draws the same list and rolls out its share,
+        `tasks[rank::world]`), and so are the outcomes the sampler learns from and the drop
+        decisions: one all-reduce of (successes, episodes) per drawn task a round.
+        Returns every episode rolled out, the groups kept for the update (members, result)
+        and the step's sampling metrics.
+        """
+        cfg = self.config
+        count = cfg.tasks_per_step * self.world_size
+        sampler = self.sampler
+        if sampler is None:
+            drawn = sample_tasks(self.pool, count, cfg.seed, step - 1)
+        else:
+            drawn = sampler.sample(count, step - 1)
+        episodes: list[Episode] = []
+        kept: list[tuple[list[Episode], GroupResult]] = []
+        used: set[str] = set()
+        dropped = refilled = 0
+        learnability: list[float] = []
+        round_ = 0
+        while True:
+            mine = drawn[self.rank :: self.world_size]
+            rolled = self.rollout(mine, step=step, round_=round_)
+            scored = self.score(rolled)
+            outcomes = self._global_outcomes(len(drawn), scored)
+            episodes += rolled
+            used.update(task.id for task in drawn)
+            zero = 0
+            for successes, n in outcomes:
+                if n > 0:
+                    share = successes / n
+                    learnability.append(share * (1.0 - share))
+                if sampler is not None and is_zero_variance(successes, n):
+                    zero += 1
+            if sampler is None:
+                kept += list(scored.values())
+                break
+            sampler.record(
+                (task.id, won, n) for task, (won, n) in zip(drawn, outcomes, strict=True)
+            )
+            for members, result in scored.values():
+                successes = sum(e.trajectory.success for e in members)
+                if not is_zero_variance(successes, len(members)):
+                    kept.append((members, result))
+            dropped += zero
+            if not zero or round_ >= cfg.sampling.refill_rounds:
+                break
+            round_ += 1
+            drawn = sampler.sample(zero, step - 1, round_, exclude=used)
+            refilled += zero
+        metrics = {
+            "groups_dropped": float(dropped),
+            "groups_refilled": float(refilled),
+            "mean_learnability": sum(learnability) / len(learnability) if learnability else 0.0,
+            "refill_rounds": float(round_),
+        }
+        return episodes, kept, metrics
+
+    def _global_outcomes(
+        self, drawn: int, scored: Mapping[int, tuple[list[Episode], GroupResult]]
+    ) -> list[tuple[float, float]]:
+        """(successes, trainable episodes) of each of the round's `drawn` tasks, from every
+        rank: this rank's group g is the drawn task g * world + rank (one all-reduce)."""
+        values = [0.0] * (2 * drawn)
+        for g, (members, _) in scored.items():
+            slot = g * self.world_size + self.rank
+            values[2 * slot] = float(sum(e.trajectory.success for e in members))
+            values[2 * slot + 1] = float(len(members))
+        summed = self._all_reduce_sum(values) if values else values
+        return [(summed[2 * i], summed[2 * i + 1]) for i in range(drawn)]
+
     def train_step(self) -> StepResult:
         """Sample tasks, roll out, score, update; logs metrics and checkpoints when due."""
         cfg = self.config
         step = self.step + 1
         started = time.perf_counter()
-        local = sample_tasks(self.pool, cfg.tasks_per_step * self.world_size, cfg.seed, step - 1)
-        tasks = local[self.rank :: self.world_size]
-        episodes = self.rollout(tasks, step=step)
+        episodes, kept, sampling = self._rollout_groups(step)
         rolled = time.perf_counter()
-        scored = self.score(episodes)
-        groups = [result for _, result in scored.values()]
+        groups = [result for _, result in kept]
+        index = {id(episode): i for i, episode in enumerate(episodes)}
         samples: list[Sample] = []
-        for members, result in scored.values():
+        for members, result in kept:
             for episode, value in zip(members, result.advantages, strict=True):
                 samples += build_samples(
                     episode.turns,
                     value,
                     pack=cfg.loss.pack_turns,
-                    episode=episodes.index(episode),
+                    episode=index[id(episode)],
                 )
         update = self.update(samples)
         updated = time.perf_counter()
@@ -728,6 +816,7 @@ class RLTrainer:
         self.step = step
         totals = self._rollout_totals(episodes, groups, samples)
         metrics = self._step_metrics(totals, update)
+        metrics.update(sampling)
         tokens = int(totals["tokens"])
         metrics.update(
             rollout_s=rolled - started,
@@ -872,7 +961,13 @@ class RLTrainer:
                     },
                     folder / "optimizer.pt",
                 )
-            state = {"step": self.step, "name": self.config.name, "care": self.config.care.enabled}
+            state: dict[str, Any] = {
+                "step": self.step,
+                "name": self.config.name,
+                "care": self.config.care.enabled,
+            }
+            if self.sampler is not None:
+                state["sampling"] = self.sampler.state()
             (folder / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
             torch.save({"torch": torch.get_rng_state()}, folder / "rng.pt")
         self._barrier()
@@ -982,6 +1077,8 @@ class RLTrainer:
 
         state = json.loads((folder / STATE_FILE).read_text())
         self.step = self.resumed_from = int(state["step"])
+        if self.sampler is not None and isinstance(state.get("sampling"), dict):
+            self.sampler.load_state(state["sampling"])
         if self.engine is not None:
             self.engine.load_checkpoint(
                 str(folder / "deepspeed"),
