@@ -16,7 +16,11 @@
    `annotations["train"] = False` and `annotations["mask_reason"]` on the step. Erroneous: an
    error the agent caused (`invalid_arguments`, `unknown_tool`, `malformed_action`,
    `precondition_failed`, `permission_denied`), a parse failure, a guard refusal, and, in a
-   failure diagnosed as model-side, the step where the diagnosis shows the mistake.
+   failure diagnosed as model-side, the step where the diagnosis shows the mistake. A success
+   that met an error and recovered (the recovering oracle's rejected call, then its correction;
+   a transient error, then the retry) keeps every turn but the erroneous one trained; the
+   summary counts them (`recovered_successes`) and the steps whose error was injected by
+   `qpa.envs.faults` (`injected_errors`, annotated `injected_error`).
 4. **Capability attribution.** `metadata["curation"]["capabilities"]` holds the task's declared
    capabilities, those the trajectory exercised (tool calls that went through, remembered values
    used, sub-agents opened, Skill-governed writes: calls the trajectory's own `tools` record as
@@ -71,6 +75,7 @@ from qpa.data.review import (
     start_batch,
 )
 from qpa.diagnose import Diagnosis, EpisodeTools, diagnose
+from qpa.envs.faults import INJECTED
 from qpa.envs.sandbox.suite import CANONICAL_SEED, generate_suite
 from qpa.store import ArtifactNotFound, ArtifactStore
 from qpa.store.manifest import (
@@ -134,15 +139,19 @@ class CurationResult:
         for r in self.rejected:
             for reason in r.reasons:
                 reasons[reason.split(":", 1)[0]] += 1
-        masked = sum(
-            1 for t in [*self.successes, *self.failures] for s in t.steps if mask_reason(s)
-        )
+        kept = [*self.successes, *self.failures]
+        masked = sum(1 for t in kept for s in t.steps if mask_reason(s))
         return {
             "successes": len(self.successes),
             "failures": len(self.failures),
             "rejected": len(self.rejected),
             "duplicates": len(self.duplicates),
             "masked_turns": masked,
+            # successes that met an error and went on to succeed (what teaches recovery)
+            "recovered_successes": sum(
+                1 for t in self.successes if any(s.feedback.status == "error" for s in t.steps)
+            ),
+            "injected_errors": sum(1 for t in kept for s in t.steps if INJECTED in s.annotations),
             "failures_by_side": dict(sorted(by_side.items())),
             "failures_by_cause": dict(sorted(by_cause.items())),
             "rejected_by_reason": dict(sorted(reasons.items())),
