@@ -531,9 +531,15 @@ def manifest_with_review(
 ReviewStateName = Literal[
     "published", "automatic", "pending", "rejected", "unpublished", "unreviewed"
 ]
-#: Stages whose batches are made for review: one of their datasets without review metadata was
-#: never published (it is not a user's own file), so it counts as unpublished.
-REVIEWED_GENERATORS = ("qpa.data.generate", "qpa.data.curate", "qpa.data.mix")
+#: (generator, kind) of the batches the reviewed stages write: one of them without review
+#: metadata was never published (it is not a user's own file), so it counts as unpublished.
+#: Collection output is not among them: it inherits its tasks' generator, but its kind is
+#: `trajectories`, and nobody reviews it before curation does.
+REVIEWED_GENERATORS = {
+    "qpa.data.generate": "tasks",
+    "qpa.data.curate": "curated",
+    "qpa.data.mix": "sft",
+}
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -622,7 +628,8 @@ def _state_at(store: ArtifactStore) -> tuple[ReviewStateName, str] | None:
             return "rejected", gate.detail
         return "unpublished", f"review passed ({gate.detail}) but it was never published"
     generator = manifest.lineage.generator if manifest is not None else ""
-    if recorded or generator in REVIEWED_GENERATORS:
+    kind = manifest.kind if manifest is not None else ""
+    if recorded or REVIEWED_GENERATORS.get(generator) == kind:
         return "unpublished", f"written by {generator or 'a reviewed stage'}, never published"
     return "unreviewed", "its manifest carries no review metadata"
 

@@ -118,9 +118,12 @@ def test_a_reviewed_stage_output_without_review_metadata_is_unpublished(tmp_path
     write_manifest(store, "", DatasetManifest(name="m", kind="sft", lineage=lineage))
     with pytest.raises(GateClosed, match=r"review state unpublished: written by qpa\.data\.mix"):
         require_published(tmp_path / "mix" / "dataset")  # the mixture's dataset/ folder
-    other = open_batch(tmp_path / "trajectories")  # collection output: never meant for review
-    write_manifest(other, "", DatasetManifest(name="t", kind="trajectories"))
+    # collection output: its lineage names its tasks' generator, yet nobody reviews it as such
+    other = open_batch(tmp_path / "trajectories")
+    collected = Lineage.for_tasks([TRAIN[0].id], generator="qpa.data.generate")
+    write_manifest(other, "", DatasetManifest(name="t", kind="trajectories", lineage=collected))
     assert review_state(tmp_path / "trajectories").state == "unreviewed"
+    require_published((tmp_path / "trajectories").as_uri())
 
 
 # --------------------------------------------------------------------------- the mixture
