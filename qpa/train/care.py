@@ -56,6 +56,22 @@ others. CARE makes two choices per group, both from the group's own evidence.
 With ``success_anchor`` off, every group is standardised as GRPO does (``std + eps``) while the
 tiers still pick the rewards: the anchor's effect measured on its own.
 
+3. **The baselines CARE is measured against** (``enabled: false``, `vanilla_group`): one reward
+   tier for every group (``vanilla_reward``) and one advantage rule (``scale_rewards``, TRL's
+   name and values):
+
+   - vanilla GRPO: ``vanilla_reward: outcome_consolidation``, ``scale_rewards: group``:
+     ``A_i = (s_i - mean(s)) / (std(s) + eps)``;
+   - GRPO with the efficiency reward: ``vanilla_reward: efficiency_refinement``, ``scale_rewards:
+     group``: ``r_i = s_i * (1 - cost_i)`` in every group, standardised as GRPO does (no tiers, no
+     anchor: a one-token difference between two successes is pushed as hard as a success
+     against a failure);
+   - Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): ``scale_rewards: none``,
+     ``A_i = r_i - mean(r)`` (`centered_advantages`: no division by the group's std, which
+     over-weights groups whose rewards barely differ), together with the loss normaliser
+     ``loss_type: dr_grpo`` (`qpa.train.rl.loss.loss_normalizer`: a constant instead of
+     per-token or per-sequence means).
+
 The settings are `qpa.api.v1alpha1.CareSettings`, the same model the TrainingRun CRD's
 `spec.rl.care`, `RLConfig.care` and the loop preset use (``low_success_threshold`` is ``low``
 above, ``high_success_threshold`` ``high``, ``token_weight``/``call_weight`` ``w_tok``/``w_call``).
@@ -198,6 +214,14 @@ def vanilla_advantages(
     return [(r - mean) / (std + eps) for r in rewards]
 
 
+def centered_advantages(rewards: Sequence[float]) -> list[float]:
+    """Dr.GRPO's advantages ``r - mean(r)``: the group baseline, no std division."""
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    return [r - mean for r in rewards]
+
+
 def anchor_scale(k: int, config: CareSettings | None = None) -> float:
     """``kappa_k = success_value * sqrt(k - 1) / k``: the spread of a one-success-in-k split."""
     if k < 1:
@@ -240,9 +264,16 @@ def vanilla_group(
     tier: CareTier = "outcome_consolidation",
     eps: float = VANILLA_EPS,
 ) -> GroupResult:
-    """The ``--care off`` baseline: one fixed reward (outcome by default), GRPO advantages."""
+    """The ``--care off`` baseline: one fixed reward (outcome by default) for every group, and
+    GRPO's advantages (``config.scale_rewards: group``) or Dr.GRPO's (``none``: ``r - mean``,
+    reported with scale 1)."""
+    cfg = config or CareSettings()
     outcomes = _outcomes(group)
-    rewards = care_rewards(outcomes, config, tier=tier)
+    rewards = care_rewards(outcomes, cfg, tier=tier)
+    if cfg.scale_rewards == "none":
+        return GroupResult(
+            tier, success_rate(outcomes), rewards, centered_advantages(rewards), 1.0, False
+        )
     _, std = _mean_std(rewards, unbiased=True)
     advantages = vanilla_advantages(rewards, eps=eps)
     return GroupResult(tier, success_rate(outcomes), rewards, advantages, std + eps, False)
@@ -260,6 +291,7 @@ __all__ = [
     "care_advantages",
     "care_group",
     "care_rewards",
+    "centered_advantages",
     "efficiency_costs",
     "group_tier",
     "success_rate",

@@ -81,7 +81,8 @@ class CareSettings(_Model):
     below `lowSuccessThreshold` progress shaping, above `highSuccessThreshold` efficiency
     refinement, in between outcome only. `lowSuccessThreshold: 0` switches progress shaping off,
     `highSuccessThreshold: 1` efficiency refinement. `enabled: false` trains vanilla GRPO
-    instead: every group gets `vanillaReward`'s tier and plain group standardisation.
+    instead: every group gets `vanillaReward`'s tier and plain group standardisation
+    (`scaleRewards: group`) or Dr.GRPO's centring (`none`, with `spec.rl.lossType: dr_grpo`).
     """
 
     enabled: bool = Field(
@@ -133,6 +134,11 @@ class CareSettings(_Model):
         description="What one success is worth: the success anchor's unit.",
     )
     epsilon: float = Field(default=VANILLA_EPS, ge=0, le=1, description="eps in std + eps.")
+    scale_rewards: Literal["group", "none"] = Field(
+        default="group",
+        description="Advantages when enabled is false: group: (r - mean) / (std + eps), GRPO; "
+        "none: r - mean, Dr.GRPO (CARE scales by its success anchor).",
+    )
 
     RULES = (
         CrossFieldRule(
@@ -237,6 +243,11 @@ class RLSettings(_Model):
     tasks_per_step: int = Field(default=8, ge=1, le=4096, description="Tasks per RL step.")
     max_turns: int = Field(default=40, ge=1, le=1000, description="Turn budget per rollout.")
     care: CareSettings = _defaulted(CareSettings, "CARE reward and advantage settings.")
+    loss_type: Literal["token_mean", "sequence_mean", "dr_grpo"] = Field(
+        default="token_mean",
+        description="The summed surrogate over the step's trained tokens, its sequences, or "
+        "a constant (dr_grpo: Dr.GRPO's, episodes x max new tokens x turns).",
+    )
     sampling: TaskSampling = _defaulted(TaskSampling, "How each step draws its tasks.")
     generation: RolloutGeneration | None = Field(
         default=None,

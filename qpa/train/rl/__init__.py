@@ -90,7 +90,15 @@ from qpa.train.rl.generation import (
     stop_token_ids,
     trim_completion,
 )
-from qpa.train.rl.loss import Batch, Sample, build_samples, collate, policy_loss, token_logprobs
+from qpa.train.rl.loss import (
+    Batch,
+    Sample,
+    build_samples,
+    collate,
+    loss_normalizer,
+    policy_loss,
+    token_logprobs,
+)
 from qpa.train.rl.tasks import load_tasks, sample_tasks
 from qpa.train.rl.trainer import RLTrainer, RunResult, StepResult, run_rl, trainable
 
@@ -117,6 +125,7 @@ __all__ = [
     "collate",
     "hf_generate",
     "load_tasks",
+    "loss_normalizer",
     "policy_loss",
     "run_rl",
     "sample_tasks",

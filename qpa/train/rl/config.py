@@ -124,7 +124,13 @@ class LossSettings(_Settings):
     clip_high: float = Field(default=0.2, ge=0, description="eps_high (DAPO clip-higher)")
     beta: float = Field(default=0.0, ge=0, description="KL coefficient (0: no reference model)")
     ppo_epochs: int = Field(default=1, ge=1, description="updates per batch of rollouts")
-    loss_type: Literal["token_mean", "sequence_mean"] = "token_mean"
+    loss_type: Literal["token_mean", "sequence_mean", "dr_grpo"] = Field(
+        default="token_mean",
+        description="the surrogate summed over trained tokens, divided by the step's trained "
+        "tokens (token_mean), its sequences (sequence_mean, each first averaged over its "
+        "tokens) or a constant, episodes x max_new_tokens x max_turns (dr_grpo, Dr.GRPO's "
+        "length-unbiased normaliser; `qpa.train.rl.loss.loss_normalizer`)",
+    )
     pack_turns: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="sequences per forward pass")
     skip_zero_advantage: bool = True
@@ -289,7 +295,7 @@ class RLConfig(_Settings):
             env=EnvSettings(urls=[url]),
             harness=HarnessConfig(max_turns=rl.max_turns),
             generation=GenerationSettings.from_order(order),
-            loss=LossSettings(micro_batch_size=hp.per_device_batch_size),
+            loss=LossSettings(micro_batch_size=hp.per_device_batch_size, loss_type=rl.loss_type),
             optim=OptimSettings(
                 learning_rate=hp.learning_rate, max_grad_norm=spec.deepspeed.gradient_clipping
             ),

@@ -14,6 +14,12 @@ the GRPO loss.
   its `grpo` one; tests/unit/train/test_policy_loss_vs_trl.py calls TRL's code on the same
   batch), optionally with TRL's truncated importance sampling for the sampler/trainer mismatch
   (`truncated_importance_weights`).
+- `loss_normalizer`: what the step's summed loss is divided by. `dr_grpo` is Dr.GRPO's (Liu et
+  al. 2025; TRL's `loss_type="dr_grpo"`, which divides by batch size x `max_completion_length`):
+  a constant, the step's episodes x the most completion tokens one episode may sample
+  (`max_new_tokens` x `max_turns`), so a token's gradient weight depends neither on its
+  sequence's length (`sequence_mean`'s bias towards short successes and long failures) nor on
+  how many tokens the step happened to sample (`token_mean`).
 """
 
 from __future__ import annotations
@@ -292,6 +298,25 @@ def truncated_importance_weights(
     return torch.clamp(torch.exp(diff), max=cap)
 
 
+def loss_normalizer(
+    settings: LossSettings, *, tokens: int, samples: int, completion_budget: int
+) -> float:
+    """The divisor of the step's summed surrogate (over all ranks; see the module doc).
+
+    `tokens` / `samples`: the step's trained tokens and training sequences; `completion_budget`:
+    the step's episodes x the most completion tokens an episode may sample (`dr_grpo`).
+    """
+    if settings.loss_type == "token_mean":
+        return float(max(1, tokens))
+    if settings.loss_type == "sequence_mean":
+        return float(max(1, samples))
+    if completion_budget < 1:
+        raise ValueError(
+            f"loss.loss_type dr_grpo: completion_budget must be >= 1, got {completion_budget}"
+        )
+    return float(completion_budget)
+
+
 def policy_loss(
     logps: Any,
     old_logps: Any,
@@ -304,8 +329,9 @@ def policy_loss(
 ) -> tuple[Any, dict[str, float]]:
     """GRPO's clipped surrogate (+ beta * k3 KL) summed over trained tokens / `normalizer`.
 
-    `normalizer` is the step's trained-token count (`token_mean`) or sample count
-    (`sequence_mean`), so micro-batch losses add up to the step's loss. With the sampler's
+    `normalizer` is `loss_normalizer`'s (the step's trained-token count for `token_mean`, its
+    sample count for `sequence_mean`, a constant for `dr_grpo`), so micro-batch losses add up to
+    the step's loss. With the sampler's
     log-probabilities (`sampler_logps`, else the batch's `sampler_logprobs`) and
     `settings.importance_sampling`, each token's surrogate is weighted by
     `truncated_importance_weights(old_logps, sampler_logps, settings.importance_sampling_cap)`
@@ -332,7 +358,7 @@ def policy_loss(
         kl = torch.exp(delta) - delta - 1.0
         # DeepSeek-V3.2's unbiased reverse-KL gradient (TRL's `use_bias_correction_kl`).
         per_token = per_token + settings.beta * (kl * ratio if settings.kl_ratio_correction else kl)
-    if settings.loss_type == "token_mean":
+    if settings.loss_type in ("token_mean", "dr_grpo"):
         loss = (per_token * mask).sum() / normalizer
     else:
         lengths = mask.sum(1).clamp(min=1.0)

@@ -43,7 +43,14 @@ from qpa.train.rl.generation import (
     TokenBatcher,
     hf_generate,
 )
-from qpa.train.rl.loss import Sample, build_samples, collate, policy_loss, token_logprobs
+from qpa.train.rl.loss import (
+    Sample,
+    build_samples,
+    collate,
+    loss_normalizer,
+    policy_loss,
+    token_logprobs,
+)
 from qpa.train.rl.tasks import LearnabilitySampler, is_zero_variance, load_tasks, sample_tasks
 
 Auto = Literal["auto"]
@@ -564,7 +571,13 @@ class RLTrainer:
         total_tokens, total_samples, passes = self._global_counts(
             local_tokens, len(samples), len(chunks)
         )
-        global_norm = max(1, total_tokens if loss_cfg.loss_type == "token_mean" else total_samples)
+        budget = cfg.tasks_per_step * self.world_size * cfg.samples_per_task
+        global_norm = loss_normalizer(
+            loss_cfg,
+            tokens=total_tokens,
+            samples=total_samples,
+            completion_budget=budget * cfg.generation.max_new_tokens * cfg.harness.max_turns,
+        )
         normalizer = global_norm / self.world_size
         padding = passes - len(chunks)
         if padding:
