@@ -223,6 +223,7 @@ def cluster_resources(preset: LoopPreset) -> list[dict[str, Any]]:
                     "tasksPerStep": rl.tasks_per_step,
                     "maxTurns": preset.harness.max_turns,
                     "care": rl.care.to_k8s(),
+                    "sampling": rl.sampling.to_k8s(),
                 },
                 "hyperparameters": {
                     "learningRate": rl.learning_rate,

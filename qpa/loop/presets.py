@@ -6,7 +6,7 @@ SFT, evaluation, the Harness revision, the weakness-targeted second round and CA
 hash the part of the preset they read, so changing one setting reruns that stage and what
 depends on it, and nothing else.
 
-Three presets ship:
+Four presets ship:
 
 - `local` (`qpa loop --preset local`, what `make demo` runs): the whole loop on 2 CPU cores in
   at most 15 minutes. It is sized for a tiny model trained from scratch in minutes, so it
@@ -36,6 +36,9 @@ Three presets ship:
     template (`plan_per_template`), not per coverage cell.
   * A 2-layer, hidden-128 Qwen3 (8 heads), bf16 autocast on CPU, greedy decoding.
 
+- `local-long` (`qpa loop --preset local-long`): `local` with a longer RL stage (48 steps of
+  8 tasks x 8 samples, two refill rounds of zero-variance groups), at most 60 minutes on 2
+  CPU cores, for an RL-over-SFT comparison with more episodes behind it.
 - `small`: the same loop on three templates with a few dozen optimizer steps, for tests (< 3
   minutes). Its numbers prove the plumbing, not learning.
 - `cluster`: the loop's settings at cluster scale plus where things live (object store,
@@ -51,12 +54,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from qpa.api.v1alpha1 import CareSettings
+from qpa.api.v1alpha1 import CareSettings, TaskSampling
 from qpa.harness.agent import HarnessConfig
 from qpa.train.tiny import TinyConfig
 
-PresetName = Literal["local", "small", "cluster"]
-PRESET_NAMES: tuple[PresetName, ...] = ("local", "small", "cluster")
+PresetName = Literal["local", "local-long", "small", "cluster"]
+PRESET_NAMES: tuple[PresetName, ...] = ("local", "local-long", "small", "cluster")
 
 
 class _Settings(BaseModel):
@@ -210,6 +213,11 @@ class RLSettings(_Settings):
     checkpoint_every: int = Field(default=4, ge=1)
     care: CareSettings = Field(
         default_factory=CareSettings, description="CARE as the CRD's spec.rl.care sets it"
+    )
+    sampling: TaskSampling = Field(
+        default_factory=lambda: TaskSampling(strategy="learnability", refill_rounds=1),
+        description="which pool tasks a step draws, as the CRD's spec.rl.sampling sets it: "
+        "learnability p(1-p) weights, zero-variance groups dropped and refilled",
     )
 
 
@@ -385,9 +393,36 @@ def cluster_preset() -> LoopPreset:
     )
 
 
+def local_long_preset() -> LoopPreset:
+    """`local` with four times the RL episodes (k = 8 samples a task, 48 steps, two refill
+    rounds): at most 60 minutes on 2 CPU cores."""
+    local = local_preset()
+    return local.model_copy(
+        update={
+            "name": "local-long",
+            "description": "the local loop with a longer RL stage, 2 CPU cores, <= 60 minutes",
+            "budget_s": 3600.0,
+            "rl": local.rl.model_copy(
+                update={
+                    "steps": 48,
+                    "samples_per_task": 8,
+                    "checkpoint_every": 8,
+                    "sampling": TaskSampling(strategy="learnability", refill_rounds=2),
+                }
+            ),
+        }
+    )
+
+
 def get_preset(name: str, *, seed: int | None = None) -> LoopPreset:
-    """The preset called `name` (`local`, `small` or `cluster`), with `seed` when given."""
-    builders = {"local": local_preset, "small": small_preset, "cluster": cluster_preset}
+    """The preset called `name` (`local`, `local-long`, `small` or `cluster`), with `seed` when
+    given."""
+    builders = {
+        "local": local_preset,
+        "local-long": local_long_preset,
+        "small": small_preset,
+        "cluster": cluster_preset,
+    }
     if name not in builders:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESET_NAMES)}")
     preset = builders[name]()
@@ -414,6 +449,7 @@ __all__ = [
     "TokenizerSettings",
     "WarmupSettings",
     "get_preset",
+    "local_long_preset",
     "local_preset",
     "small_preset",
 ]

@@ -955,6 +955,7 @@ def rl_config(
             call_weight=settings.care.call_weight,
             success_value=settings.care.success_value,
         ),
+        sampling=settings.sampling,
         checkpoint=CheckpointSettings(
             every_steps=settings.checkpoint_every, keep_last=1, resume="auto"
         ),
@@ -1007,6 +1008,10 @@ def train_rl(
         "reward_by_step": series("reward", 4),
         "advantage_abs_by_step": series("advantage_abs", 4),
         "updated_steps": sum(1 for h in history if float(h.get("micro_batches", 0.0)) > 0),
+        "sampling": preset.rl.sampling.model_dump(),
+        "groups_dropped_by_step": series("groups_dropped", 0),
+        "groups_refilled_by_step": series("groups_refilled", 0),
+        "mean_learnability_by_step": series("mean_learnability", 4),
         "care_tier_share": {
             t: round(v / max(1, len(history)), 4) for t, v in sorted(tiers.items())
         },
@@ -1030,6 +1035,9 @@ def stage_rl(ctx: StageContext) -> dict[str, Any]:
         f"rl (CARE): {summary['steps']} steps, rollout success "
         f"{rates[0] if rates else 0:.0%} -> {rates[-1] if rates else 0:.0%}, "
         f"{summary['updated_steps']} steps with a gradient, "
+        f"{summary['sampling']['strategy']} sampling "
+        f"({sum(summary['groups_dropped_by_step']):g} zero-variance groups dropped, "
+        f"{sum(summary['groups_refilled_by_step']):g} refilled), "
         f"tier shares {summary['care_tier_share']}"
     )
     return summary

@@ -240,3 +240,33 @@ def test_global_outcomes_place_each_rank_groups_in_its_slots() -> None:
     scored = trainer.score(episodes)
     # rank 1's groups 0 and 1 are the drawn tasks 1 and 3 of four
     assert trainer._global_outcomes(4, scored) == [(0, 0), (4, 4), (0, 0), (2, 4)]
+
+
+# --------------------------------------------------------------------------- the loop's RL
+
+
+def test_loop_presets_carry_the_sampling_to_the_rl_config_and_the_trainingrun() -> None:
+    from qpa.harness.agent import HarnessConfig
+    from qpa.loop.cluster import cluster_resources
+    from qpa.loop.presets import PRESET_NAMES, get_preset
+    from qpa.loop.stages import rl_config
+
+    local, long = get_preset("local"), get_preset("local-long")
+    assert "local-long" in PRESET_NAMES and long.name == "local-long"
+    assert long.budget_s <= 3600 and local.budget_s <= 900
+    assert local.rl.sampling.strategy == long.rl.sampling.strategy == "learnability"
+    episodes = [p.rl.steps * p.rl.tasks_per_step * p.rl.samples_per_task for p in (local, long)]
+    assert episodes[1] >= 4 * episodes[0]
+    # everything but the RL stage (and the budget) is the local preset's: same SFT, same sets
+    same = {"name", "description", "budget_s", "rl"}
+    assert local.model_dump(exclude=same) == long.model_dump(exclude=same)
+    cfg = rl_config(Path("/tmp/rl"), long, Path("/tmp/model"), HarnessConfig(), seed=2)
+    assert cfg.sampling == long.rl.sampling and cfg.steps == long.rl.steps
+    cluster = get_preset("cluster")
+    run = next(
+        d
+        for d in cluster_resources(cluster)
+        if d["kind"] == "TrainingRun" and d["spec"]["stage"] == "rl"
+    )
+    assert run["spec"]["rl"]["sampling"] == cluster.rl.sampling.to_k8s()
+    assert TrainingRun.model_validate(run).spec.rl is not None
