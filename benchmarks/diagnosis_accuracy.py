@@ -280,15 +280,33 @@ def score_replay(rows: list[tuple[str, Trajectory, ReplayLabel]]) -> dict[str, A
     }
 
 
-def _replay_variants(run: Path) -> list[Any]:
+def _run_preset(run: Path) -> Any:
+    """The run's preset, as far as replay reads it (the first Harness, the revision's caps, the
+    evaluation's settings) on top of the named preset's defaults: a run written by another
+    version of qpa, whose other sections no longer validate, still replays."""
+    from qpa.harness.agent import HarnessConfig
+    from qpa.loop.presets import EvalSettings, RevisionSettings, get_preset
+
+    path = run / "preset.json"
+    if not path.exists():
+        raise SystemExit(f"--replay {run}: no preset.json (not a `qpa loop` run folder)")
+    raw = json.loads(path.read_text())
+    return get_preset(raw.get("name", "local")).model_copy(
+        update={
+            "harness": HarnessConfig.model_validate(raw["harness"]),
+            "revision": RevisionSettings.model_validate(raw["revision"]),
+            "eval": EvalSettings.model_validate(raw["eval"]),
+        }
+    )
+
+
+def _replay_variants(run: Path, preset: Any) -> list[Any]:
     """The Harness variants a failure is replayed under: the run's revised Harness and the
     widest Harness its model was trained for (the last rung of the loop's Harness ladder: the
     revision's caps on tools, adapter budget and memory; the revision's turn cap)."""
     from qpa.harness.agent import HarnessConfig
-    from qpa.loop.presets import LoopPreset
     from qpa.loop.stages import harness_ladder
 
-    preset = LoopPreset.model_validate_json((run / "preset.json").read_text())
     widest = harness_ladder(preset)[-1]
     wide = widest.model_copy(
         update={
@@ -308,15 +326,12 @@ def replay_main(args: argparse.Namespace) -> dict[str, Any]:
     """Label the failures of a loop run by replay and score `qpa diagnose` against them."""
     from qpa.contract import read_trajectories
     from qpa.harness.agent import HarnessConfig
-    from qpa.loop.presets import LoopPreset
     from qpa.train.greedy import load_model
     from qpa.train.replay import ModelRunner, label_failures
 
     run: Path = args.replay
-    if not (run / "preset.json").exists():
-        raise SystemExit(f"--replay {run}: no preset.json (not a `qpa loop` run folder)")
-    preset = LoopPreset.model_validate_json((run / "preset.json").read_text())
-    variants = _replay_variants(run)
+    preset = _run_preset(run)
+    variants = _replay_variants(run, preset)
     started = time.perf_counter()
     rows: list[tuple[str, Trajectory, ReplayLabel]] = []
     stages = [s for s in args.stages.split(",") if s]
