@@ -87,7 +87,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument(
         "--substitutions", type=int, default=1, help="oracle steps substituted at most"
     )
-    parser.add_argument("--limit", type=int, default=None, help="failures per stage and split")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="at most N failures per stage and split, evenly spaced",
+    )
     parser.add_argument("--labels", type=Path, default=None, help="write the labels (JSONL)")
     args = parser.parse_args(argv)
     if args.replay is not None:
@@ -354,7 +359,10 @@ def replay_main(args: argparse.Namespace) -> dict[str, Any]:
             if split not in outputs:
                 continue
             episodes = list(read_trajectories(run / outputs[split]["trajectories"]))
-            failures = [t for t in episodes if not t.success][: args.limit]
+            failures = [t for t in episodes if not t.success]
+            if args.limit is not None and len(failures) > args.limit:
+                # evenly spaced over the split (tasks are in template order): every template
+                failures = failures[:: -(-len(failures) // args.limit)][: args.limit]
             t0 = time.perf_counter()
             labels = label_failures(
                 failures,
