@@ -134,13 +134,45 @@ class TaskSettings(_Settings):
 
 
 class CollectSettings(_Settings):
-    """Trajectory collection on the training tasks: the oracle and the noisy oracle."""
+    """Trajectory collection on the training tasks: the oracle, the noisy oracle and the
+    recovering oracle (`qpa.harness.recovery`: a wrong call the sandbox rejects, then the
+    correction; transient errors retried), whose episodes may meet injected transient errors
+    (`qpa.envs.faults`). SFT masks the rejected call and trains the recovery."""
 
     oracle_samples: int = Field(default=1, ge=1)
     noisy_samples: int = Field(default=1, ge=0, description="0: no noisy trajectories")
     noise: float = Field(default=0.5, ge=0.0, le=1.0, description="noisy planner's fault rate")
+    recovering_samples: int = Field(
+        default=0, ge=0, description="recovering-oracle samples per task; 0: none"
+    )
+    mistake_rate: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="share of recovering episodes with a wrong call"
+    )
+    transient_error_rate: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="share of recovering episodes whose first state-changing call meets an "
+        "injected transient error",
+    )
     concurrency: int = Field(default=2, ge=1)
     max_turns: int = Field(default=12, ge=1)
+
+
+RecoveryModel = Literal["untrained", "sft"]
+RECOVERY_MODELS: tuple[RecoveryModel, ...] = ("untrained", "sft")
+
+
+class RecoverySettings(_Settings):
+    """The recovery evaluation (`eval_recovery`, `qpa.loop.recovery`): held-out test tasks
+    with one injected transient error per episode, for the models listed."""
+
+    models: list[RecoveryModel] = Field(
+        default_factory=lambda: list(RECOVERY_MODELS), description="models to evaluate"
+    )
+    tasks_per_template: int | None = Field(
+        default=10, ge=1, description="held-out test tasks per template; unset: all"
+    )
 
 
 class MixSettings(_Settings):
@@ -254,6 +286,7 @@ class LoopPreset(_Settings):
     tasks: TaskSettings
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     collect: CollectSettings = Field(default_factory=CollectSettings)
+    recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     mix: MixSettings = Field(default_factory=MixSettings)
     sft: SFTSettings = Field(default_factory=SFTSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
@@ -320,7 +353,14 @@ def local_preset() -> LoopPreset:
         model=TINY_MODEL,
         tasks=TaskSettings(templates=list(LOCAL_TEMPLATES), generated_per_template=100),
         harness=COMPACT_HARNESS,
-        collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5),
+        collect=CollectSettings(
+            oracle_samples=1,
+            noisy_samples=1,
+            noise=0.5,
+            recovering_samples=1,
+            mistake_rate=0.5,
+            transient_error_rate=0.5,
+        ),
         mix=MixSettings(target_size=1600),
         sft=SFTSettings(max_steps=600, batch_size=8, learning_rate=1e-3),
         round2=Round2Settings(count=120, target_size=240),
@@ -351,7 +391,8 @@ def small_preset() -> LoopPreset:
         ),
         # 4 tools: a Harness gap on every template, so the revision always has work
         harness=COMPACT_HARNESS.model_copy(update={"max_tools": 4, "token_budget": 100}),
-        collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5),
+        collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5, recovering_samples=1),
+        recovery=RecoverySettings(models=["sft"], tasks_per_template=2),
         mix=MixSettings(target_size=60),
         sft=SFTSettings(max_steps=20, batch_size=8, learning_rate=3e-3, checkpoint_every=10),
         eval=EvalSettings(max_new_tokens=48),
@@ -442,6 +483,7 @@ __all__ = [
     "MixSettings",
     "PresetName",
     "RLSettings",
+    "RecoverySettings",
     "RevisionSettings",
     "Round2Settings",
     "SFTSettings",

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from qpa.loop.presets import LoopPreset
+from qpa.loop.recovery import RECOVERY_STAGE, recovery_entries, recovery_markdown
 from qpa.loop.stages import StageResult, capabilities_of
 
 SCHEMA_VERSION = 1
@@ -122,6 +123,8 @@ def build_report(
         ),
         "rl": _entry(out["eval_rl"]["test"], model=rl["checkpoint"], kind="model"),
     }
+    for name, recovery in recovery_entries(out.get(RECOVERY_STAGE)).items():
+        stages[name]["recovery"] = recovery
     validation = {
         "sft": _validation(out["eval_sft"]["validation"]),
         revised_key: _validation(out["eval_harness"]["validation"]),
@@ -465,6 +468,7 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
         f"{gains['rl_minus_sft_points']:+.1f}.",
         "",
     ]
+    lines += [*recovery_markdown(stages), *([""] if recovery_markdown(stages) else [])]
     lines += [f"![{p}]({p})" for p in plots if p in (SUCCESS_PLOT, TOKENS_PLOT)]
     revision = report["harness_revision"]
     lines += [

@@ -20,7 +20,7 @@ The stages, in order (`STAGES`):
 |---|---|
 | `tiny` | tokenizer (BPE + macro tokens for recurring Harness prompt lines), a random Qwen3 |
 | `tasks` | round 1: fresh train variants of the curriculum's templates (`qpa.data.generate`) |
-| `collect` | oracle and noisy-oracle trajectories on the training tasks (`qpa.data.collect`) |
+| `collect` | oracle, noisy-oracle and recovering-oracle trajectories (`qpa.data.collect`) |
 | `curate` | validity, diagnosis, turn flags, dedupe; failures kept (`qpa.data.curate`) |
 | `mix` | the SFT mixture, rendered as the Harness prompts (`qpa.data.mix`), gate automatic |
 | `eval_untrained` | the random model on the held-out test split |
@@ -31,6 +31,7 @@ The stages, in order (`STAGES`):
 | `round2` | tasks generated for the validation weaknesses, collected, curated, mixed by weakness |
 | `rl` | online RL with CARE from the SFT model through Harness v2 on the round-2 pool |
 | `eval_rl` | the RL model on validation and test (Harness v2), diagnosis |
+| `eval_recovery` | untrained and SFT models on test with injected errors (`qpa.loop.recovery`) |
 
 This module is the orchestration only: the settings a stage reads, its inputs, its folder and
 its summary. The work is done elsewhere: the tiny checkpoint by `qpa.train.warmup`, evaluation
@@ -59,6 +60,7 @@ from typing import Any
 from qpa.contract import CAPABILITIES, Task, Trajectory
 from qpa.harness.agent import HarnessConfig
 from qpa.loop.presets import LoopPreset
+from qpa.loop.recovery import stage_eval_recovery
 
 STAGE_VERSION = 1
 """Bumped when a stage's code changes what it computes (part of every stage hash)."""
@@ -513,7 +515,9 @@ def _collect(
     seed: int,
     concurrency: int,
     max_turns: int,
+    recovery: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`recovery`: `recovering`, `mistake_rate`, `transient_error_rate` of `CollectConfig`."""
     from qpa.data.collect import collect
     from qpa.harness.factory import PlannerSpec
 
@@ -521,6 +525,7 @@ def _collect(
     result = collect(
         list(tasks),
         spec,
+        **dict(recovery or {}),
         samples_per_task=samples,
         out=str(out),
         concurrency=concurrency,
@@ -649,11 +654,24 @@ def stage_collect(ctx: StageContext) -> dict[str, Any]:
     tasks = read_task_file(ctx.path(ctx.output("tasks", "train_tasks")))
     settings = ctx.preset.collect
     outputs: dict[str, Any] = {}
-    runs = [("oracle", settings.oracle_samples), ("noisy", settings.noisy_samples)]
-    for planner, samples in runs:
+    runs = [
+        ("oracle", "oracle", settings.oracle_samples),
+        ("noisy", "noisy", settings.noisy_samples),
+        ("recovering", "oracle", settings.recovering_samples),
+    ]
+    for name, planner, samples in runs:
         if samples < 1:
             continue
-        out = ctx.dir / planner
+        out = ctx.dir / name
+        recovery = (
+            {
+                "recovering": True,
+                "mistake_rate": settings.mistake_rate,
+                "transient_error_rate": settings.transient_error_rate,
+            }
+            if name == "recovering"
+            else None
+        )
         counts = _collect(
             tasks,
             out,
@@ -663,16 +681,17 @@ def stage_collect(ctx: StageContext) -> dict[str, Any]:
             seed=ctx.seed,
             concurrency=settings.concurrency,
             max_turns=settings.max_turns,
+            recovery=recovery,
         )
-        outputs[planner] = {"uri": ctx.rel(out), **counts}
-        ctx.log(f"collect {planner}: {counts['successes']}/{counts['trajectories']} succeeded")
+        outputs[name] = {"uri": ctx.rel(out), **counts}
+        ctx.log(f"collect {name}: {counts['successes']}/{counts['trajectories']} succeeded")
     return outputs
 
 
 def stage_curate(ctx: StageContext) -> dict[str, Any]:
     inputs = [
         ctx.path(ctx.inputs["collect"][p]["uri"])
-        for p in ("oracle", "noisy")
+        for p in ("oracle", "noisy", "recovering")
         if p in ctx.inputs["collect"]
     ]
     summary = _curate(inputs, ctx.dir / "curated")
@@ -1057,7 +1076,9 @@ STAGES: tuple[Stage, ...] = (
         stage_tiny,
     ),
     Stage("tasks", "generate tasks", (), ("tasks",), stage_tasks),
-    Stage("collect", "collect oracle + noisy", ("tasks",), ("collect",), stage_collect),
+    Stage(
+        "collect", "collect oracle + noisy + recovering", ("tasks",), ("collect",), stage_collect
+    ),
     Stage("curate", "curate (keep failures)", ("collect",), (), stage_curate),
     Stage("mix", "mix", ("curate",), ("mix", "harness", "revision"), stage_mix),
     Stage(
@@ -1099,6 +1120,13 @@ STAGES: tuple[Stage, ...] = (
         ("rl", "harness_revision"),
         ("eval",),
         stage_eval_rl,
+    ),
+    Stage(
+        "eval_recovery",
+        "recovery from injected errors (test)",
+        ("tiny", "sft"),
+        ("eval", "harness", "recovery"),
+        stage_eval_recovery,
     ),
 )
 """The loop's stages in execution order (each one's inputs come before it)."""

@@ -175,6 +175,9 @@ def test_sft_labels_of_a_recovered_trajectory(collected: list[Any]) -> None:
     roles = recovery_roles(recovered.steps)
     mistake = next(i for i, r in roles.items() if r == "mistake")
     assert recovered.metadata["curation"]["flagged_steps"] == [mistake]
+    summary = curated.summary()
+    assert summary["recovered_successes"] == sum(1 for t in collected if recovery_roles(t.steps))
+    assert summary["injected_errors"] == sum(met_injected_error(t) for t in collected)
     plan = plan_mixture([recovered], MixConfig(target_size=1))
     (row,) = build_rows(plan, Renderer())
     (conversation,) = Renderer().conversations(recovered)
@@ -203,3 +206,45 @@ def test_sft_labels_of_a_recovered_trajectory(collected: list[Any]) -> None:
     fixed_labels, fixed_ids, _ = labels_within(fixed["content"], end)
     assert wrong_labels and set(wrong_labels) == {IGNORE_INDEX}
     assert fixed_labels == fixed_ids and IGNORE_INDEX not in fixed_labels
+
+
+# --------------------------------------------------------------------------- recovery rate
+
+
+def test_recovery_summary_counts_episodes_that_met_the_error() -> None:
+    from qpa.loop.recovery import recovery_entries, recovery_markdown
+    from qpa.train.recovery_eval import recovery_summary
+
+    task = task_of("add_new_contact")
+    reader = next(t for t in SUITE if t.split == "train" and first_write_or_none(t) is None)
+    runs = []
+    for planner, on in (
+        (RecoveringPlanner(mistake_rate=0.0), task),
+        (OraclePlanner(), task),
+        (OraclePlanner(), reader),  # no state-changing call: never meets the error
+    ):
+        log = InjectionLog(1.0, 0)
+        trajectory = run_episode(log.wrap(SandboxEnv()), on, planner)
+        log.mark(trajectory)
+        runs.append(trajectory)
+    summary = recovery_summary(runs)
+    assert summary == {
+        "episodes": 3,
+        "episodes_with_error": 2,
+        "recovered": 1,
+        "rate": 0.5,
+        "ci": [0.094529, 0.905471],  # Wilson: 0.5 -+ 1.96 sqrt(0.3651) / 2.9208
+        "retried": 1,
+    }
+    entries = recovery_entries({"tasks": 3, "models": {"sft": {**summary, "model": "m"}}})
+    assert entries == {"sft": summary}
+    table = recovery_markdown({"sft": {"recovery": summary}, "rl": {}})
+    assert table[-1] == "| sft | 2/3 | 1 | 50.0% | [9.5%, 90.5%] | 1 |"
+    assert recovery_markdown({"sft": {}}) == []
+
+
+def first_write_or_none(task: Task) -> int | None:
+    try:
+        return first_write(task)
+    except StopIteration:
+        return None
