@@ -16,8 +16,10 @@ Four presets ship:
     one `skills`) whose reference plans are short (one or two tool calls, then
     finish) and whose arguments are copied from the instruction, the user's memory or the
     previous tool result. Training uses their `train` split and freshly generated train
-    variants; the held-out evaluation is their canonical `test` split (never trained on); the
-    validation split drives diagnosis, the Harness revision and the weakness targeting.
+    variants; evaluation uses held-out sets of fresh variants (`HeldOutSettings`: 20
+    validation and 50 test tasks per template, apart by content from every training task);
+    validation drives diagnosis, the Harness revision and the weakness targeting, test is
+    only reported.
     `subagent` templates (7+ steps) are out of a tiny model's reach and left out.
   * **A copying warm-up** (`WarmupSettings`): a model built from a config cannot copy a name
     or a number from its prompt, which every task needs; a pretrained planner can.
@@ -52,13 +54,14 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from qpa.api.v1alpha1 import CareSettings, TaskSampling
 from qpa.harness.agent import HarnessConfig
 from qpa.train.tiny import TinyConfig
 
 PresetName = Literal["local", "local-long", "small", "cluster"]
+EVAL_STAGES = ("eval_untrained", "eval_sft", "eval_harness", "eval_rl")
 PRESET_NAMES: tuple[PresetName, ...] = ("local", "local-long", "small", "cluster")
 
 
@@ -125,12 +128,20 @@ class TaskSettings(_Settings):
         description="round 1's coverage target per cell, recorded in its plan (the count per "
         "template is `generated_per_template`)",
     )
-    validation_per_template: int | None = Field(
-        default=None, ge=1, description="cap on validation tasks per template (all when unset)"
-    )
-    test_per_template: int | None = Field(
-        default=None, ge=1, description="cap on test tasks per template (all when unset)"
-    )
+
+
+class HeldOutSettings(_Settings):
+    """The held-out sets every evaluation reads (the `heldout` stage).
+
+    Fresh seeded variants of every curriculum template, generated with a seed stream of their
+    own and kept apart by task content (everything the planner, environment and verifier read)
+    from every training task (the canonical suite, round 1 and round 2) and from each other.
+    Every choice of the loop (RL steps, Harness sizes, weights, thresholds) is made on
+    `validation`; `test` is only read for the reported numbers.
+    """
+
+    validation_per_template: int = Field(default=20, ge=1, description="validation tasks")
+    test_per_template: int = Field(default=50, ge=1, description="test tasks")
 
 
 class CollectSettings(_Settings):
@@ -205,10 +216,31 @@ class SFTSettings(_Settings):
 
 
 class EvalSettings(_Settings):
-    """Greedy evaluation of a checkpoint through the Harness (batched across episodes)."""
+    """Evaluation of a checkpoint through the Harness (batched across episodes): one greedy
+    episode per held-out task, and for the stages in `sampled_stages` also `samples` sampled
+    episodes per test task (pass@1 estimated from k samples besides the greedy success)."""
 
     max_new_tokens: int = Field(default=96, ge=8, description="a call is ~20-40 tokens")
     workers: int = Field(default=96, ge=1, description="episodes in flight (one generate call)")
+    samples: int = Field(
+        default=0, ge=0, description="sampled episodes per test task (k); 0: greedy only"
+    )
+    sample_temperature: float = Field(default=1.0, gt=0, description="sampling temperature")
+    sampled_stages: list[str] = Field(
+        default_factory=lambda: ["eval_sft", "eval_rl"],
+        description="eval stages that also sample (the others are greedy only)",
+    )
+
+    @field_validator("sampled_stages")
+    @classmethod
+    def _known_stages(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(EVAL_STAGES))
+        if unknown:
+            raise ValueError(
+                f"eval.sampled_stages: unknown {', '.join(unknown)}; "
+                f"choose from {', '.join(EVAL_STAGES)}"
+            )
+        return value
 
 
 class RevisionSettings(_Settings):
@@ -284,6 +316,7 @@ class LoopPreset(_Settings):
     model: TinyConfig = Field(default_factory=TinyConfig)
     warmup: WarmupSettings = Field(default_factory=WarmupSettings)
     tasks: TaskSettings
+    heldout: HeldOutSettings = Field(default_factory=HeldOutSettings)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     collect: CollectSettings = Field(default_factory=CollectSettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
@@ -300,13 +333,30 @@ class LoopPreset(_Settings):
         return self.model_copy(update={"seed": seed})
 
     def section(self, *names: str) -> dict[str, Any]:
-        """The named settings as plain JSON data (what a stage's hash covers)."""
+        """The named settings as plain JSON data (what a stage's hash covers), with the
+        removed settings of `REMOVED_SETTINGS` at their last default."""
         data = json.loads(self.model_dump_json())
-        return {name: data[name] for name in names}
+        return {name: _with_removed(name, data[name]) for name in names}
 
     def fingerprint(self) -> str:
         """A short hash of every setting."""
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+
+REMOVED_SETTINGS: dict[str, dict[str, Any]] = {
+    "tasks": {"validation_per_template": None, "test_per_template": None},
+}
+"""Settings that were removed, hashed at the default they had, so the stages of a run made
+before keep their hash and are reused: `tasks.validation_per_template`/`test_per_template`
+capped the canonical splits the `heldout` stage replaced (the `tiny` and `tasks` stages, and
+through them all training, hash the `tasks` section)."""
+
+
+def _with_removed(name: str, section: Any) -> Any:
+    removed = REMOVED_SETTINGS.get(name)
+    if not removed or not isinstance(section, dict):
+        return section
+    return {**removed, **section}
 
 
 # --------------------------------------------------------------------------- the presets
@@ -383,19 +433,15 @@ def small_preset() -> LoopPreset:
                 "num_key_value_heads": 2,
             }
         ),
-        tasks=TaskSettings(
-            templates=list(SMALL_TEMPLATES),
-            generated_per_template=6,
-            validation_per_template=3,
-            test_per_template=4,
-        ),
+        tasks=TaskSettings(templates=list(SMALL_TEMPLATES), generated_per_template=6),
+        heldout=HeldOutSettings(validation_per_template=3, test_per_template=4),
         # 4 tools: a Harness gap on every template, so the revision always has work
         harness=COMPACT_HARNESS.model_copy(update={"max_tools": 4, "token_budget": 100}),
         collect=CollectSettings(oracle_samples=1, noisy_samples=1, noise=0.5, recovering_samples=1),
         recovery=RecoverySettings(models=["sft"], tasks_per_template=2),
         mix=MixSettings(target_size=60),
         sft=SFTSettings(max_steps=20, batch_size=8, learning_rate=3e-3, checkpoint_every=10),
-        eval=EvalSettings(max_new_tokens=48),
+        eval=EvalSettings(max_new_tokens=48, samples=2),
         round2=Round2Settings(count=12, target_size=24),
         rl=RLSettings(
             steps=2,
@@ -472,13 +518,16 @@ def get_preset(name: str, *, seed: int | None = None) -> LoopPreset:
 
 __all__ = [
     "COMPACT_HARNESS",
+    "EVAL_STAGES",
     "LOCAL_TEMPLATES",
     "PRESET_NAMES",
+    "REMOVED_SETTINGS",
     "SMALL_TEMPLATES",
     "TINY_MODEL",
     "ClusterSettings",
     "CollectSettings",
     "EvalSettings",
+    "HeldOutSettings",
     "LoopPreset",
     "MixSettings",
     "PresetName",

@@ -4,12 +4,22 @@ Harness-side failures before and after the revision, mixture weights against val
 
 `report.json` holds:
 
-- `stages`: one entry per evaluated model on the held-out **test** split: `untrained`, `sft`
-  (Harness v1), `sft+<harness v2>` (the Harness revision, evaluated like a new model) and `rl`
-  (CARE RL, Harness v2). Each has `test_success` (0..1), `by_capability`, `by_template`,
-  `output_tokens_per_solved_task`, `diagnosis` (failures per side: model, harness,
-  environment) and `diagnosis_by_cause`, the checkpoint and the Harness version;
-- `validation`: the same numbers on the validation split (what diagnosis and targeting used);
+- `stages`: one entry per evaluated model on the held-out **test** set (the `heldout` stage):
+  `untrained`, `sft` (Harness v1), `sft+<harness v2>` (the Harness revision, evaluated like a
+  new model) and `rl` (CARE RL, Harness v2). Each has `test_success` (0..1, greedy),
+  `test_tasks`, `test_successes`, `test_success_ci` ([low, high], Wilson 95%),
+  `by_capability` and `by_capability_ci`, `by_template`, the same `validation_*` numbers
+  (none for `untrained`), `pass_at_1` with `pass_at_1_ci` (percentile bootstrap over tasks)
+  and `pass_at_1_samples` (k sampled episodes per test task at `pass_at_1_temperature`; null
+  for a stage not sampled), `output_tokens_per_solved_task`, `diagnosis` (failures per side:
+  model, harness, environment) and `diagnosis_by_cause`, the checkpoint and the Harness
+  version; `untrained` and `sft` also `recovery` (`eval_recovery`, `qpa.loop.recovery`: test
+  episodes with one injected transient error: `episodes_with_error`, `recovered`, `rate`, `ci`);
+- `comparisons`: McNemar's exact test between consecutive stages and `sft` -> `rl`, paired on
+  the same test tasks (greedy outcomes read from the eval trajectories): `from`, `to`,
+  `test` (`mcnemar_exact`), `p_value`, `b` (tasks only `from` solved), `c` (only `to`), `n`,
+  `difference` (`to` - `from` success) and `difference_ci` (paired bootstrap);
+- `validation`: the same numbers on the validation set (what diagnosis and targeting used);
 - `harness_revision`: the changed settings with their causes, and Harness-side failures before
   and after on validation and test;
 - `weakness_targeting`: validation success per capability, the round-2 mixture's capability
@@ -28,17 +38,105 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from qpa.bench.stats import bootstrap_interval, mcnemar_exact, paired_bootstrap, wilson_interval
 from qpa.loop.presets import LoopPreset
 from qpa.loop.recovery import RECOVERY_STAGE, recovery_entries, recovery_markdown
-from qpa.loop.stages import StageResult, capabilities_of
+from qpa.loop.stages import StageResult, capabilities_of, read_trajectories
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 SUCCESS_PLOT = "success_by_stage.png"
 TOKENS_PLOT = "tokens_per_solved_task.png"
 HARNESS_PLOT = "harness_failures.png"
 WEIGHTS_PLOT = "mixture_weights.png"
+
+
+def _outcomes(root: Path, summary: Mapping[str, Any]) -> dict[str, tuple[bool, list[str]]]:
+    """task id -> (greedy success, capabilities), read from an evaluation's trajectories."""
+    out: dict[str, tuple[bool, list[str]]] = {}
+    for trajectory in read_trajectories(root / summary["trajectories"]):
+        if trajectory.sample == 0:
+            out[trajectory.task.id] = (trajectory.success, list(trajectory.task.capabilities))
+    return out
+
+
+def _interval(successes: int, n: int) -> list[float]:
+    return [round(v, 6) for v in wilson_interval(successes, n)]
+
+
+def _rates(outcomes: Mapping[str, tuple[bool, list[str]]], prefix: str) -> dict[str, Any]:
+    """`<prefix>_tasks`, `<prefix>_successes`, `<prefix>_success_ci` (Wilson 95%) and, for
+    test, `by_capability_ci`."""
+    successes = sum(1 for ok, _ in outcomes.values() if ok)
+    numbers: dict[str, Any] = {
+        f"{prefix}_tasks": len(outcomes),
+        f"{prefix}_successes": successes,
+        f"{prefix}_success_ci": _interval(successes, len(outcomes)),
+    }
+    if prefix == "test":
+        per: dict[str, list[int]] = {}
+        for ok, capabilities in outcomes.values():
+            for capability in capabilities:
+                count = per.setdefault(capability, [0, 0])
+                count[0] += int(ok)
+                count[1] += 1
+        numbers["by_capability_ci"] = {c: _interval(k, n) for c, (k, n) in sorted(per.items())}
+    return numbers
+
+
+def _sampled(root: Path, evaluation: Mapping[str, Any]) -> dict[str, Any]:
+    """pass@1 from the k sampled episodes per test task, with a bootstrap interval over tasks
+    (a task's k episodes are not independent, so no binomial interval over episodes)."""
+    sampled = evaluation.get("test_sampled")
+    if not sampled:
+        return {
+            "pass_at_1": None,
+            "pass_at_1_ci": None,
+            "pass_at_1_samples": None,
+            "pass_at_1_temperature": None,
+        }
+    k = int(sampled["samples"])
+    per_task: dict[str, list[bool]] = {}
+    for trajectory in read_trajectories(root / sampled["trajectories"]):
+        if trajectory.sample < k:
+            per_task.setdefault(trajectory.task.id, []).append(trajectory.success)
+    rates = [sum(v) / len(v) for v in per_task.values()]
+    low, high = bootstrap_interval(rates) if rates else (0.0, 1.0)
+    return {
+        "pass_at_1": round(sum(rates) / len(rates), 6) if rates else 0.0,
+        "pass_at_1_ci": [round(low, 6), round(high, 6)],
+        "pass_at_1_samples": k,
+        "pass_at_1_temperature": sampled["temperature"],
+    }
+
+
+def _comparison(
+    name_from: str,
+    name_to: str,
+    before: Mapping[str, tuple[bool, list[str]]],
+    after: Mapping[str, tuple[bool, list[str]]],
+) -> dict[str, Any]:
+    paired = sorted(set(before) & set(after))
+    x = [before[t][0] for t in paired]
+    y = [after[t][0] for t in paired]
+    test = mcnemar_exact(x, y)
+    if paired:
+        difference, low, high = paired_bootstrap([float(v) for v in x], [float(v) for v in y])
+    else:
+        difference, low, high = 0.0, 0.0, 0.0
+    return {
+        "from": name_from,
+        "to": name_to,
+        "split": "test",
+        "test": test.test,
+        "p_value": round(test.p_value, 6),
+        "b": test.b,
+        "c": test.c,
+        "n": test.n,
+        "difference": round(difference, 6),
+        "difference_ci": [round(low, 6), round(high, 6)],
+    }
 
 
 def _entry(summary: Mapping[str, Any], *, model: str, kind: str) -> dict[str, Any]:
@@ -62,6 +160,7 @@ def _entry(summary: Mapping[str, Any], *, model: str, kind: str) -> dict[str, An
 def _validation(summary: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "success": summary["success"],
+        "tasks": summary["tasks"],
         "by_capability": dict(summary["by_capability"]),
         "output_tokens_per_solved_task": summary["output_tokens_per_solved_task"],
         "diagnosis": dict(summary["diagnosis"]),
@@ -123,13 +222,34 @@ def build_report(
         ),
         "rl": _entry(out["eval_rl"]["test"], model=rl["checkpoint"], kind="model"),
     }
-    for name, recovery in recovery_entries(out.get(RECOVERY_STAGE)).items():
-        stages[name]["recovery"] = recovery
     validation = {
         "sft": _validation(out["eval_sft"]["validation"]),
         revised_key: _validation(out["eval_harness"]["validation"]),
         "rl": _validation(out["eval_rl"]["validation"]),
     }
+    evaluations = {
+        "untrained": out["eval_untrained"],
+        "sft": out["eval_sft"],
+        revised_key: out["eval_harness"],
+        "rl": out["eval_rl"],
+    }
+    test_outcomes = {n: _outcomes(root, e["test"]) for n, e in evaluations.items()}
+    for name, evaluation in evaluations.items():
+        stages[name].update(_rates(test_outcomes[name], "test"))
+        if "validation" in evaluation:
+            numbers = _rates(_outcomes(root, evaluation["validation"]), "validation")
+            stages[name]["validation_success"] = evaluation["validation"]["success"]
+            validation[name]["success_ci"] = numbers["validation_success_ci"]
+        else:
+            numbers = {"validation_tasks": 0, "validation_successes": 0}
+            numbers["validation_success_ci"] = None
+            stages[name]["validation_success"] = None
+        stages[name].update(numbers)
+        stages[name].update(_sampled(root, evaluation))
+    for name, recovery in recovery_entries(out.get(RECOVERY_STAGE)).items():
+        stages[name]["recovery"] = recovery
+    pairs = [("untrained", "sft"), ("sft", revised_key), (revised_key, "rl"), ("sft", "rl")]
+    comparisons = [_comparison(a, b, test_outcomes[a], test_outcomes[b]) for a, b in pairs]
     round2 = out["round2"]
     weights = round2["mixture_weights"]
     harness_revision = {
@@ -198,10 +318,12 @@ def build_report(
             "templates": list(preset.tasks.templates),
             "capabilities": capabilities_of(preset),
             "train_tasks": out["tasks"]["count"],
-            "validation_tasks": out["tasks"]["validation"],
-            "test_tasks": out["tasks"]["test"],
+            "validation_tasks": out["heldout"]["counts"]["validation"],
+            "test_tasks": out["heldout"]["counts"]["test"],
+            "heldout_manifest": out["heldout"]["manifest"],
         },
         "stages": stages,
+        "comparisons": comparisons,
         "gains": gains,
         "validation": validation,
         "harness_revision": harness_revision,
@@ -314,19 +436,30 @@ def _plots(report: Mapping[str, Any], out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):
+        entry = stages[name]
         values = [
-            stages[name]["test_success"]
-            if c == "overall"
-            else stages[name]["by_capability"].get(c, 0.0)
+            entry["test_success"] if c == "overall" else entry["by_capability"].get(c, 0.0)
             for c in capabilities
         ]
+        intervals = [
+            entry.get("test_success_ci")
+            if c == "overall"
+            else entry.get("by_capability_ci", {}).get(c)
+            for c in capabilities
+        ]
+        # Wilson intervals are not symmetric: lower and upper error separately.
+        pairs = list(zip(values, intervals, strict=True))
+        errors = [
+            [100 * max(0.0, v - ci[0]) if ci else 0.0 for v, ci in pairs],
+            [100 * max(0.0, ci[1] - v) if ci else 0.0 for v, ci in pairs],
+        ]
         positions = [x + i * width for x in range(len(capabilities))]
-        ax.bar(positions, [100 * v for v in values], width, label=name)
+        ax.bar(positions, [100 * v for v in values], width, label=name, yerr=errors, capsize=2)
     ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(capabilities))])
     ax.set_xticklabels(capabilities)
     ax.set_ylabel("held-out test success (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("Success per stage and capability")
+    ax.set_title("Success per stage and capability (greedy; bars: Wilson 95%)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / SUCCESS_PLOT, dpi=110)
@@ -434,6 +567,14 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
+def _ci(interval: Sequence[float] | None) -> str:
+    return "n/a" if not interval else f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+
+
+def _p(value: float) -> str:
+    return f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
+
+
 def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
     stages = report["stages"]
     caps = report["curriculum"]["capabilities"]
@@ -448,14 +589,23 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
         "",
         "## Held-out test success per stage",
         "",
-        "| stage | Harness | test success | " + " | ".join(caps) + " | output tokens / solved task "
-        "| failures: model / harness / environment |",
-        "|---|---|---|" + "---|" * len(caps) + "---|---|",
+        "Greedy success on the held-out test set with its Wilson 95% interval; pass@1 from k "
+        "sampled episodes per task (bootstrap 95% over tasks) where the stage was sampled.",
+        "",
+        "| stage | Harness | test success | 95% CI | pass@1 (k) | 95% CI | "
+        + " | ".join(caps)
+        + " | output tokens / solved task | failures: model / harness / environment |",
+        "|---|---|---|---|---|---|" + "---|" * len(caps) + "---|---|",
     ]
     for name, entry in stages.items():
         diag = entry["diagnosis"]
+        k = entry.get("pass_at_1_samples")
+        sampled = f"{_pct(entry.get('pass_at_1'))} ({k})" if k else "n/a"
         lines.append(
-            f"| {name} | {entry['harness_version']} | {_pct(entry['test_success'])} | "
+            f"| {name} | {entry['harness_version']} | {_pct(entry['test_success'])} "
+            f"({entry.get('test_successes', 'n/a')}/{entry.get('test_tasks', entry['tasks'])}) | "
+            f"{_ci(entry.get('test_success_ci'))} | {sampled} | "
+            f"{_ci(entry.get('pass_at_1_ci'))} | "
             + " | ".join(_pct(entry["by_capability"].get(c)) for c in caps)
             + f" | {_num(entry['output_tokens_per_solved_task'])} | "
             f"{diag.get('model', 0)} / {diag.get('harness', 0)} / {diag.get('environment', 0)} |"
@@ -467,7 +617,18 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
         f"{gains['harness_revision_points']:+.1f}; RL vs SFT (same Harness): "
         f"{gains['rl_minus_sft_points']:+.1f}.",
         "",
+        "Paired comparisons on the same test tasks (McNemar's exact test; b: tasks only the "
+        "first solved, c: only the second; difference with a paired bootstrap 95% interval):",
+        "",
+        "| from | to | b | c | paired tasks | difference (points) | 95% CI | p |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    lines += [
+        f"| {c['from']} | {c['to']} | {c['b']} | {c['c']} | {c['n']} | "
+        f"{100 * c['difference']:+.1f} | {_ci(c['difference_ci'])} | {_p(c['p_value'])} |"
+        for c in report.get("comparisons", [])
+    ]
+    lines.append("")
     lines += [*recovery_markdown(stages), *([""] if recovery_markdown(stages) else [])]
     lines += [f"![{p}]({p})" for p in plots if p in (SUCCESS_PLOT, TOKENS_PLOT)]
     revision = report["harness_revision"]
@@ -599,6 +760,7 @@ def comparable(report: Mapping[str, Any]) -> dict[str, Any]:
     """The numbers of a report (what a rerun with the same seed must reproduce)."""
     return {
         "stages": report["stages"],
+        "comparisons": report["comparisons"],
         "validation": report["validation"],
         "harness_revision": {
             k: v for k, v in report["harness_revision"].items() if k != "config_file"

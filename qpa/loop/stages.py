@@ -20,12 +20,13 @@ The stages, in order (`STAGES`):
 |---|---|
 | `tiny` | tokenizer (BPE + macro tokens for recurring Harness prompt lines), a random Qwen3 |
 | `tasks` | round 1: fresh train variants of the curriculum's templates (`qpa.data.generate`) |
+| `heldout` | fresh validation and test variants, apart by content from every training task |
 | `collect` | oracle, noisy-oracle and recovering-oracle trajectories (`qpa.data.collect`) |
 | `curate` | validity, diagnosis, turn flags, dedupe; failures kept (`qpa.data.curate`) |
 | `mix` | the SFT mixture, rendered as the Harness prompts (`qpa.data.mix`), gate automatic |
-| `eval_untrained` | the random model on the held-out test split |
+| `eval_untrained` | the random model on the held-out test set |
 | `sft` | SFT with turn-level masking (`qpa.train.sft`) |
-| `eval_sft` | the SFT model on validation and test (Harness v1), diagnosis of both |
+| `eval_sft` | the SFT model on held-out validation and test (Harness v1), diagnosis of both |
 | `harness_revision` | Harness-side failures on validation -> Harness v2 (budgets, tools) |
 | `eval_harness` | the SFT model through Harness v2: a new Harness evaluated like a new model |
 | `round2` | tasks generated for the validation weaknesses, collected, curated, mixed by weakness |
@@ -38,7 +39,7 @@ its summary. The work is done elsewhere: the tiny checkpoint by `qpa.train.warmu
 by `qpa.train.greedy` (greedy episodes of a checkpoint) and `qpa.bench.evaluate` (report,
 summary), the Harness revision by `qpa.harness.revision`, data by `qpa.data`, training by
 `qpa.train.sft` and `qpa.train.rl`. `curriculum`, `train_rl` and the marker helpers are public:
-`benchmarks/care_vs_vanilla.py` reuses them.
+`benchmarks/care_ablation.py` reuses them.
 """
 
 from __future__ import annotations
@@ -51,13 +52,13 @@ import random
 import shutil
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from qpa.contract import CAPABILITIES, Task, Trajectory
+from qpa.contract import CAPABILITIES, Split, Task, Trajectory
 from qpa.harness.agent import HarnessConfig
 from qpa.loop.presets import LoopPreset
 from qpa.loop.recovery import stage_eval_recovery
@@ -278,27 +279,107 @@ def _read_started(folder: Path) -> str | None:
 
 
 def curriculum(preset: LoopPreset, split: str) -> list[Task]:
-    """The canonical tasks of the curriculum's templates in `split` (capped per template)."""
+    """The canonical tasks of the curriculum's templates in `split` (the loop trains on the
+    `train` split; it evaluates on the `heldout` stage's sets, not on these)."""
     from qpa.envs.sandbox.suite import generate_suite
 
-    cap = {
-        "validation": preset.tasks.validation_per_template,
-        "test": preset.tasks.test_per_template,
-    }.get(split)
     wanted = set(preset.tasks.templates)
     unknown = wanted - {t.template for t in generate_suite(preset.suite)}
     if unknown:
         raise StageError(f"preset {preset.name}: unknown templates {', '.join(sorted(unknown))}")
-    counts: Counter[str] = Counter()
-    out: list[Task] = []
-    for task in generate_suite(preset.suite):
-        if task.split != split or task.template not in wanted:
-            continue
-        if cap is not None and counts[task.template or ""] >= cap:
-            continue
-        counts[task.template or ""] += 1
-        out.append(task)
-    return out
+    return [t for t in generate_suite(preset.suite) if t.split == split and t.template in wanted]
+
+
+HELDOUT_SPLITS: tuple[Split, ...] = ("validation", "test")
+HELDOUT_SEED = 3
+"""Seed streams: round 1 generates with `1 + 1000 * seed`, round 2 with `2 + ...`, the
+held-out sets with `3 + ...` (and their own split names, which the task seeds hash)."""
+_CONTENT_FIELDS = {"suite", "template", "instruction", "verifier", "reference_plan"}
+
+
+def task_content_hash(task: Task) -> str:
+    """A hash of what a task asks and what counts as done: its template, instruction, verifier
+    and reference plan (not its id, split, seed, source or lineage, nor the world's filler or
+    memory distractors). Two tasks with the same hash have the same answer, so a held-out task
+    apart from training by it cannot be solved by recalling a trained one."""
+    data = task.model_dump(mode="json", include=_CONTENT_FIELDS)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def make_heldout(
+    preset: LoopPreset, training: Iterable[Task]
+) -> tuple[dict[str, list[Task]], dict[str, Any]]:
+    """Fresh validation and test variants of every curriculum template (`per_template` each,
+    `HeldOutSettings`), executable (the oracle succeeds, the no-op planner fails:
+    `qpa.data.generate.executable`) and apart by content from `training`, from the whole
+    canonical suite of the templates and from each other. A template whose variants run out
+    is an error (a smaller set would quietly decide less)."""
+    from qpa.data.generate import executable
+    from qpa.envs.sandbox.suite import all_templates, build_task
+
+    settings = preset.heldout
+    wanted = {"validation": settings.validation_per_template, "test": settings.test_per_template}
+    templates = all_templates()
+    seed = HELDOUT_SEED + preset.seed * 1000
+    training = list(training)
+    canonical = [t for split in ("train", *HELDOUT_SPLITS) for t in curriculum(preset, split)]
+    taken = {task_content_hash(t) for t in [*training, *canonical]}
+    train_instructions = {t.instruction for t in training}
+    sets: dict[str, list[Task]] = {split: [] for split in HELDOUT_SPLITS}
+    dropped: Counter[str] = Counter()
+    overlap: dict[str, dict[str, int]] = {split: {} for split in HELDOUT_SPLITS}
+    for split in HELDOUT_SPLITS:
+        for name in preset.tasks.templates:
+            count = wanted[split]
+            made, index = 0, 0
+            while made < count:
+                if index >= count * 20 + 20:
+                    raise StageError(
+                        f"heldout: template {name} gave {made} distinct executable {split} "
+                        f"tasks of heldout.{split}_per_template={count} in {index} tries"
+                    )
+                task = build_task(templates[name], split, index, seed)
+                index += 1
+                digest = task_content_hash(task)
+                if digest in taken:
+                    dropped["same content as another task"] += 1
+                    continue
+                task = task.model_copy(
+                    update={
+                        "source": "heldout",
+                        "lineage": {
+                            "generator": "qpa.loop.stages.make_heldout",
+                            "template": name,
+                            "suite_seed": seed,
+                            "index": index - 1,
+                            "content_sha256": digest,
+                        },
+                    }
+                )
+                problem = executable(task)
+                if problem:
+                    dropped[problem] += 1
+                    continue
+                taken.add(digest)
+                sets[split].append(task)
+                made += 1
+                if task.instruction in train_instructions:
+                    overlap[split][name] = overlap[split].get(name, 0) + 1
+    summary = {
+        "seed": seed,
+        "per_template": wanted,
+        "dropped": dict(sorted(dropped.items())),
+        "excluded_tasks": len(taken) - sum(len(v) for v in sets.values()),
+        # Apart by content; a template with few instructions (the memory ones: the values
+        # live in the user's memory) repeats a training instruction with another answer.
+        "same_instruction_as_training": overlap,
+    }
+    return sets, summary
+
+
+def read_heldout(ctx: StageContext, split: str) -> list[Task]:
+    """The held-out `split` (validation or test) the `heldout` stage wrote."""
+    return read_task_file(ctx.path(ctx.output("heldout", split)))
 
 
 def read_task_file(path: Path) -> list[Task]:
@@ -391,14 +472,18 @@ def _evaluate_splits(
     label: str,
     splits: Sequence[str],
 ) -> dict[str, Any]:
-    from qpa.train.greedy import evaluate, load_model
+    """Greedy episodes on each held-out split; for the stages of `eval.sampled_stages`, also
+    `eval.samples` sampled episodes per test task (`test_sampled`: pass@1 from k samples)."""
+    from qpa.train.greedy import evaluate, evaluate_sampled, load_model
 
+    settings = ctx.preset.eval
     loaded = load_model(model_dir)
     outputs: dict[str, Any] = {"model": ctx.rel(model_dir), "harness": harness.model_dump()}
     for split in splits:
+        tasks = read_heldout(ctx, split)
         summary = evaluate(
             model_dir,
-            curriculum(ctx.preset, split),
+            tasks,
             harness,
             ctx.dir / split,
             label=label,
@@ -413,6 +498,26 @@ def _evaluate_splits(
             f"{label} on {split}: {summary['success']:.0%} success, "
             f"failures by side {summary['diagnosis']}"
         )
+        if split == "test" and settings.samples > 0 and ctx.name in settings.sampled_stages:
+            sampled = evaluate_sampled(
+                model_dir,
+                tasks,
+                harness,
+                ctx.dir / "test_sampled",
+                label=label,
+                samples=settings.samples,
+                temperature=settings.sample_temperature,
+                max_new_tokens=settings.max_new_tokens,
+                workers=settings.workers,
+                loaded=loaded,
+            )
+            sampled["report"] = ctx.rel(ctx.dir / "test_sampled" / "report.json")
+            sampled["trajectories"] = ctx.rel(ctx.dir / "test_sampled" / "trajectories.jsonl")
+            outputs["test_sampled"] = sampled
+            ctx.log(
+                f"{label} on test, {settings.samples} samples per task at temperature "
+                f"{settings.sample_temperature:g}: pass@1 {sampled['pass_at_1']:.1%}"
+            )
     return outputs
 
 
@@ -453,10 +558,12 @@ def _generate(
     weak_boost: float = 2.0,
     parents: Sequence[str] = (),
     per_template: bool = False,
+    exclude_content: Collection[str] = (),
 ) -> tuple[list[Task], dict[str, Any]]:
     """Tasks for the curriculum's templates (`plan_generation` + `generate_tasks`), written
     with their plan and an (automatic) review queue to `out`. `per_template`: `count` is per
-    template and every template gets its share (`plan_per_template`)."""
+    template and every template gets its share (`plan_per_template`). A generated task whose
+    content hash (`task_content_hash`) is in `exclude_content` (a held-out task) is dropped."""
     from qpa.data.generate import (
         CoverageTarget,
         generate_tasks,
@@ -482,6 +589,14 @@ def _generate(
             target, existing=existing, weakness=weakness, count=count, templates=templates
         )
     result = generate_tasks(plan, seed=seed, existing=existing, suite=ctx.preset.suite)
+    if exclude_content:
+        kept = [t for t in result.tasks if task_content_hash(t) not in exclude_content]
+        result.dropped += [
+            {"task": t.id, "reason": "same content as a held-out task"}
+            for t in result.tasks
+            if task_content_hash(t) in exclude_content
+        ]
+        result.tasks = kept
     store = open_store(out)
     manifest = write_generated(
         store,
@@ -645,8 +760,43 @@ def stage_tasks(ctx: StageContext) -> dict[str, Any]:
         "canonical": len(canonical),
         "generated": summary,
         "count": len(train),
-        "validation": len(curriculum(ctx.preset, "validation")),
-        "test": len(curriculum(ctx.preset, "test")),
+    }
+
+
+def stage_heldout(ctx: StageContext) -> dict[str, Any]:
+    training = read_task_file(ctx.path(ctx.output("tasks", "train_tasks")))
+    sets, summary = make_heldout(ctx.preset, training)
+    files: dict[str, Any] = {}
+    for split, tasks in sets.items():
+        path = ctx.dir / f"{split}.jsonl"
+        write_jsonl(path, tasks)
+        files[split] = {
+            "file": ctx.rel(path),
+            "tasks": len(tasks),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "by_template": dict(sorted(Counter(t.template or "" for t in tasks).items())),
+            "task_hashes": {t.id: task_content_hash(t) for t in tasks},
+        }
+    manifest = {
+        "kind": "heldout",
+        "suite": ctx.preset.suite,
+        "templates": list(ctx.preset.tasks.templates),
+        "apart_from": ctx.rel(ctx.path(ctx.output("tasks", "train_tasks"))),
+        **summary,
+        "splits": files,
+    }
+    _write_json(ctx.dir / "manifest.json", manifest)
+    ctx.log(
+        "heldout: "
+        + ", ".join(f"{len(v)} {k}" for k, v in sets.items())
+        + f" tasks, apart from {summary['excluded_tasks']} training and canonical tasks"
+    )
+    return {
+        **{split: files[split]["file"] for split in sets},
+        "manifest": ctx.rel(ctx.dir / "manifest.json"),
+        "counts": {split: len(v) for split, v in sets.items()},
+        "sha256": {split: files[split]["sha256"] for split in sets},
+        "same_instruction_as_training": summary["same_instruction_as_training"],
     }
 
 
@@ -850,7 +1000,9 @@ def stage_round2(ctx: StageContext) -> dict[str, Any]:
     # New variants are unique against the canonical suite only, not round 1's: a template's
     # variant space can be small (a memory task's values come from the user's memory), and
     # round 1 may have used all of it. The generator never reproduces a test-split task.
+    # The held-out sets are kept out by content (`exclude_content`).
     existing = curriculum(ctx.preset, "train")
+    heldout = {task_content_hash(t) for split in HELDOUT_SPLITS for t in read_heldout(ctx, split)}
     generated, summary = _generate(
         ctx,
         ctx.dir / "generated",
@@ -862,6 +1014,7 @@ def stage_round2(ctx: StageContext) -> dict[str, Any]:
         weak_threshold=settings.weak_threshold,
         weak_boost=settings.weak_boost,
         parents=[str(report_ref)],
+        exclude_content=heldout,
     )
     if not generated:
         raise StageError("round2: no task was generated")
@@ -932,7 +1085,7 @@ def rl_config(
     care: bool = True,
     name: str = "loop-rl",
 ) -> Any:
-    """The `RLConfig` of the loop's RL stage (also used by `benchmarks/care_vs_vanilla.py`)."""
+    """The `RLConfig` of the loop's RL stage (also used by `benchmarks/care_ablation.py`)."""
     from qpa.train.config import CheckpointSettings, MetricsSettings
     from qpa.train.rl import (
         CareSettings,
@@ -1076,6 +1229,7 @@ STAGES: tuple[Stage, ...] = (
         stage_tiny,
     ),
     Stage("tasks", "generate tasks", (), ("tasks",), stage_tasks),
+    Stage("heldout", "held-out validation and test sets", ("tasks",), ("heldout",), stage_heldout),
     Stage(
         "collect", "collect oracle + noisy + recovering", ("tasks",), ("collect",), stage_collect
     ),
@@ -1084,13 +1238,17 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "eval_untrained",
         "evaluate untrained (test)",
-        ("tiny",),
+        ("tiny", "heldout"),
         ("eval", "harness"),
         stage_eval_untrained,
     ),
     Stage("sft", "SFT", ("tiny", "mix"), ("sft",), stage_sft),
     Stage(
-        "eval_sft", "evaluate SFT (validation, test)", ("sft",), ("eval", "harness"), stage_eval_sft
+        "eval_sft",
+        "evaluate SFT (validation, test)",
+        ("sft", "heldout"),
+        ("eval", "harness"),
+        stage_eval_sft,
     ),
     Stage(
         "harness_revision",
@@ -1102,14 +1260,14 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "eval_harness",
         "evaluate Harness v2",
-        ("sft", "harness_revision"),
+        ("sft", "harness_revision", "heldout"),
         ("eval",),
         stage_eval_harness,
     ),
     Stage(
         "round2",
         "tasks for weaknesses",
-        ("tasks", "eval_harness", "harness_revision"),
+        ("tasks", "eval_harness", "harness_revision", "heldout"),
         ("round2", "collect", "mix"),
         stage_round2,
     ),
@@ -1117,14 +1275,14 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "eval_rl",
         "evaluate RL (validation, test)",
-        ("rl", "harness_revision"),
+        ("rl", "harness_revision", "heldout"),
         ("eval",),
         stage_eval_rl,
     ),
     Stage(
         "eval_recovery",
         "recovery from injected errors (test)",
-        ("tiny", "sft"),
+        ("tiny", "sft", "heldout"),
         ("eval", "harness", "recovery"),
         stage_eval_recovery,
     ),
@@ -1149,6 +1307,7 @@ def capabilities_of(preset: LoopPreset) -> list[str]:
 
 
 __all__ = [
+    "HELDOUT_SPLITS",
     "MARKER",
     "STAGES",
     "Stage",
@@ -1160,6 +1319,8 @@ __all__ = [
     "harness_failures",
     "harness_ladder",
     "make_checkpoint",
+    "make_heldout",
+    "read_heldout",
     "read_marker",
     "rl_config",
     "run_stage",
@@ -1167,5 +1328,6 @@ __all__ = [
     "stage_by_name",
     "stage_key",
     "stage_seed",
+    "task_content_hash",
     "train_rl",
 ]

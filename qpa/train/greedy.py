@@ -3,7 +3,9 @@
 `evaluate` runs one greedy episode per task with the model answering through the Harness, the
 model calls of all live episodes batched into one `generate` (`qpa.train.rl.TokenBatcher`), then
 hands the trajectories to the benchmark (`qpa.bench.evaluate`: `trajectories.jsonl`, the report)
-and the diagnosis (`qpa.diagnose`). The loop's eval stages and `benchmarks/care_vs_vanilla.py`
+and the diagnosis (`qpa.diagnose`). `evaluate_sampled` runs k sampled episodes per task instead
+(`temperature`, the full softmax) and scores them with k samples per task: its `overall` is
+pass@1 estimated from k samples. The loop's eval stages and `benchmarks/care_ablation.py`
 evaluate the checkpoints they train with it. Importing it never imports torch or transformers.
 """
 
@@ -18,12 +20,21 @@ from typing import Any
 
 from qpa import progress
 from qpa.bench.evaluate import score_episodes, summarize
-from qpa.contract import Policy, Task, Trajectory
+from qpa.bench.report import write_report
+from qpa.bench.scoring import score
+from qpa.contract import Policy, Task, Trajectory, write_trajectories
 from qpa.diagnose import diagnose_dir
 from qpa.envs.factory import make_env
 from qpa.harness.agent import HarnessConfig, HarnessPlanner
 from qpa.harness.runner import run_episode
-from qpa.train.rl import PolicyBackend, TokenBatcher, stop_token_ids, trim_completion
+from qpa.train.rl import (
+    GenerationSettings,
+    PolicyBackend,
+    TokenBatcher,
+    hf_generate,
+    stop_token_ids,
+    trim_completion,
+)
 
 
 class EvaluationError(RuntimeError):
@@ -71,20 +82,32 @@ def run_episodes(
     label: str,
     max_new_tokens: int = 96,
     workers: int = 64,
+    samples: int = 1,
+    temperature: float | None = None,
 ) -> list[Trajectory]:
-    """One greedy episode per task through the Harness; model calls of all live episodes are
-    answered by one batched `generate` (`qpa.train.rl.TokenBatcher`), in task order."""
+    """`samples` episodes per task through the Harness, greedy (`temperature` None) or sampled
+    at `temperature`; model calls of all live episodes are answered by one batched `generate`
+    (`qpa.train.rl.TokenBatcher`); trajectories in (task, sample) order."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
     if not tasks:
         return []
     was_training = bool(getattr(model, "training", False))
     model.eval()
-    batcher = TokenBatcher(
-        lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens), workers
-    )
+    if temperature is None:
+        batcher = TokenBatcher(
+            lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens), workers
+        )
+    else:
+        sampling = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature)
+        batcher = TokenBatcher(
+            lambda prompts: hf_generate(model, tokenizer, prompts, sampling), workers
+        )
     skills = harness.skill_library()
     policy = Policy(planner="local", model=label, harness_version=harness.version)
-    results: list[Trajectory | None] = [None] * len(tasks)
-    queue = deque(enumerate(tasks))
+    jobs = [(index, task, sample) for index, task in enumerate(tasks) for sample in range(samples)]
+    results: list[Trajectory | None] = [None] * len(jobs)
+    queue = deque(enumerate(jobs))
     queue_lock, token_lock = threading.Lock(), threading.Lock()
     errors: list[BaseException] = []
 
@@ -94,15 +117,22 @@ def run_episodes(
                 with queue_lock:
                     if not queue:
                         return
-                    index, task = queue.popleft()
+                    job, (index, task, sample) = queue.popleft()
                 backend = PolicyBackend.from_loaded(
                     model, tokenizer, name=label, max_new_tokens=max_new_tokens
-                ).bind(batcher, order=(index, 0), max_prompt_tokens=None, token_lock=token_lock)
+                ).bind(
+                    batcher, order=(index, sample), max_prompt_tokens=None, token_lock=token_lock
+                )
                 planner = HarnessPlanner(backend, harness, skills=skills)
                 env = make_env("sandbox")
                 try:
-                    results[index] = run_episode(
-                        env, task, planner, policy=policy, budgets=harness.budgets()
+                    results[job] = run_episode(
+                        env,
+                        task,
+                        planner,
+                        policy=policy,
+                        sample=sample,
+                        budgets=harness.budgets(),
                     )
                     bar.advance()
                 finally:
@@ -115,10 +145,10 @@ def run_episodes(
         finally:
             batcher.leave()
 
-    count = min(workers, len(tasks))
+    count = min(workers, len(jobs))
     batcher.enter(count)
     threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
-    with progress.track(f"eval {label}", total=len(tasks), unit="episodes") as bar:
+    with progress.track(f"eval {label}", total=len(jobs), unit="episodes") as bar:
         for thread in threads:
             thread.start()
         try:
@@ -180,4 +210,53 @@ def evaluate(
     return summarize(report, diagnosis)
 
 
-__all__ = ["EvaluationError", "evaluate", "greedy_generate", "load_model", "run_episodes"]
+def evaluate_sampled(
+    model_dir: Path,
+    tasks: Sequence[Task],
+    harness: HarnessConfig,
+    out: Path,
+    *,
+    label: str,
+    samples: int,
+    temperature: float = 1.0,
+    max_new_tokens: int = 96,
+    workers: int = 64,
+    loaded: tuple[Any, Any] | None = None,
+) -> dict[str, Any]:
+    """`samples` sampled episodes per task: `out/trajectories.jsonl` and the bench report of
+    `samples` samples per task (`report.json`, `report.md`; its `overall` is pass@1 estimated
+    from them, its `pass_at_k` up to k). Returns the numbers the loop reports."""
+    model, tokenizer = loaded if loaded is not None else load_model(model_dir)
+    trajectories = run_episodes(
+        model,
+        tokenizer,
+        tasks,
+        harness,
+        label=label,
+        max_new_tokens=max_new_tokens,
+        workers=workers,
+        samples=samples,
+        temperature=temperature,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    write_trajectories(out / "trajectories.jsonl", trajectories)
+    report = score(trajectories, samples=samples, expected_tasks=[t.id for t in tasks])
+    write_report(report, out, plots=False)
+    return {
+        "tasks": report.tasks,
+        "samples": samples,
+        "temperature": temperature,
+        "episodes": len(trajectories),
+        "pass_at_1": round(report.overall, 6),
+        "complete": report.complete,
+    }
+
+
+__all__ = [
+    "EvaluationError",
+    "evaluate",
+    "evaluate_sampled",
+    "greedy_generate",
+    "load_model",
+    "run_episodes",
+]

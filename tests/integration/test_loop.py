@@ -6,7 +6,9 @@ round 2, CARE RL, evaluation) on three templates with a few dozen optimizer step
 plumbing and the report's shape, not learning (`qpa loop --preset local` is where learning is
 measured).
 
-Checked: `report.json` has the required keys and numbers in range, the lineage points at files
+Checked: `report.json` has the required keys and numbers in range (with Wilson intervals,
+pass@1 from sampled episodes and McNemar comparisons recomputed from the trajectories), the
+held-out sets are apart by content from every training task, the lineage points at files
 that exist; a second run skips every stage and reproduces the numbers; a changed RL setting
 marks only the RL stages stale; `--preset cluster --dry-run` prints YAML whose TaskBatch,
 TrainingRun and HarnessRelease documents parse with `qpa.api.v1alpha1` and validate against
@@ -25,10 +27,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from qpa.bench.stats import mcnemar_exact, wilson_interval
+from qpa.contract import read_tasks, read_trajectories
 from qpa.loop.presets import get_preset
 from qpa.loop.report import comparable
 from qpa.loop.run import LoopRun, plan, run_loop
-from qpa.loop.stages import harness_ladder
+from qpa.loop.stages import harness_ladder, task_content_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDES = ("model", "harness", "environment")
@@ -53,6 +57,17 @@ def _check_entry(entry: dict[str, Any], capabilities: list[str]) -> None:
     assert all(isinstance(v, int) and v >= 0 for v in entry["diagnosis"].values())
     failures = round((1.0 - entry["test_success"]) * entry["tasks"])
     assert sum(entry["diagnosis"].values()) == failures
+    assert entry["test_tasks"] == entry["tasks"] == 12  # 3 templates x 4 held-out test tasks
+    assert entry["test_successes"] == round(entry["test_success"] * 12)
+    low, high = entry["test_success_ci"]
+    assert [low, high] == [round(v, 6) for v in wilson_interval(entry["test_successes"], 12)]
+    assert low <= entry["test_success"] <= high
+    assert set(entry["by_capability_ci"]) == set(entry["by_capability"])
+
+
+def _greedy_outcomes(out: Path, evaluation: dict[str, Any]) -> dict[str, bool]:
+    path = out / evaluation["test"]["trajectories"]
+    return {t.task.id: t.success for t in read_trajectories(path)}
 
 
 @pytest.mark.timeout(900)  # the module's loop run happens in this test's setup
@@ -71,6 +86,48 @@ def test_small_preset_end_to_end(first_run: LoopRun) -> None:
     assert capabilities == ["tool_use", "memory", "skills"]
     for entry in stages.values():
         _check_entry(entry, capabilities)
+    for name in ("sft", "rl"):  # the sampled stages (eval.sampled_stages), k = 2
+        entry = stages[name]
+        assert entry["pass_at_1_samples"] == 2 and entry["pass_at_1_temperature"] == 1.0
+        assert entry["pass_at_1_ci"][0] <= entry["pass_at_1"] <= entry["pass_at_1_ci"][1]
+        assert entry["validation_tasks"] == 9
+        assert entry["validation_success_ci"][0] <= entry["validation_success"]
+    assert stages["untrained"]["pass_at_1"] is None
+    assert stages["untrained"]["validation_success_ci"] is None
+    revised_key = next(n for n, e in stages.items() if e["kind"] == "harness_revision")
+    pairs = [(c["from"], c["to"]) for c in report["comparisons"]]
+    assert pairs == [("untrained", "sft"), ("sft", revised_key), (revised_key, "rl"), ("sft", "rl")]
+    evaluations = {
+        "untrained": "eval_untrained",
+        "sft": "eval_sft",
+        revised_key: "eval_harness",
+        "rl": "eval_rl",
+    }
+    for comparison in report["comparisons"]:
+        before = _greedy_outcomes(out, run.results[evaluations[comparison["from"]]].outputs)
+        after = _greedy_outcomes(out, run.results[evaluations[comparison["to"]]].outputs)
+        ids = sorted(before)
+        assert ids == sorted(after)
+        expected = mcnemar_exact([before[t] for t in ids], [after[t] for t in ids])
+        assert (comparison["b"], comparison["c"], comparison["n"]) == (
+            expected.b,
+            expected.c,
+            12,
+        )
+        assert comparison["p_value"] == round(expected.p_value, 6)
+        assert comparison["test"] == "mcnemar_exact"
+    heldout = run.results["heldout"].outputs
+    assert heldout["counts"] == {"validation": 9, "test": 12}
+    assert report["curriculum"]["test_tasks"] == 12
+    assert (out / heldout["manifest"]).is_file()
+    training = list(read_tasks(out / run.results["tasks"].outputs["train_tasks"]))
+    training += list(read_tasks(out / run.results["round2"].outputs["rl_pool"]))
+    trained = {task_content_hash(t) for t in training}
+    held = {
+        s: [task_content_hash(t) for t in read_tasks(out / heldout[s])] for s in heldout["counts"]
+    }
+    assert not trained & (set(held["validation"]) | set(held["test"]))
+    assert not set(held["validation"]) & set(held["test"])
     revised = [n for n, e in stages.items() if e["kind"] == "harness_revision"]
     assert len(revised) == 1
     assert stages["rl"]["harness_version"] == stages[revised[0]]["harness_version"]
