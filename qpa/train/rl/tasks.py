@@ -60,11 +60,6 @@ def sample_tasks(pool: Sequence[Task], count: int, seed: int, step: int) -> list
     return chosen
 
 
-def is_zero_variance(successes: float, episodes: float) -> bool:
-    """True when a group's episodes all succeeded or all failed (or it has none)."""
-    return episodes <= 0 or successes <= 0 or successes >= episodes
-
-
 class LearnabilitySampler:
     """Learnability-weighted task draws over a pool, with the per-task outcome history.
 

@@ -2,9 +2,11 @@
 
 A step draws its tasks (`qpa.train.rl.tasks`: uniform, or learnability-weighted from every
 rank's recent outcomes), rolls out k episodes per task, scores each group, and updates on the
-groups. Under `sampling.strategy: learnability` a group with no success variance (all k
-succeeded or all failed) is dropped and replaced by a freshly drawn task, for up to
-`sampling.refill_rounds` rounds, so the step's update is spent on groups that carry signal.
+groups. Under `sampling.strategy: learnability` a group whose advantages are all zero (every
+reward equal: all k succeeded or all failed with the same CARE reward) is dropped and replaced
+by a freshly drawn task, for up to `sampling.refill_rounds` rounds, so the step's update is
+spent on groups that carry signal; an all-failure group whose progress differs keeps CARE's
+progress-shaping signal.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from qpa.train.rl.loss import (
     policy_loss,
     token_logprobs,
 )
-from qpa.train.rl.tasks import LearnabilitySampler, is_zero_variance, load_tasks, sample_tasks
+from qpa.train.rl.tasks import LearnabilitySampler, load_tasks, sample_tasks
 
 Auto = Literal["auto"]
 STATE_FILE = "rl_state.json"
@@ -93,6 +95,14 @@ def _fill_auto(config: Any, values: Mapping[str, Any]) -> Any:
                 out[key] = _fill_auto(value, values)
         return out
     return config
+
+
+def _signal(result: GroupResult) -> bool:
+    """A group teaches something when one of its advantages is not zero: its rewards differ
+    (success against failure, or CARE's progress or efficiency terms). An all-failure group
+    with different progress keeps its progress-shaping signal; one whose rewards are all equal
+    is dropped (and refilled) under learnability sampling."""
+    return any(abs(value) > 1e-12 for value in result.advantages)
 
 
 class RLTrainer:
@@ -760,22 +770,19 @@ class RLTrainer:
             episodes += rolled
             used.update(task.id for task in drawn)
             zero = 0
-            for successes, n in outcomes:
+            for successes, n, signal in outcomes:
                 if n > 0:
                     share = successes / n
                     learnability.append(share * (1.0 - share))
-                if sampler is not None and is_zero_variance(successes, n):
+                if sampler is not None and not signal:
                     zero += 1
             if sampler is None:
                 kept += list(scored.values())
                 break
             sampler.record(
-                (task.id, won, n) for task, (won, n) in zip(drawn, outcomes, strict=True)
+                (task.id, won, n) for task, (won, n, _) in zip(drawn, outcomes, strict=True)
             )
-            for members, result in scored.values():
-                successes = sum(e.trajectory.success for e in members)
-                if not is_zero_variance(successes, len(members)):
-                    kept.append((members, result))
+            kept += [(members, result) for members, result in scored.values() if _signal(result)]
             dropped += zero
             if not zero or round_ >= cfg.sampling.refill_rounds:
                 break
@@ -792,16 +799,18 @@ class RLTrainer:
 
     def _global_outcomes(
         self, drawn: int, scored: Mapping[int, tuple[list[Episode], GroupResult]]
-    ) -> list[tuple[float, float]]:
-        """(successes, trainable episodes) of each of the round's `drawn` tasks, from every
-        rank: this rank's group g is the drawn task g * world + rank (one all-reduce)."""
-        values = [0.0] * (2 * drawn)
-        for g, (members, _) in scored.items():
+    ) -> list[tuple[float, float, bool]]:
+        """(successes, trainable episodes, has a learning signal) of each of the round's
+        `drawn` tasks, from every rank: this rank's group g is the drawn task g * world + rank
+        (one all-reduce)."""
+        values = [0.0] * (3 * drawn)
+        for g, (members, result) in scored.items():
             slot = g * self.world_size + self.rank
-            values[2 * slot] = float(sum(e.trajectory.success for e in members))
-            values[2 * slot + 1] = float(len(members))
+            values[3 * slot] = float(sum(e.trajectory.success for e in members))
+            values[3 * slot + 1] = float(len(members))
+            values[3 * slot + 2] = 1.0 if _signal(result) else 0.0
         summed = self._all_reduce_sum(values) if values else values
-        return [(summed[2 * i], summed[2 * i + 1]) for i in range(drawn)]
+        return [(summed[3 * i], summed[3 * i + 1], summed[3 * i + 2] > 0) for i in range(drawn)]
 
     def train_step(self) -> StepResult:
         """Sample tasks, roll out, score, update; logs metrics and checkpoints when due."""

@@ -14,12 +14,13 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from qpa.api.v1alpha1 import TaskSampling, TrainingRun, WorkOrder
+from qpa.api.v1alpha1 import CareSettings, TaskSampling, TrainingRun, WorkOrder
 from qpa.contract import Policy, Task, Trajectory, Verification
+from qpa.train.care import Outcome, care_group, vanilla_group
 from qpa.train.config import ConfigError
 from qpa.train.rl import RLConfig, RLTrainer
 from qpa.train.rl.generation import Episode
-from qpa.train.rl.tasks import UNSEEN_PRIOR, LearnabilitySampler, is_zero_variance
+from qpa.train.rl.tasks import UNSEEN_PRIOR, LearnabilitySampler
 
 
 def task(name: str) -> Task:
@@ -95,9 +96,16 @@ def test_state_round_trip() -> None:
     assert [t.id for t in restored.sample(5, 9)] == [t.id for t in s.sample(5, 9)]
 
 
-def test_zero_variance() -> None:
-    assert is_zero_variance(0, 4) and is_zero_variance(4, 4) and is_zero_variance(0, 0)
-    assert not is_zero_variance(1, 4)
+def test_a_group_is_dropped_only_when_its_rewards_are_all_equal() -> None:
+    from qpa.train.rl.trainer import _signal
+
+    care = CareSettings()
+    failures = [Outcome(success=False, progress=p) for p in (0.0, 0.5, 0.0, 0.5)]
+    same = [Outcome(success=False, progress=0.5)] * 4
+    # all failed, but with different progress: CARE's progress shaping still teaches
+    assert _signal(care_group(failures, care))
+    assert not _signal(care_group(same, care))
+    assert not _signal(vanilla_group(failures, care.model_copy(update={"enabled": False})))
 
 
 # --------------------------------------------------------------------------- config
@@ -239,7 +247,12 @@ def test_global_outcomes_place_each_rank_groups_in_its_slots() -> None:
     episodes = trainer.rollout([POOL[0], POOL[2]])
     scored = trainer.score(episodes)
     # rank 1's groups 0 and 1 are the drawn tasks 1 and 3 of four
-    assert trainer._global_outcomes(4, scored) == [(0, 0), (4, 4), (0, 0), (2, 4)]
+    assert trainer._global_outcomes(4, scored) == [
+        (0, 0, False),
+        (4, 4, False),
+        (0, 0, False),
+        (2, 4, True),
+    ]
 
 
 # --------------------------------------------------------------------------- the loop's RL
