@@ -360,6 +360,7 @@ def replay_main(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             episodes = list(read_trajectories(run / outputs[split]["trajectories"]))
             failures = [t for t in episodes if not t.success]
+            failed = len(failures)
             if args.limit is not None and len(failures) > args.limit:
                 # evenly spaced over the split (tasks are in template order): every template
                 failures = failures[:: -(-len(failures) // args.limit)][: args.limit]
@@ -372,8 +373,8 @@ def replay_main(args: argparse.Namespace) -> dict[str, Any]:
                 max_substitutions=args.substitutions,
             )
             print(
-                f"{stage}/{split}: {len(failures)} of {len(episodes)} episodes failed, "
-                f"labelled in {time.perf_counter() - t0:.1f} s",
+                f"{stage}/{split}: {failed} of {len(episodes)} episodes failed, "
+                f"{len(failures)} labelled in {time.perf_counter() - t0:.1f} s",
                 flush=True,
             )
             rows += [(f"{stage}/{split}", t, lab) for t, lab in zip(failures, labels, strict=True)]
