@@ -390,6 +390,11 @@ def model_service(
         "storageUri": model.uri,
         "args": model_args(model),
         "resources": model_resources(model),
+        # restricted, except a read-only root: model servers write caches under $HOME
+        "securityContext": {
+            **restricted_container_security(),
+            "readOnlyRootFilesystem": False,
+        },
     }
     meta = metadata(
         hr,
@@ -399,7 +404,11 @@ def model_service(
         annotations={DEPLOYMENT_MODE: SUPPORTED_MODE},
     )
     meta["labels"][MODEL_LABEL] = model_id(model)
-    predictor: JsonDict = {"minReplicas": 1, "model": predictor_model}
+    predictor: JsonDict = {
+        "minReplicas": 1,
+        "securityContext": restricted_pod_security(defaults),
+        "model": predictor_model,
+    }
     if uses_store(model):
         model_store(hr, defaults)  # names the missing setting before anything is applied
         predictor["serviceAccountName"] = storage_name(hr)

@@ -493,3 +493,15 @@ def test_promoted_status_names_the_stable_model_endpoint() -> None:
                      "stable": version.to_k8s(), "trafficPercent": 100}  # fmt: skip
     status = release.next_step(release_of(doc), release.Observed(now=T0), D).status
     assert status.model_endpoint == "http://planner-model.team-a.svc.cluster.local:8080/openai/v1"
+
+
+def test_the_model_server_pod_meets_the_restricted_standard() -> None:
+    from helpers.podsecurity import violations
+
+    for model in ({}, {"gpus": 2}):
+        spec = predictor(release_of(body(**model)))
+        container = {k: v for k, v in spec.pop("model").items() if k != "modelFormat"}
+        pod = {**spec, "containers": [{"name": "kserve-container", **container}]}
+        # the Pod Security Standard's restricted profile; the root filesystem stays writable
+        # (beyond the standard: model servers write caches under $HOME)
+        assert violations(pod) == ["kserve-container: readOnlyRootFilesystem"]
