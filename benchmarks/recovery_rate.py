@@ -27,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="+", help="label=checkpoint folder")
     parser.add_argument("--preset", default="local")
-    parser.add_argument("--tasks", type=Path, default=None, help="test tasks (JSONL)")
+    parser.add_argument(
+        "--tasks",
+        type=Path,
+        default=None,
+        help="test tasks (JSONL), e.g. a loop run's stages/heldout/test.jsonl (default: the "
+        "canonical test split of the preset's templates)",
+    )
     parser.add_argument("--harness", type=Path, default=None, help="Harness YAML")
     parser.add_argument("--out", type=Path, default=Path("runs/recovery_rate"))
     parser.add_argument("--seed", type=int, default=0)

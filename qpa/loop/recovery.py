@@ -28,15 +28,12 @@ RECOVERY_FIELDS = ("episodes", "episodes_with_error", "recovered", "rate", "ci",
 
 
 def stage_eval_recovery(ctx: StageContext) -> dict[str, Any]:
-    from qpa.loop.stages import curriculum, read_task_file
+    from qpa.loop.stages import read_heldout
     from qpa.train.greedy import load_model
     from qpa.train.recovery_eval import evaluate_recovery
 
     settings = ctx.preset.recovery
-    if "heldout" in ctx.inputs:
-        tasks = read_task_file(ctx.path(ctx.output("heldout", "test")))
-    else:
-        tasks = curriculum(ctx.preset, "test")
+    tasks = read_heldout(ctx, "test")
     if settings.tasks_per_template is not None:
         seen: Counter[str] = Counter()
         capped = []
