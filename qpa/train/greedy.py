@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +84,14 @@ def run_episodes(
     workers: int = 64,
     samples: int = 1,
     temperature: float | None = None,
+    wrap_env: Callable[[Any], Any] | None = None,
+    on_trajectory: Callable[[Trajectory], object] | None = None,
+    title: str = "eval",
 ) -> list[Trajectory]:
     """`samples` episodes per task through the Harness, greedy (`temperature` None) or sampled
     at `temperature`; model calls of all live episodes are answered by one batched `generate`
-    (`qpa.train.rl.TokenBatcher`); trajectories in (task, sample) order."""
+    (`qpa.train.rl.TokenBatcher`); trajectories in (task, sample) order. `wrap_env` wraps each
+    episode's sandbox (fault injection), `on_trajectory` sees each trajectory as it ends."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if not tasks:
@@ -125,8 +129,10 @@ def run_episodes(
                 )
                 planner = HarnessPlanner(backend, harness, skills=skills)
                 env = make_env("sandbox")
+                if wrap_env is not None:
+                    env = wrap_env(env)
                 try:
-                    results[job] = run_episode(
+                    trajectory = run_episode(
                         env,
                         task,
                         planner,
@@ -134,6 +140,9 @@ def run_episodes(
                         sample=sample,
                         budgets=harness.budgets(),
                     )
+                    if on_trajectory is not None:
+                        on_trajectory(trajectory)
+                    results[job] = trajectory
                     bar.advance()
                 finally:
                     with contextlib.suppress(Exception):
@@ -148,7 +157,7 @@ def run_episodes(
     count = min(workers, len(jobs))
     batcher.enter(count)
     threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
-    with progress.track(f"eval {label}", total=len(jobs), unit="episodes") as bar:
+    with progress.track(f"{title} {label}", total=len(jobs), unit="episodes") as bar:
         for thread in threads:
             thread.start()
         try:
@@ -160,7 +169,7 @@ def run_episodes(
     if errors:
         raise errors[0]
     if batcher.failure is not None:
-        raise EvaluationError(f"evaluation of {label}: generation failed: {batcher.failure}")
+        raise EvaluationError(f"{title} of {label}: generation failed: {batcher.failure}")
     return [t for t in results if t is not None]
 
 

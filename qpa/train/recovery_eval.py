@@ -17,23 +17,16 @@ annotated `injected_error`) and `out/recovery.json`, and returns the summary:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qpa import progress
 from qpa.bench.stats import wilson_interval
-from qpa.contract import Policy, Task, ToolCall, Trajectory, write_trajectories
-from qpa.envs.factory import make_env
+from qpa.contract import Task, ToolCall, Trajectory, write_trajectories
 from qpa.envs.faults import INJECTED, InjectionLog
-from qpa.harness.agent import HarnessConfig, HarnessPlanner
-from qpa.harness.runner import run_episode
-from qpa.train.greedy import EvaluationError, greedy_generate, load_model
-from qpa.train.rl import PolicyBackend, TokenBatcher
+from qpa.harness.agent import HarnessConfig
+from qpa.train.greedy import load_model, run_episodes
 
 RECOVERY_FILE = "recovery.json"
 
@@ -73,68 +66,19 @@ def run_with_errors(
 ) -> list[Trajectory]:
     """One greedy episode per task, each environment injecting one transient error at the
     first state-changing call; trajectories in task order, injected steps annotated."""
-    if not tasks:
-        return []
-    was_training = bool(getattr(model, "training", False))
-    model.eval()
-    batcher = TokenBatcher(
-        lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens), workers
-    )
     faults = InjectionLog(1.0, seed)
-    skills = harness.skill_library()
-    policy = Policy(planner="local", model=label, harness_version=harness.version)
-    results: list[Trajectory | None] = [None] * len(tasks)
-    queue = deque(enumerate(tasks))
-    queue_lock, token_lock = threading.Lock(), threading.Lock()
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            while True:
-                with queue_lock:
-                    if not queue:
-                        return
-                    index, task = queue.popleft()
-                backend = PolicyBackend.from_loaded(
-                    model, tokenizer, name=label, max_new_tokens=max_new_tokens
-                ).bind(batcher, order=(index, 0), max_prompt_tokens=None, token_lock=token_lock)
-                planner = HarnessPlanner(backend, harness, skills=skills)
-                env = faults.wrap(make_env("sandbox"))
-                try:
-                    trajectory = run_episode(
-                        env, task, planner, policy=policy, budgets=harness.budgets()
-                    )
-                    faults.mark(trajectory)
-                    results[index] = trajectory
-                    bar.advance()
-                finally:
-                    with contextlib.suppress(Exception):
-                        env.close()
-                    with contextlib.suppress(Exception):
-                        planner.memory.close()
-        except BaseException as exc:  # a worker bug must not hang the batcher
-            errors.append(exc)
-        finally:
-            batcher.leave()
-
-    count = min(workers, len(tasks))
-    batcher.enter(count)
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
-    with progress.track(f"recovery {label}", total=len(tasks), unit="episodes") as bar:
-        for thread in threads:
-            thread.start()
-        try:
-            batcher.serve()
-        finally:
-            for thread in threads:
-                thread.join()
-            model.train(was_training)
-    if errors:
-        raise errors[0]
-    if batcher.failure is not None:
-        raise EvaluationError(f"recovery evaluation of {label}: generation failed: "
-                              f"{batcher.failure}")  # fmt: skip
-    return [t for t in results if t is not None]
+    return run_episodes(
+        model,
+        tokenizer,
+        tasks,
+        harness,
+        label=label,
+        max_new_tokens=max_new_tokens,
+        workers=workers,
+        wrap_env=faults.wrap,
+        on_trajectory=faults.mark,
+        title="recovery",
+    )
 
 
 def evaluate_recovery(
