@@ -73,6 +73,76 @@ def greedy_generate(
     return [trim_completion(row, stops, pad) for row in output[:, width:].tolist()]
 
 
+def run_batched(
+    model: Any,
+    tokenizer: Any,
+    count: int,
+    episode: Callable[[int, Any], Trajectory],
+    *,
+    label: str,
+    max_new_tokens: int,
+    workers: int,
+    temperature: float | None = None,
+    title: str = "eval",
+) -> list[Trajectory]:
+    """`count` episodes on `workers` threads whose model calls one batched `generate` answers
+    (`qpa.train.rl.TokenBatcher`): greedy (`temperature` None) or sampled. `episode(i,
+    backend)` runs episode i with a `PolicyBackend` bound to the batch (in order i, so a batch
+    is the same whatever thread asks first); trajectories come back in index order."""
+    if count == 0:
+        return []
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    if temperature is None:
+        batcher = TokenBatcher(
+            lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens), workers
+        )
+    else:
+        sampling = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature)
+        batcher = TokenBatcher(
+            lambda prompts: hf_generate(model, tokenizer, prompts, sampling), workers
+        )
+    results: list[Trajectory | None] = [None] * count
+    queue = deque(range(count))
+    queue_lock, token_lock = threading.Lock(), threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            while True:
+                with queue_lock:
+                    if not queue:
+                        return
+                    index = queue.popleft()
+                backend = PolicyBackend.from_loaded(
+                    model, tokenizer, name=label, max_new_tokens=max_new_tokens
+                ).bind(batcher, order=(index, 0), max_prompt_tokens=None, token_lock=token_lock)
+                results[index] = episode(index, backend)
+                bar.advance()
+        except BaseException as exc:  # a worker bug must not hang the batcher
+            errors.append(exc)
+        finally:
+            batcher.leave()
+
+    threads_count = min(workers, count)
+    batcher.enter(threads_count)
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(threads_count)]
+    with progress.track(f"{title} {label}", total=count, unit="episodes") as bar:
+        for thread in threads:
+            thread.start()
+        try:
+            batcher.serve()
+        finally:
+            for thread in threads:
+                thread.join()
+            model.train(was_training)
+    if errors:
+        raise errors[0]
+    if batcher.failure is not None:
+        raise EvaluationError(f"{title} of {label}: generation failed: {batcher.failure}")
+    return [t for t in results if t is not None]
+
+
 def run_episodes(
     model: Any,
     tokenizer: Any,
@@ -89,88 +159,45 @@ def run_episodes(
     title: str = "eval",
 ) -> list[Trajectory]:
     """`samples` episodes per task through the Harness, greedy (`temperature` None) or sampled
-    at `temperature`; model calls of all live episodes are answered by one batched `generate`
-    (`qpa.train.rl.TokenBatcher`); trajectories in (task, sample) order. `wrap_env` wraps each
-    episode's sandbox (fault injection), `on_trajectory` sees each trajectory as it ends."""
+    at `temperature`, batched (`run_batched`); trajectories in (task, sample) order.
+    `wrap_env` wraps each episode's sandbox (fault injection), `on_trajectory` sees each
+    trajectory as it ends."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    if not tasks:
-        return []
-    was_training = bool(getattr(model, "training", False))
-    model.eval()
-    if temperature is None:
-        batcher = TokenBatcher(
-            lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens), workers
-        )
-    else:
-        sampling = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature)
-        batcher = TokenBatcher(
-            lambda prompts: hf_generate(model, tokenizer, prompts, sampling), workers
-        )
     skills = harness.skill_library()
     policy = Policy(planner="local", model=label, harness_version=harness.version)
-    jobs = [(index, task, sample) for index, task in enumerate(tasks) for sample in range(samples)]
-    results: list[Trajectory | None] = [None] * len(jobs)
-    queue = deque(enumerate(jobs))
-    queue_lock, token_lock = threading.Lock(), threading.Lock()
-    errors: list[BaseException] = []
+    jobs = [(task, sample) for task in tasks for sample in range(samples)]
 
-    def work() -> None:
+    def episode(index: int, backend: Any) -> Trajectory:
+        task, sample = jobs[index]
+        planner = HarnessPlanner(backend, harness, skills=skills)
+        env = make_env("sandbox")
+        if wrap_env is not None:
+            env = wrap_env(env)
         try:
-            while True:
-                with queue_lock:
-                    if not queue:
-                        return
-                    job, (index, task, sample) = queue.popleft()
-                backend = PolicyBackend.from_loaded(
-                    model, tokenizer, name=label, max_new_tokens=max_new_tokens
-                ).bind(
-                    batcher, order=(index, sample), max_prompt_tokens=None, token_lock=token_lock
-                )
-                planner = HarnessPlanner(backend, harness, skills=skills)
-                env = make_env("sandbox")
-                if wrap_env is not None:
-                    env = wrap_env(env)
-                try:
-                    trajectory = run_episode(
-                        env,
-                        task,
-                        planner,
-                        policy=policy,
-                        sample=sample,
-                        budgets=harness.budgets(),
-                    )
-                    if on_trajectory is not None:
-                        on_trajectory(trajectory)
-                    results[job] = trajectory
-                    bar.advance()
-                finally:
-                    with contextlib.suppress(Exception):
-                        env.close()
-                    with contextlib.suppress(Exception):
-                        planner.memory.close()
-        except BaseException as exc:  # a worker bug must not hang the batcher
-            errors.append(exc)
+            trajectory = run_episode(
+                env, task, planner, policy=policy, sample=sample, budgets=harness.budgets()
+            )
         finally:
-            batcher.leave()
+            with contextlib.suppress(Exception):
+                env.close()
+            with contextlib.suppress(Exception):
+                planner.memory.close()
+        if on_trajectory is not None:
+            on_trajectory(trajectory)
+        return trajectory
 
-    count = min(workers, len(jobs))
-    batcher.enter(count)
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
-    with progress.track(f"{title} {label}", total=len(jobs), unit="episodes") as bar:
-        for thread in threads:
-            thread.start()
-        try:
-            batcher.serve()
-        finally:
-            for thread in threads:
-                thread.join()
-            model.train(was_training)
-    if errors:
-        raise errors[0]
-    if batcher.failure is not None:
-        raise EvaluationError(f"{title} of {label}: generation failed: {batcher.failure}")
-    return [t for t in results if t is not None]
+    return run_batched(
+        model,
+        tokenizer,
+        len(jobs),
+        episode,
+        label=label,
+        max_new_tokens=max_new_tokens,
+        workers=workers,
+        temperature=temperature,
+        title=title,
+    )
 
 
 def load_model(model_dir: Path) -> tuple[Any, Any]:

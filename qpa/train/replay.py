@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -388,61 +387,24 @@ class ModelRunner:
         self._skills = _Skills()
 
     def run(self, jobs: Sequence[ReplayJob]) -> list[Trajectory]:
-        from qpa.train.greedy import EvaluationError, greedy_generate
-        from qpa.train.rl import PolicyBackend, TokenBatcher
+        from qpa.train.greedy import run_batched
 
-        if not jobs:
-            return []
-        model, tokenizer = self.model, self.tokenizer
-        was_training = bool(getattr(model, "training", False))
-        model.eval()
-        batcher = TokenBatcher(
-            lambda prompts: greedy_generate(model, tokenizer, prompts, self.max_new_tokens),
-            self.workers,
+        def episode(index: int, backend: Any) -> Trajectory:
+            job = jobs[index]
+            return _episode(
+                job, backend, self._skills.of(job.harness), self.env_factory(job.task), self.label
+            )
+
+        return run_batched(
+            self.model,
+            self.tokenizer,
+            len(jobs),
+            episode,
+            label=self.label,
+            max_new_tokens=self.max_new_tokens,
+            workers=self.workers,
+            title="replay",
         )
-        results: list[Trajectory | None] = [None] * len(jobs)
-        queue = deque(enumerate(jobs))
-        queue_lock, token_lock = threading.Lock(), threading.Lock()
-        errors: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                while True:
-                    with queue_lock:
-                        if not queue:
-                            return
-                        index, job = queue.popleft()
-                    backend = PolicyBackend.from_loaded(
-                        model, tokenizer, name=self.label, max_new_tokens=self.max_new_tokens
-                    ).bind(batcher, order=(index, 0), max_prompt_tokens=None, token_lock=token_lock)
-                    results[index] = _episode(
-                        job,
-                        backend,
-                        self._skills.of(job.harness),
-                        self.env_factory(job.task),
-                        self.label,
-                    )
-            except BaseException as exc:  # a worker bug must not hang the batcher
-                errors.append(exc)
-            finally:
-                batcher.leave()
-
-        count = min(self.workers, len(jobs))
-        batcher.enter(count)
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
-        for thread in threads:
-            thread.start()
-        try:
-            batcher.serve()
-        finally:
-            for thread in threads:
-                thread.join()
-            model.train(was_training)
-        if errors:
-            raise errors[0]
-        if batcher.failure is not None:
-            raise EvaluationError(f"replay of {self.label}: generation failed: {batcher.failure}")
-        return [t for t in results if t is not None]
 
 
 # =========================================================================== labelling
