@@ -246,7 +246,9 @@ def data_plan(tr: TrainingRun, taskbatch_outputs: Mapping[str, str]) -> DataPlan
     for ref, item in zip(refs, inputs, strict=True):
         if ref.task_batch_ref is not None:
             curated = _join(out, "data", "curated", ref.task_batch_ref.name)
-            steps.append(("qpa", "data", "curate", str(item["uri"]), "--out", curated))
+            steps.append(
+                ("qpa", "data", "curate", str(item["uri"]), "--out", curated, "--keep-existing")
+            )
             mixed.append(curated)
         else:
             mixed.append(str(item["uri"]))

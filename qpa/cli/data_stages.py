@@ -147,11 +147,28 @@ def curate_command(
     out: OutOpt,
     config: Annotated[str | None, typer.Option(help="Curation YAML.")] = None,
     review_config: ReviewCfgOpt = None,
+    keep_existing: Annotated[
+        bool,
+        typer.Option(
+            "--keep-existing",
+            help="When --out already holds a curation of the same inputs, keep it (its review "
+            "queue and publication too) instead of curating again: a retried data Job then "
+            "reads the batch a reviewer published.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Validate, diagnose, flag, attribute and de-duplicate trajectories."""
     from qpa.data import curate as cur
-    from qpa.data.review import open_batch
+    from qpa.data.review import open_batch, review_state, same_curation
+
+    if keep_existing and _guard(lambda: same_curation(out, inputs)):
+        state = _guard(lambda: review_state(out))
+        if as_json:
+            print_json({"kept": out, "review_state": state.state})
+        else:
+            console.print(f"kept {out}: already curated from these inputs ({state.detail})")
+        return
 
     def run() -> Any:
         settings = cur.load_curate_config(config)

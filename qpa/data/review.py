@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -576,6 +576,18 @@ def _open_root(root: str, store_config: StoreConfig | None) -> ArtifactStore | N
     if "://" not in root and not Path(root).is_dir():
         return None
     return open_store(root, store_config)
+
+
+def same_curation(out: str | Path, inputs: Sequence[str | Path]) -> bool:
+    """True when the batch at `out` is a curation (`qpa data curate`) of exactly `inputs`."""
+    store = open_batch(out)
+    if not store.exists(MANIFEST_KEY):
+        return False
+    manifest = read_manifest(store)
+    recorded = (manifest.lineage.params or {}).get("inputs")
+    return manifest.lineage.generator == "qpa.data.curate" and recorded == [
+        as_uri(p) for p in inputs
+    ]
 
 
 def review_state(ref: str | Path, *, store_config: StoreConfig | None = None) -> ReviewState:

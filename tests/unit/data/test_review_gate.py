@@ -271,3 +271,39 @@ def test_a_trainer_pods_refusal_reaches_the_trainingrun_status(
     }
     refusal = trainingrun.pod_refusal(pod)
     assert refusal is not None and refusal[2].startswith(f"dataset {dataset}: review state pending")
+
+
+def test_a_retried_curation_keeps_the_batch_a_reviewer_published(
+    tmp_path: Path, trajectories: list[Trajectory]
+) -> None:
+    """The TrainingRun data Job curates with --keep-existing: its first attempt leaves a pending
+    queue (the mix refuses it), a reviewer accepts and publishes, the retry keeps that batch and
+    the mix reads it; new inputs are curated again."""
+    from typer.testing import CliRunner
+
+    from qpa.cli import app
+    from qpa.contract import write_trajectories
+
+    source = tmp_path / "taskbatch.jsonl"
+    write_trajectories(source, trajectories)
+    out = tmp_path / "curated"
+    curate = ["data", "curate", str(source), "--out", str(out), "--keep-existing"]
+    runner = CliRunner()
+    assert runner.invoke(app, curate).exit_code == 0
+    assert review_state(out).state == "pending"
+    refused = runner.invoke(app, ["data", "mix", str(out), "--out", str(tmp_path / "mix")])
+    assert refused.exit_code != 0 and "review state pending" in refused.output
+    accept_all(out)
+    publish(open_batch(out))
+    published = tree(out)
+    kept = runner.invoke(app, curate)
+    assert kept.exit_code == 0 and "kept" in kept.output
+    assert tree(out) == published and review_state(out).state == "published"
+    assert (
+        runner.invoke(app, ["data", "mix", str(out), "--out", str(tmp_path / "mix")]).exit_code == 0
+    )
+    other = tmp_path / "other.jsonl"
+    write_trajectories(other, trajectories[:3])
+    again = ["data", "curate", str(other), "--out", str(out), "--keep-existing"]
+    assert runner.invoke(app, again).exit_code == 0
+    assert review_state(out).state == "pending"  # other inputs: curated afresh
