@@ -333,7 +333,9 @@ def kill_group(process: subprocess.Popen[Any]) -> None:
     """SIGKILL the process and everything it started (launcher and every rank at once, as when
     a node dies), then reap it."""
     for _ in range(2):  # a second pass catches what was being started during the first
-        for pid in [*descendants(process.pid), process.pid]:
+        # the launcher first (its children are listed before they are orphaned): killed after
+        # its ranks, a shell launcher could see them die and exit on its own first
+        for pid in [process.pid, *descendants(process.pid)]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):

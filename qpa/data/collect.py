@@ -356,7 +356,9 @@ def _scan(
             )
 
     parts: dict[str, PartSummary] = {}
-    keys = [k for k in _retrying()(store.list, f"{PARTS}/") if k.endswith(".jsonl")]
+    with uploader.paused():  # a part uploaded between the two reads would be in neither
+        keys = [k for k in _retrying()(store.list, f"{PARTS}/") if k.endswith(".jsonl")]
+        spooled = list(uploader.iter_spooled_lines())
     for key in keys:
         data = _retrying()(store.get_bytes, key)
         parts[key] = _summarize(data, store.uri(key), key, check_policy)
@@ -368,7 +370,7 @@ def _scan(
             duplicates += pair in done
             done.add(pair)
         won |= summary.won
-    for path, number, line in uploader.iter_spooled_lines():
+    for path, number, line in spooled:
         try:
             trajectory = Trajectory.model_validate_json(line)
         except ValidationError as exc:

@@ -300,6 +300,14 @@ class SpooledUploader:
             parts.append(self._open_path)
         return parts
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No part moves from the spool to the store inside this block (an upload pass in
+        progress finishes first): what the store holds and what the spool holds can be read
+        as one consistent snapshot, with no part in neither."""
+        with self._lock:
+            yield
+
     def iter_spooled_lines(self) -> Iterator[tuple[Path, int, bytes]]:
         """(part, 1-based line number, line) of every record still in the spool."""
         if self._stream is not None:
