@@ -27,13 +27,10 @@ whose spec the operator writes meets the `restricted` Pod Security Standard.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +39,9 @@ import yaml
 from fakes.kserve import ISVC_LABEL, KServe
 from fakes.kube_api import KubeAPIServer
 from fakes.kubectl import Kubectl
-from fakes.kubelet import TORCH_EXTENSIONS, VENV_BIN, TestKubelet
+from fakes.kubelet import TestKubelet
 from fakes.seaweed import SeaweedS3
+from helpers.kubelet_runs import build_native_ops, reported
 from helpers.operator_runner import operator
 from helpers.podsecurity import violations
 
@@ -97,16 +95,6 @@ def for_the_test(file: str, seaweed: SeaweedS3, folder: Path) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def reported(kubelet: TestKubelet) -> Iterator[None]:
-    """On a failure, what every pod did (states and log tails) goes with it."""
-    try:
-        yield
-    except BaseException:
-        print(kubelet.report(tail=40))
-        raise
-
-
 async def wait_ready(kubectl: Kubectl, resource: str, timeout: int) -> None:
     """The doc's `kubectl -n qpa wait --for=condition=Ready <resource>` (off the event loop)."""
     await asyncio.to_thread(
@@ -144,21 +132,7 @@ def walk_env(operator_env: Path, seaweed: SeaweedS3, monkeypatch: pytest.MonkeyP
 
 @pytest.fixture(scope="module")
 def native_ops() -> None:
-    """DeepSpeed's CPU comm op, which the SFT pod's `init_distributed` loads, built in the test
-    kubelet's extensions folder first (as an image ships it; minutes on a fresh machine, once).
-    """
-    if (Path(TORCH_EXTENSIONS) / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").is_file():
-        return
-    env = {
-        **os.environ,
-        "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
-        "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS,
-    }
-    build = "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()"
-    done = subprocess.run(
-        [sys.executable, "-c", build], env=env, capture_output=True, text=True, timeout=480
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    build_native_ops()
 
 
 def tiny_model_into_the_store(seaweed: SeaweedS3, folder: Path) -> str:

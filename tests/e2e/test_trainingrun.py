@@ -22,12 +22,7 @@ the first run on a fresh machine spends a few minutes more.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +30,9 @@ import pytest
 import yaml
 from fakes.kube_api import KubeAPIServer
 from fakes.kubectl import Kubectl
-from fakes.kubelet import TORCH_EXTENSIONS, VENV_BIN, TestKubelet
+from fakes.kubelet import TestKubelet
 from fakes.seaweed import SeaweedS3
+from helpers.kubelet_runs import build_native_ops, reported
 from helpers.operator_runner import NS, example, operator, phase
 
 from qpa.store import open_store, resolve_local
@@ -52,20 +48,7 @@ INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 @pytest.fixture(scope="module")
 def native_ops() -> None:
-    """DeepSpeed's CPU comm op built in the kubelet's extensions folder before any rank starts
-    (minutes of two cores on a fresh machine, once; pods rebuild a stale one themselves)."""
-    if (Path(TORCH_EXTENSIONS) / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").is_file():
-        return
-    env = {
-        **os.environ,
-        "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",  # the venv's ninja, as in the pods
-        "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS,
-    }
-    build = "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()"
-    done = subprocess.run(
-        [sys.executable, "-c", build], env=env, capture_output=True, text=True, timeout=480
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    build_native_ops()
 
 
 @pytest.fixture(scope="module")
@@ -154,16 +137,6 @@ def rank_pod(kube_api: KubeAPIServer, job: str, index: int) -> str | None:
         ):
             return str(pod["metadata"]["name"])
     return None
-
-
-@contextlib.contextmanager
-def reported(kubelet: TestKubelet) -> Iterator[None]:
-    """On a failure, what every pod did (states and log tails) goes with it."""
-    try:
-        yield
-    except BaseException:
-        print(kubelet.report(tail=40))
-        raise
 
 
 def loads(model_uri: str, seaweed: SeaweedS3, cache: Path) -> Any:
