@@ -55,6 +55,7 @@ from qpa.train.checkpoint import (
     CheckpointUploader,
     download_checkpoint,
     latest_local,
+    sweep_snapshots,
     verify_local,
 )
 from qpa.train.config import SFTConfig
@@ -700,12 +701,15 @@ def find_resume(
         return CheckpointRef(_state_step(folder), explicit, folder)
     if config.checkpoint.resume == "never":
         return None
+    sweep_snapshots(output_dir)  # what a process killed mid-upload or mid-download left
     local = latest_local(output_dir)
-    remote = checkpoints.latest() if checkpoints is not None else None
-    if remote is not None and (local is None or remote.step > local.step):
-        assert checkpoints is not None
-        folder = checkpoints.download(remote.step, output_dir / f"checkpoint-{remote.step}")
-        return CheckpointRef(remote.step, remote.location, folder)
+    if checkpoints is not None:  # the newest complete one in the store that verifies, if newer
+        remote = checkpoints.download_latest(
+            lambda step: output_dir / f"checkpoint-{step}",
+            newer_than=local.step if local is not None else None,
+        )
+        if remote is not None:
+            return remote
     if local is not None:
         return local
     if config.checkpoint.resume == "latest":

@@ -1056,6 +1056,7 @@ class RLTrainer:
             CheckpointError,
             download_checkpoint,
             latest_local,
+            sweep_snapshots,
             verify_local,
         )
 
@@ -1077,13 +1078,16 @@ class RLTrainer:
                 raise ConfigError(f"resume checkpoint {explicit}: {exc}") from None
         if settings.resume == "never":
             return None
+        sweep_snapshots(self.run_dir)  # partial downloads a killed process left
         local = latest_local(self.run_dir)
-        remote = self.checkpoints.latest() if self.checkpoints is not None else None
-        if remote is not None and (local is None or remote.step > local.step):
-            assert self.checkpoints is not None
-            return self.checkpoints.download(
-                remote.step, self.run_dir / f"checkpoint-{remote.step}"
+        if self.checkpoints is not None:  # the newest complete one that verifies, if newer
+            remote = self.checkpoints.download_latest(
+                lambda step: self.run_dir / f"checkpoint-{step}",
+                newer_than=local.step if local is not None else None,
             )
+            if remote is not None:
+                assert remote.local is not None
+                return remote.local
         if local is not None:
             assert local.local is not None
             return local.local
