@@ -109,7 +109,7 @@ def test_an_interrupted_upload_never_counts(
     landed = store.list("trainingruns/t/checkpoints/checkpoint-4/")
     assert len(landed) == 2 and not any(k.endswith(COMPLETE) for k in landed)
     assert checkpoints.steps() == [2]
-    with pytest.raises(CheckpointError, match="no complete checkpoint at .*checkpoint-4"):
+    with pytest.raises(CheckpointError, match=r"no complete checkpoint at .*checkpoint-4"):
         checkpoints.download(4, tmp_path / "dl" / "checkpoint-4")
     ref = checkpoints.download_latest(lambda step: tmp_path / "fresh" / f"checkpoint-{step}")
     assert ref is not None and ref.step == 2 and ref.local is not None
