@@ -67,6 +67,7 @@ from qpa.data.collect_config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_FLUSH_TIMEOUT_S,
     DEFAULT_PART_SIZE,
+    DEFAULT_START_TIMEOUT_S,
     CollectConfig,
     PlannerConfig,
 )
@@ -152,6 +153,19 @@ def collect_command(
         float, typer.Option(min=0, help="Seconds to wait for the store at the end.")
     ] = DEFAULT_FLUSH_TIMEOUT_S,
     max_turns: Annotated[int, typer.Option(min=1)] = DEFAULT_MAX_TURNS,
+    attempt: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=99,
+            help="Attempt of the batch (part of each trajectory's identity: a new attempt "
+            "collects the same pairs again into their own parts).",
+        ),
+    ] = 0,
+    start_timeout: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds to wait for an unreachable store at the start."),
+    ] = DEFAULT_START_TIMEOUT_S,
     name: Annotated[str | None, typer.Option(help="Dataset name in the manifest.")] = None,
     s3_endpoint: Annotated[
         str | None, typer.Option(help="S3 endpoint (default QPA_S3_ENDPOINT).")
@@ -242,6 +256,8 @@ def collect_command(
                 part_size=part_size,
                 flush_timeout_s=flush_timeout,
                 max_turns=max_turns,
+                attempt=attempt,
+                start_timeout_s=start_timeout,
                 name=name,
                 store_config=store,
             )
@@ -288,7 +304,13 @@ def collect_command(
         err_console.print(f"[yellow]spool: {message}[/]")
     if result.duplicates:
         err_console.print(
-            f"[yellow]{result.duplicates} episodes appear twice in {config.out}/parts[/]"
+            f"[yellow]{result.duplicates} episodes appear twice in {config.out}/parts "
+            "(qpa data verify names them)[/]"
+        )
+    if result.superseded:
+        err_console.print(
+            f"[yellow]{len(result.superseded)} part(s) had been written by another process "
+            "with the same trajectories: kept theirs[/]"
         )
     if result.interrupted:
         err_console.print("[yellow]interrupted: rerun the same command to finish[/]")

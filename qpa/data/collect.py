@@ -5,10 +5,21 @@ is what `qpa collect` (and each pod of a TaskBatch's indexed Job, from its work 
 `collect(tasks, spec, samples_per_task=k, out="s3://bucket/tb-1", shard=(i, n))` is the same for a
 caller that already holds the tasks and the planner spec:
 
-- **Work.** Every (task, sample) pair, task-major (pair index = task position * k + sample);
-  shard i/n takes the pairs whose index is i modulo n, so n shards cover every pair exactly
-  once. Each trajectory's `metadata` records `group` (the task id: the RL group of its k
-  samples) and `shard` ("i/n"). For the `noisy` planner sample s uses seed `seed + s`.
+- **Identity and place (exactly once).** A trajectory's identity is (task id, sample index,
+  `attempt` of the batch). Its place is a pure function of that identity and the dataset's
+  layout (`<out>/layout.json`, fixed by the first run: the ordered task ids' hash and the
+  tasks per part P): the part `parts/part-a<attempt>-t<position // P>-s<sample>.jsonl` holds
+  sample s of P consecutive tasks, and nothing else. A rerun, a retried shard, a second
+  process on the same shard or two racing uploaders therefore all write the same records to
+  the same key: an S3 PUT replaces a key whole, so a trajectory can land at most once. A run
+  with another task list than the layout's is refused (use a fresh --out); more samples per
+  task are new parts.
+- **Work.** Parts are numbered task-block-major (q = block * k + sample); shard i/n takes
+  the parts whose number is i modulo n, so n shards cover every pair exactly once and never
+  share a part. The first run of a sharded batch picks P no larger than keeps every shard
+  busy. Each trajectory's `metadata` records `group` (the task id: the RL group of its k
+  samples), `shard` ("i/n") and `attempt`. For the `noisy` planner sample s uses seed
+  `seed + s`.
 - **Workers.** `concurrency` threads, each holding one environment for its life: in-process
   (`make_env(env_kind)`) or a `RemoteEnv` on one of the `env_url`s (round-robin). A fresh
   planner per episode comes from `PlannerFactory` (model backends are shared).
@@ -17,18 +28,26 @@ caller that already holds the tasks and the planner spec:
   `env_retries` times with a doubling backoff from `env_retry_backoff_s`; the trajectory kept is
   the last attempt's, with the earlier errors in `metadata["env_failures"]` (`env_retried`
   counts the reruns). Only a failure that outlasts the retries is recorded as one.
-- **Streaming.** The calling thread appends each finished trajectory to a `SpooledUploader`:
-  parts of `part_size` lines land at `<out>/parts/part-<i>-of-<n>-<seq>.jsonl` while collection
-  goes on. When the store is down, parts wait in the local spool (retried with backoff) and
-  upload once it is back; nothing is lost, and deterministic part names plus hash checks mean
-  nothing is uploaded twice.
-- **Resume.** Pairs already in uploaded parts (of any shard) or in the spool (a crash's
-  leftovers, a torn last line repaired) are skipped. A corrupt line in a part is an error naming
-  the part's URI and the line. Parts holding another policy's trajectories are refused.
+- **Streaming.** The calling thread appends each finished trajectory to its part in a keyed
+  `SpooledUploader`; a part is sealed and uploaded once it holds all its records (episodes
+  run part by part, so parts complete one after another). When the store is down, parts wait
+  in the local spool (retried with backoff) and upload once it is back. A part whose key
+  another writer already filled with the same records is dropped (theirs stands); other
+  records under the key are a `PartConflict`, never overwritten.
+- **Resume.** Before any episode starts, one snapshot is read with uploads paused: the
+  parts in the store and every part in the spool (sealed, and open ones a crash or an
+  interruption left, a torn last line repaired). Pairs found there are skipped; an open part
+  is completed, not restarted; an open part whose key the store already holds is dropped.
+  A corrupt line in a part is an error naming the part's URI and the line. Parts holding
+  another policy's trajectories are refused. An unreachable store is waited for up to
+  `start_timeout_s`.
 - **Manifests.** At the end each shard writes `<out>/shards/<i>-of-<n>.json` (its parts, counts,
   lineage); the shard that finds all n shard manifests present writes `<out>/manifest.json`
   (a `DatasetManifest` of kind "trajectories": every part with hash, size and rows, the counts,
-  the policy and the lineage). Unsharded, `manifest.json` is written directly.
+  the policy and the lineage). Unsharded, `manifest.json` is written directly. Hashes are
+  the store's (a part a racing writer replaced is read again). `qpa data verify`
+  (`qpa.store.manifest.verify_manifest`) reads every part and names duplicated and missing
+  identities.
 """
 
 from __future__ import annotations
@@ -44,8 +63,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from qpa.api.v1alpha1 import TaskSource, first_error
 from qpa.contract import CorruptLineError, Environment, Policy, Task, Trajectory
@@ -61,6 +86,7 @@ from qpa.harness.planners import Planner
 from qpa.harness.pool import check_remote, env_maker, policy_of, run_episodes
 from qpa.harness.recovery import RecoveringPlanner
 from qpa.store import (
+    ArtifactNotFound,
     ArtifactStore,
     StoreConfig,
     StoreUnavailable,
@@ -71,12 +97,14 @@ from qpa.store.manifest import (
     DatasetManifest,
     Lineage,
     ManifestFile,
+    part_identities,
     write_manifest,
 )
 from qpa.store.spool import SpooledUploader, shard_tag
 
 PARTS = "parts"
 SHARDS = "shards"
+LAYOUT = "layout.json"
 GENERATOR = "qpa.data.collect"
 _REPORT_LOCK = threading.Lock()
 
@@ -122,15 +150,46 @@ def shard_from_env(
 # --------------------------------------------------------------------------- bookkeeping
 
 
+Identity = tuple[str, int, int]  # (task id, sample index, attempt of the batch)
+
+
+def identity_of(trajectory: Trajectory) -> Identity:
+    """A trajectory's identity: (task id, sample, `metadata["attempt"]`, 0 when unset)."""
+    return (trajectory.task.id, trajectory.sample, int(trajectory.metadata.get("attempt", 0)))
+
+
+class CollectLayout(BaseModel):
+    """`<out>/layout.json`: what fixes every trajectory's part, written by the first run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = 1
+    tasks: int = Field(ge=1, description="How many tasks, in the collection's order.")
+    tasks_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="ordered_digest(ids).")
+    tasks_per_part: int = Field(ge=1, description="P: a part holds one sample of P tasks.")
+
+    def part_of(self, position: int, sample: int, attempt: int) -> str:
+        """The part (file name under parts/) of a trajectory: a pure function of its place."""
+        return f"part-a{attempt:02d}-t{position // self.tasks_per_part:05d}-s{sample:04d}.jsonl"
+
+
+def ordered_digest(task_ids: Sequence[str]) -> str:
+    """SHA-256 of the task ids in order (positions decide parts, so order matters)."""
+    digest = hashlib.sha256()
+    for task_id in task_ids:
+        digest.update(task_id.encode() + b"\n")
+    return digest.hexdigest()
+
+
 @dataclass
 class PartSummary:
     """What one part holds: its manifest entry and the episodes in it."""
 
     entry: ManifestFile
-    keys: list[tuple[str, int]] = field(default_factory=list)
+    keys: list[Identity] = field(default_factory=list)
     successes: int = 0
     env_errors: int = 0
-    won: set[tuple[str, int]] = field(default_factory=set)  # the pairs that succeeded
+    won: set[Identity] = field(default_factory=set)  # the pairs that succeeded
 
 
 @dataclass
@@ -165,6 +224,7 @@ class CollectResult:
     shard_manifest_uri: str | None = None
     repaired: list[str] = field(default_factory=list)
     duplicates: int = 0  # pairs found twice among existing parts (left as they are)
+    superseded: list[str] = field(default_factory=list)  # parts another writer had filled
     interrupted: bool = False
     elapsed_s: float = 0.0
     error: str | None = None  # why the spool could not be emptied
@@ -200,10 +260,10 @@ def _summarize(
             where = ".".join(str(p) for p in first.get("loc", ())) or "<line>"
             raise CorruptLineError(uri, number, f"{where}: {first.get('msg')}") from None
         rows += 1
-        summary.keys.append((trajectory.task.id, trajectory.sample))
+        summary.keys.append(identity_of(trajectory))
         summary.successes += trajectory.success
         if trajectory.success:
-            summary.won.add((trajectory.task.id, trajectory.sample))
+            summary.won.add(identity_of(trajectory))
         summary.env_errors += _side(trajectory.error) == "environment"
         if on_record is not None:
             on_record(trajectory)
@@ -211,9 +271,10 @@ def _summarize(
     return summary
 
 
-def _retrying(attempts: int = 6) -> Retrying:
+def _retrying(attempts: int = 6, within_s: float | None = None) -> Retrying:
+    """Retries on `StoreUnavailable`: `attempts` times, or for `within_s` seconds if given."""
     return Retrying(
-        stop=stop_after_attempt(attempts),
+        stop=stop_after_attempt(attempts) if within_s is None else stop_after_delay(within_s),
         wait=wait_exponential(multiplier=0.2, max=3.0),
         retry=retry_if_exception_type(StoreUnavailable),
         reraise=True,
@@ -229,7 +290,7 @@ def _counts(parts: Iterable[PartSummary]) -> dict[str, int]:
         "successes": successes,
         "failures": rows - successes,
         "env_errors": sum(p.env_errors for p in parts),
-        "groups": len({task for p in parts for task, _ in p.keys}),
+        "groups": len({key[0] for p in parts for key in p.keys}),
         "parts": len(parts),
     }
 
@@ -333,7 +394,9 @@ def run_collect(
     store = open_store(config.out, config.store_config)
     spool_root = config.spool_dir if config.spool_dir is not None else default_spool_dir()
     spool = spool_root / f"{hashlib.sha256(store.root_uri.encode()).hexdigest()[:12]}-{tag}"
-    uploader = SpooledUploader(store, PARTS, spool, config.part_size, shard=shard)
+    uploader = SpooledUploader(
+        store, PARTS, spool, config.part_size, shard=shard, keyed=True, same_records=_same_records
+    )
     hooks = _Hooks(on_start, on_episode, stop or threading.Event())
     try:
         return _collect(config, tasks, spec, policy, store, uploader, hooks, started)
@@ -341,11 +404,66 @@ def run_collect(
         uploader.abandon()  # a no-op after a clean close; else the spool keeps what is left
 
 
+def _same_records(existing: bytes, spooled: Path) -> bool:
+    """True when every record of the spooled part is already in the store's copy of its key
+    (a retried shard or a racing uploader put them there): dropping ours loses nothing."""
+    try:
+        theirs = set(part_identities(existing))
+        ours = set(part_identities(spooled.read_bytes()))
+    except ValueError:
+        return False
+    return ours <= theirs
+
+
+def _layout(
+    store: ArtifactStore, tasks: Sequence[Task], config: CollectConfig, within_s: float
+) -> CollectLayout:
+    """The dataset's layout: read it, or write it on the first run; refuse other tasks."""
+    ids = [t.id for t in tasks]
+    digest = ordered_digest(ids)
+    retrying = _retrying(within_s=within_s)
+    try:
+        found: CollectLayout | None = CollectLayout.model_validate_json(
+            retrying(store.get_bytes, LAYOUT)
+        )
+    except ArtifactNotFound:
+        found = None
+    except ValidationError as exc:
+        raise CollectError(f"{store.uri(LAYOUT)}: corrupt layout: {first_error(exc)}") from None
+    if found is None:
+        count = (config.shard or (0, 1))[1]
+        samples = config.samples_per_task
+        # Enough parts that every shard gets one: at most ceil(tasks / ceil(count / samples))
+        per_part = min(config.part_size, -(-len(ids) // -(-count // samples)))
+        found = CollectLayout(tasks=len(ids), tasks_sha256=digest, tasks_per_part=max(1, per_part))
+        # Shards of one batch write the same bytes; the store's copy is the one that holds.
+        retrying(store.put_bytes, LAYOUT, found.model_dump_json(indent=2).encode() + b"\n")
+        found = CollectLayout.model_validate_json(retrying(store.get_bytes, LAYOUT))
+    if found.tasks_sha256 != digest:
+        raise CollectError(
+            f"{store.root_uri} was laid out for another task list ({found.tasks} tasks, "
+            f"tasks_sha256 {found.tasks_sha256[:12]}; these {len(ids)} hash to {digest[:12]}): "
+            "collect them to a fresh --out"
+        )
+    return found
+
+
+@dataclass
+class _Snapshot:
+    """What is already collected, read once (uploads paused) before anything new starts."""
+
+    parts: dict[str, PartSummary]  # store key -> summary
+    done: set[Identity]  # in the store or in the spool
+    won: set[Identity]
+    duplicates: int  # identities found twice among the store's parts
+    ready: set[str]  # sealed spool parts (file names) awaiting upload
+    open: dict[str, set[Identity]]  # open spool parts (file names) and what they hold
+
+
 def _scan(
-    store: ArtifactStore, uploader: SpooledUploader, policy: Policy
-) -> tuple[dict[str, PartSummary], set[tuple[str, int]], set[tuple[str, int]], int]:
-    """Parts already in the store (summarized), every collected pair and the successful ones
-    (store and spool), and how many pairs appear twice."""
+    store: ArtifactStore, uploader: SpooledUploader, policy: Policy, within_s: float
+) -> _Snapshot:
+    """Read the store's parts and the spool's as one snapshot (see the module doc)."""
 
     def check_policy(trajectory: Trajectory) -> None:
         if trajectory.policy != policy:
@@ -355,21 +473,24 @@ def _scan(
                 "use a fresh --out"
             )
 
+    retrying = _retrying(within_s=within_s)
     parts: dict[str, PartSummary] = {}
     with uploader.paused():  # a part uploaded between the two reads would be in neither
-        keys = [k for k in _retrying()(store.list, f"{PARTS}/") if k.endswith(".jsonl")]
+        keys = [k for k in retrying(store.list, f"{PARTS}/") if k.endswith(".jsonl")]
         spooled = list(uploader.iter_spooled_lines())
+        ready = {p.name for p in uploader.pending()}
     for key in keys:
-        data = _retrying()(store.get_bytes, key)
+        data = retrying(store.get_bytes, key)
         parts[key] = _summarize(data, store.uri(key), key, check_policy)
-    done: set[tuple[str, int]] = set()
-    won: set[tuple[str, int]] = set()
+    done: set[Identity] = set()
+    won: set[Identity] = set()
     duplicates = 0
     for summary in parts.values():
         for pair in summary.keys:
             duplicates += pair in done
             done.add(pair)
         won |= summary.won
+    opened: dict[str, set[Identity]] = {}
     for path, number, line in spooled:
         try:
             trajectory = Trajectory.model_validate_json(line)
@@ -378,10 +499,62 @@ def _scan(
             where = ".".join(str(p) for p in first.get("loc", ())) or "<line>"
             raise CorruptLineError(str(path), number, f"{where}: {first.get('msg')}") from None
         check_policy(trajectory)
-        done.add((trajectory.task.id, trajectory.sample))
+        identity = identity_of(trajectory)
+        if path.name not in ready:
+            opened.setdefault(path.name, set()).add(identity)
+        done.add(identity)
         if trajectory.success:
-            won.add((trajectory.task.id, trajectory.sample))
-    return parts, done, won, duplicates
+            won.add(identity)
+    return _Snapshot(parts, done, won, duplicates, ready, opened)
+
+
+@dataclass
+class _Plan:
+    """This run's work: the pairs to run, part by part, and how many each part still needs."""
+
+    mine: list[tuple[Task, int]]  # this shard's pairs
+    own: set[str]  # this shard's part names
+    pending: list[tuple[Task, int]]
+    part_of: dict[Identity, str]
+    remaining: dict[str, int]  # open part -> records it still needs
+    complete: list[str]  # open parts that hold all they need (seal at once)
+    stale: list[str]  # open parts whose key the store already holds (drop)
+
+
+def _plan(
+    tasks: list[Task], layout: CollectLayout, config: CollectConfig, snapshot: _Snapshot
+) -> _Plan:
+    samples, attempt = config.samples_per_task, config.attempt
+    index, count = config.shard or (0, 1)
+    blocks = -(-len(tasks) // layout.tasks_per_part)
+    in_store = {key.rsplit("/", 1)[-1] for key in snapshot.parts}
+    plan = _Plan([], set(), [], {}, {}, [], [])
+    for block in range(blocks):
+        chunk = range(
+            block * layout.tasks_per_part, min(len(tasks), (block + 1) * layout.tasks_per_part)
+        )
+        for sample in range(samples):
+            if (block * samples + sample) % count != index:
+                continue
+            name = layout.part_of(chunk.start, sample, attempt)
+            plan.own.add(name)
+            members = [tasks[position] for position in chunk]
+            plan.mine += [(task, sample) for task in members]
+            if name in in_store:
+                if name in snapshot.open:
+                    plan.stale.append(name)
+                continue
+            if name in snapshot.ready:
+                continue
+            todo = [t for t in members if (t.id, sample, attempt) not in snapshot.done]
+            for task in todo:
+                plan.part_of[(task.id, sample, attempt)] = name
+            plan.pending += [(task, sample) for task in todo]
+            if todo:
+                plan.remaining[name] = len(todo)
+            elif name in snapshot.open:
+                plan.complete.append(name)
+    return plan
 
 
 def _collect(
@@ -397,15 +570,15 @@ def _collect(
     shard = config.shard or (0, 1)
     samples, urls = config.samples_per_task, config.env_url
     index, count = shard
-    tag = shard_tag(shard)
-    existing, done, won, duplicates = _scan(store, uploader, policy)
-    mine = [
-        (task, sample)
-        for position, task in enumerate(tasks)
-        for sample in range(samples)
-        if (position * samples + sample) % count == index
-    ]
-    pending = [(t, s) for t, s in mine if (t.id, s) not in done]
+    layout = _layout(store, tasks, config, config.start_timeout_s)
+    snapshot = _scan(store, uploader, policy, config.start_timeout_s)
+    existing, won, duplicates = snapshot.parts, snapshot.won, snapshot.duplicates
+    plan = _plan(tasks, layout, config, snapshot)
+    for name in plan.stale:
+        uploader.discard(name)
+    for name in plan.complete:
+        uploader.seal(name)
+    mine, pending = plan.mine, plan.pending
     total = len(mine)
     if hooks.on_start is not None:
         hooks.on_start(total, total - len(pending))
@@ -416,15 +589,22 @@ def _collect(
     shard_label = f"{index}/{count}"
 
     def record(trajectory: Trajectory, line: bytes) -> None:
-        part = uploader.append(line)
-        key = join_key(PARTS, part)
+        identity = identity_of(trajectory)
+        name = plan.part_of[identity]
+        uploader.append(line, part=name)
+        plan.remaining[name] -= 1
+        if plan.remaining[name] == 0:
+            uploader.seal(name)
+        key = join_key(PARTS, name)
         summary = new_parts.get(key)
         if summary is None:
             summary = new_parts[key] = PartSummary(
                 ManifestFile(key=key, sha256="0" * 64, size=0, rows=0)
             )
-        summary.keys.append((trajectory.task.id, trajectory.sample))
+        summary.keys.append(identity)
         summary.successes += trajectory.success
+        if trajectory.success:
+            summary.won.add(identity)
         env_error = _side(trajectory.error) == "environment"
         summary.env_errors += env_error
         counters["ran"] += 1
@@ -450,6 +630,7 @@ def _collect(
             spec,
             policy,
             shard_label,
+            config.attempt,
             record,
             concurrency=min(config.concurrency, len(pending)),
             make_env=env_maker(urls, config.env_kind),
@@ -474,7 +655,7 @@ def _collect(
         total=total,
         ran=counters["ran"],
         skipped=total - len(pending),
-        skipped_successes=sum(1 for task, s in mine if (task.id, s) in won),
+        skipped_successes=sum(1 for task, s in mine if (task.id, s, config.attempt) in won),
         successes=counters["successes"],
         env_errors=counters["env_errors"],
         env_retried=counters["env_retried"],
@@ -492,23 +673,30 @@ def _collect(
         result.error = str(exc)
         result.elapsed_s = time.perf_counter() - started
         return result
+    result.superseded = list(uploader.superseded)
 
-    # Parts recovered from the spool were written by an earlier run: summarize them from the
-    # store (they are small, and now uploaded); parts of this run get their final hashes.
+    # Parts recovered from the spool were written by an earlier run, and a part another
+    # writer had filled holds their bytes: summarize those from the store; parts this run
+    # uploaded get their final hashes, checked against the store's (a racing writer's PUT
+    # may have replaced ours with the same records).
     for entry in uploaded:
-        if entry.key in new_parts:
+        if entry.key in new_parts and entry.key not in result.superseded:
             new_parts[entry.key].entry = entry
-        elif entry.key not in existing:
-            data = _retrying()(store.get_bytes, entry.key)
-            existing[entry.key] = _summarize(data, store.uri(entry.key), entry.key)
+            stored = _retrying()(store.stat, entry.key)
+            if stored.sha256 == entry.sha256:
+                continue
+        new_parts.pop(entry.key, None)
+        data = _retrying()(store.get_bytes, entry.key)
+        existing[entry.key] = _summarize(data, store.uri(entry.key), entry.key)
     everything = {**existing, **new_parts}
-    prefix = f"{PARTS}/part-{tag}-"
-    own = {k: v for k, v in sorted(everything.items()) if k.startswith(prefix)}
+    own = {k: v for k, v in sorted(everything.items()) if k.rsplit("/", 1)[-1] in plan.own}
     result.parts = [p.entry for p in own.values()]
 
     task_ids = [t.id for t in tasks]
     lineage_params = {
         "samples": samples,
+        "attempt": config.attempt,
+        "tasks_per_part": layout.tasks_per_part,
         "env": {"kind": "remote" if urls else config.env_kind, "urls": urls},
         "max_turns": config.max_turns,
         "planner": {"name": spec.name, "seed": spec.seed, "noise": spec.noise},
@@ -540,7 +728,7 @@ def _collect(
             "shard": f"{index}/{count}",
             "pairs": total,
             "parts": {k: {"successes": v.successes, "env_errors": v.env_errors,
-                          "groups": sorted({t for t, _ in v.keys})}
+                          "groups": sorted({key[0] for key in v.keys})}
                       for k, v in own.items()},
         },
     )  # fmt: skip
@@ -561,7 +749,7 @@ def _collect(
         write_manifest(store, "", manifest)
         result.manifest_uri = store.uri("manifest.json")
         return _finish(result, started)
-    shard_key = join_key(SHARDS, f"{tag}.json")
+    shard_key = join_key(SHARDS, f"{shard_tag(shard)}.json")
     _retrying()(store.put_bytes, shard_key, shard_manifest.model_dump_json(indent=2).encode())
     result.shard_manifest_uri = store.uri(shard_key)
     merged = _merge_shards(store, count, tasks=len(task_ids), samples=samples)
@@ -595,7 +783,7 @@ def _merge_shards(
             info = details.get(entry.key, {})
             parts[entry.key] = PartSummary(
                 entry,
-                keys=[(g, 0) for g in info.get("groups", [])],
+                keys=[(g, 0, 0) for g in info.get("groups", [])],
                 successes=int(info.get("successes", 0)),
                 env_errors=int(info.get("env_errors", 0)),
             )
@@ -637,6 +825,7 @@ def _execute(
     spec: PlannerSpec,
     policy: Policy,
     shard_label: str,
+    attempt: int,
     record: Callable[[Trajectory, bytes], None],
     *,
     concurrency: int,
@@ -662,6 +851,7 @@ def _execute(
             faults.mark(trajectory)
         trajectory.metadata["group"] = trajectory.task.id
         trajectory.metadata["shard"] = shard_label
+        trajectory.metadata["attempt"] = attempt
         record(trajectory, trajectory.model_dump_json().encode())
 
     return run_episodes(

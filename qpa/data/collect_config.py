@@ -40,6 +40,7 @@ from qpa.store.spool import shard_tag
 DEFAULT_PART_SIZE: Final = 64
 DEFAULT_FLUSH_TIMEOUT_S: Final = 600.0
 DEFAULT_CONCURRENCY: Final = 4
+DEFAULT_START_TIMEOUT_S: Final = 60.0
 DEFAULT_ENV_RETRIES: Final = 5  # with the doubling backoff: ~25 s for a server to come back
 
 
@@ -119,6 +120,19 @@ class CollectConfig(BaseModel):
         default=DEFAULT_FLUSH_TIMEOUT_S, ge=0, description="Seconds to wait for the store."
     )
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1, description="Turn budget.")
+    attempt: int = Field(
+        default=0,
+        ge=0,
+        le=99,
+        description="Attempt of the batch: part of every trajectory's identity (task, sample, "
+        "attempt), so a deliberate second attempt at the same pairs gets its own parts while a "
+        "rerun or a retried shard of one attempt never writes a pair twice.",
+    )
+    start_timeout_s: float = Field(
+        default=DEFAULT_START_TIMEOUT_S,
+        ge=0,
+        description="Seconds the resume scan waits for an unreachable store before giving up.",
+    )
     env_retries: int = Field(
         default=DEFAULT_ENV_RETRIES,
         ge=0,

@@ -4,7 +4,10 @@ Every dataset under a store prefix has `<prefix>/manifest.json`: a `DatasetManif
 dataset's files (keys relative to the prefix, SHA-256, size, rows), its lineage (which tasks,
 which policy, which generator, parent dataset URIs, parameters), mixture weights, the reasons
 for curation decisions and the human review state. `verify_manifest` downloads every file again
-and recomputes its hash, size and row count.
+and recomputes its hash, size and row count; for a collection (kind "trajectories" written by
+`qpa.data.collect`) it also reads every record's identity (task id, sample, attempt) and
+`audit_trajectories` names identities found more than once, identities the lineage expects
+that no part holds, and parts in the store that the manifest does not list.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qpa.store.base import (
@@ -29,6 +33,7 @@ from qpa.store.base import (
 
 MANIFEST_NAME = "manifest.json"
 KNOWN_KINDS = ("trajectories", "tasks", "sft", "rl", "mixture", "checkpoint", "report")
+COLLECTOR = "qpa.data.collect"
 LISTED_TASKS_MAX = 10_000  # beyond this, lineage keeps only the count and hash of the task ids
 _IN_MEMORY_MAX = 16 * 1024 * 1024
 
@@ -164,7 +169,9 @@ def verify_manifest(store: ArtifactStore, prefix: str = "") -> list[str]:
     """Re-read every file the manifest lists and recompute it; the problems found, or [].
 
     Checks SHA-256, size and (where recorded) the number of non-blank lines. A missing file,
-    or one whose stored hash metadata disagrees with its bytes, is a problem too.
+    or one whose stored hash metadata disagrees with its bytes, is a problem too. For a
+    collection, `audit_trajectories` adds each duplicated identity (with its parts and lines),
+    each missing one and each part the manifest does not list.
     """
     manifest = read_manifest(store, prefix)
     problems: list[str] = []
@@ -185,4 +192,132 @@ def verify_manifest(store: ArtifactStore, prefix: str = "") -> list[str]:
             problems.append(f"{uri}: size {size} != manifest {entry.size}")
         if entry.rows is not None and rows != entry.rows:
             problems.append(f"{uri}: {rows} rows != manifest {entry.rows}")
+    if manifest.kind == "trajectories" and manifest.extra.get("collector") == COLLECTOR:
+        audit = audit_trajectories(store, prefix, manifest)
+        problems += audit.problems(store.uri(manifest_key(prefix)))
     return problems
+
+
+Identity = tuple[str, int, int]  # (task id, sample index, attempt of the batch)
+
+
+def part_identities(data: bytes) -> list[Identity]:
+    """The identity of every record of a JSONL part of trajectories, in order.
+
+    A line that is not a JSON object with `task.id` raises ValueError naming its line number.
+    """
+    found: list[Identity] = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = orjson.loads(line)
+            meta = record.get("metadata") or {}
+            found.append(
+                (
+                    str(record["task"]["id"]),
+                    int(record.get("sample", 0)),
+                    int(meta.get("attempt", 0)),
+                )
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"line {number}: not a trajectory (no task.id)") from None
+    return found
+
+
+def _label(identity: Identity) -> str:
+    task, sample, attempt = identity
+    return f"{task} sample {sample} attempt {attempt}"
+
+
+class TrajectoryAudit(_Model):
+    """Every record of a collection, counted by identity (`audit_trajectories`)."""
+
+    expected: int | None = Field(
+        default=None, description="Identities the lineage names (tasks x samples), if it can."
+    )
+    rows: int = Field(default=0, ge=0, description="Records in the parts read.")
+    distinct: int = Field(default=0, ge=0, description="Distinct identities among them.")
+    duplicated: dict[str, list[str]] = Field(
+        default_factory=dict, description="Identity -> every 'part:line' holding it (2 or more)."
+    )
+    missing: list[str] = Field(default_factory=list, description="Expected, in no part.")
+    unlisted: list[str] = Field(
+        default_factory=list, description="Parts in the store the manifest does not list."
+    )
+    unreadable: list[str] = Field(default_factory=list, description="Parts that could not be read.")
+
+    @property
+    def duplicates(self) -> int:
+        """Records beyond the first of each identity."""
+        return sum(len(where) - 1 for where in self.duplicated.values())
+
+    @property
+    def lost(self) -> int:
+        return len(self.missing)
+
+    def problems(self, uri: str) -> list[str]:
+        """One line per finding, naming identities and parts (at most 20 of each kind)."""
+        lines = [
+            f"{uri}: {key} appears {len(where)} times: {', '.join(where)}"
+            for key, where in list(self.duplicated.items())[:20]
+        ]
+        if len(self.duplicated) > 20:
+            lines.append(f"{uri}: ... {len(self.duplicated) - 20} more duplicated identities")
+        lines += [f"{uri}: {m} is missing" for m in self.missing[:20]]
+        if len(self.missing) > 20:
+            lines.append(f"{uri}: ... {len(self.missing) - 20} more missing identities")
+        lines += [f"{uri}: part {k} is in the store but not in the manifest" for k in self.unlisted]
+        lines += [f"{uri}: {k}" for k in self.unreadable]
+        if self.expected is not None and not self.missing and self.distinct < self.expected:
+            lines.append(f"{uri}: {self.distinct} identities, {self.expected} expected")
+        return lines
+
+
+def _expected(manifest: DatasetManifest) -> set[Identity] | None:
+    """tasks x samples x the attempt, from the lineage (None when the ids are not listed)."""
+    lineage = manifest.lineage
+    samples = manifest.counts.get("samples")
+    if samples is None or len(lineage.tasks) != lineage.task_count:
+        return None
+    attempt = int(lineage.params.get("attempt", 0))
+    return {(task, sample, attempt) for task in lineage.tasks for sample in range(samples)}
+
+
+def audit_trajectories(
+    store: ArtifactStore,
+    prefix: str = "",
+    manifest: DatasetManifest | None = None,
+    parts_prefix: str = "parts/",
+) -> TrajectoryAudit:
+    """Read every part the manifest lists and every `.jsonl` under `<prefix>/<parts_prefix>`,
+    and count records by identity: duplicated ones (with every part and line), expected ones
+    missing (when the lineage lists its tasks), parts the manifest does not list."""
+    manifest = manifest if manifest is not None else read_manifest(store, prefix)
+    listed = [f.key for f in manifest.files]
+    in_store = [
+        k[len(prefix) :].lstrip("/") if prefix else k
+        for k in store.list(join_key(prefix, parts_prefix) if prefix else parts_prefix)
+        if k.endswith(".jsonl")
+    ]
+    audit = TrajectoryAudit(unlisted=sorted(set(in_store) - set(listed)))
+    where: dict[Identity, list[str]] = {}
+    for key in sorted(set(listed) | set(in_store)):
+        try:
+            data = store.get_bytes(join_key(prefix, key))
+            identities = part_identities(data)
+        except ArtifactNotFound:
+            continue  # verify_manifest reports a listed part that is gone
+        except (StoreError, ValueError) as exc:
+            audit.unreadable.append(f"{key}: {exc}")
+            continue
+        for number, identity in enumerate(identities, start=1):
+            where.setdefault(identity, []).append(f"{key}:{number}")
+        audit.rows += len(identities)
+    audit.distinct = len(where)
+    audit.duplicated = {_label(k): v for k, v in sorted(where.items()) if len(v) > 1}
+    expected = _expected(manifest)
+    if expected is not None:
+        audit.expected = len(expected)
+        audit.missing = [_label(k) for k in sorted(expected - set(where))]
+    return audit

@@ -22,17 +22,26 @@
 - **Recovery.** Opening a spool that a crashed process left behind repairs its open part (a
   last line cut short is dropped; any other corrupt line is an error naming the line), seals
   it, and uploads everything pending. One process holds a spool at a time (a file lock).
+- **Named parts** (`keyed=True`, what collection uses for exactly-once placement): the caller
+  names the part each line goes to (`append(line, part="a00-t00003-s0001.jsonl")`: a pure
+  function of the record's identity) and seals it when it holds every record it should.
+  Several named parts can be open at once; a crash leaves them open, and the next process
+  repairs them and keeps them open (`open_parts()`) to be completed, never seals a partial
+  one. When the store already holds the key with other bytes, `same_records(existing, path)`
+  decides: True (the other writer put the same records there: a retried shard, a racing
+  uploader) drops the spooled copy and keeps the store's; False is a `PartConflict`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -60,6 +69,7 @@ from qpa.store.file import atomic_write_bytes
 from qpa.store.manifest import ManifestFile
 from qpa.store.metrics import SPOOL_PARTS, SPOOL_UPLOADS
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.jsonl")
 DEFAULT_PART_SIZE = 256
 DEFAULT_PART_BYTES = 64 * 1024 * 1024
 
@@ -138,6 +148,8 @@ class SpooledUploader:
         attempts: int = 4,
         backoff_s: float = 0.2,
         max_backoff_s: float = 2.0,
+        keyed: bool = False,
+        same_records: Callable[[bytes, Path], bool] | None = None,
     ) -> None:
         if part_size < 1 or part_bytes < 1:
             raise ValueError("part_size and part_bytes must be positive")
@@ -155,6 +167,9 @@ class SpooledUploader:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.keyed = keyed
+        self.same_records = same_records
+        self.superseded: list[str] = []  # keys another writer had already filled (ours dropped)
         self.uploaded: list[ManifestFile] = []  # parts this uploader put (or found) in the store
         self.repaired: list[str] = []  # messages about parts repaired after a crash
         self.failures = 0  # upload passes that left parts in the spool
@@ -163,6 +178,7 @@ class SpooledUploader:
         self._ready_dir = self.spool_dir / "ready"
         self._stream: IO[bytes] | None = None
         self._open_path: Path | None = None
+        self._named: dict[str, IO[bytes]] = {}  # keyed mode: open part name -> its stream
         self._rows = 0
         self._bytes = 0
         self._lock = threading.Lock()  # uploaded / last_error / the upload pass
@@ -180,7 +196,7 @@ class SpooledUploader:
         self._acquire()
         try:
             self._recover()
-            self._seq = self._next_sequence()
+            self._seq = 0 if keyed else self._next_sequence()
         except BaseException:
             self._release()
             raise
@@ -208,7 +224,8 @@ class SpooledUploader:
             self._lock_file = None
 
     def _recover(self) -> None:
-        """Seal parts a previous process left open (repairing a torn last line)."""
+        """Repair parts a previous process left open (a torn last line); seal them, unless
+        named (keyed mode: a partial named part stays open to be completed)."""
         for path in sorted(self._open_dir.glob("*.jsonl")):
             rows, repaired = repair_part(path)
             if repaired:
@@ -216,7 +233,8 @@ class SpooledUploader:
             if rows == 0:
                 path.unlink()
                 continue
-            os.replace(path, self._ready_dir / path.name)
+            if not self.keyed:
+                os.replace(path, self._ready_dir / path.name)
         for stray in self._open_dir.iterdir():  # temp files of an interrupted repair
             if stray.is_file() and not stray.name.endswith(".jsonl"):
                 stray.unlink()
@@ -245,20 +263,17 @@ class SpooledUploader:
         return retrying(fn)
 
     # ------------------------------------------------------------------ writing
-    def append(self, record: BaseModel | str | bytes) -> str:
+    def append(self, record: BaseModel | str | bytes, part: str | None = None) -> str:
         """Add one JSON line (a model is serialized); seals and queues the part when full.
 
-        Returns the name of the part the line went into (its key is `<prefix>/<name>`).
+        Returns the name of the part the line went into (its key is `<prefix>/<name>`). In
+        keyed mode `part` names it (and the caller seals it: `seal(part)`).
         """
-        if isinstance(record, BaseModel):
-            line = record.model_dump_json().encode()
-        elif isinstance(record, str):
-            line = record.encode()
-        else:
-            line = bytes(record)
-        line = line.rstrip(b"\n")
-        if b"\n" in line:
-            raise ValueError("a record must be one line")
+        if self.keyed:
+            return self._append_named(self._line(record), part)
+        if part is not None:
+            raise ValueError("part names are for a keyed uploader (keyed=True)")
+        line = self._line(record)
         if self._stream is None:
             self._open_path = self._open_dir / part_name(self.tag, self._seq)
             self._stream = open(self._open_path, "ab")  # noqa: SIM115 (closed when sealed)
@@ -271,8 +286,48 @@ class SpooledUploader:
             self.seal()
         return name
 
-    def seal(self) -> Path | None:
-        """Close the open part and queue it for upload; returns its spool path (None: empty)."""
+    @staticmethod
+    def _line(record: BaseModel | str | bytes) -> bytes:
+        if isinstance(record, BaseModel):
+            line = record.model_dump_json().encode()
+        elif isinstance(record, str):
+            line = record.encode()
+        else:
+            line = bytes(record)
+        line = line.rstrip(b"\n")
+        if b"\n" in line:
+            raise ValueError("a record must be one line")
+        return line
+
+    def _append_named(self, line: bytes, part: str | None) -> str:
+        if part is None or not _NAME.fullmatch(part):
+            raise ValueError(f"part: need a file name like part-1.jsonl, not {part!r}")
+        if (self._ready_dir / part).exists():
+            raise ValueError(f"part {part} is sealed: it takes no more lines")
+        stream = self._named.get(part)
+        if stream is None:
+            stream = self._named[part] = open(self._open_dir / part, "ab")  # noqa: SIM115
+        stream.write(line + b"\n")
+        stream.flush()
+        return part
+
+    def open_parts(self) -> list[Path]:
+        """Keyed mode: the named parts not sealed yet (this process's and a crash's)."""
+        return sorted(self._open_dir.glob("*.jsonl"))
+
+    def discard(self, part: str) -> None:
+        """Keyed mode: drop an open named part (the store already holds its key, complete)."""
+        stream = self._named.pop(part, None)
+        if stream is not None:
+            stream.close()
+        with contextlib.suppress(FileNotFoundError):
+            (self._open_dir / part).unlink()
+
+    def seal(self, part: str | None = None) -> Path | None:
+        """Close the open part (keyed mode: the named `part`) and queue it for upload;
+        returns its spool path (None: nothing was open)."""
+        if self.keyed:
+            return self._seal_named(part) if part is not None else None
         if self._stream is None or self._open_path is None:
             return None
         self._stream.flush()
@@ -288,14 +343,32 @@ class SpooledUploader:
         self._kick()
         return ready
 
+    def _seal_named(self, part: str) -> Path | None:
+        stream = self._named.pop(part, None)
+        path = self._open_dir / part
+        if stream is not None:
+            stream.flush()
+            if self.durable:
+                os.fsync(stream.fileno())
+            stream.close()
+        if not path.exists():
+            return None
+        ready = self._ready_dir / part
+        os.replace(path, ready)
+        SPOOL_PARTS.labels("pending").inc()
+        self._kick()
+        return ready
+
     # ------------------------------------------------------------------ inspection
     def pending(self) -> list[Path]:
         """Sealed parts not yet in the store, oldest first."""
         return sorted(self._ready_dir.glob("*.jsonl"))
 
     def spooled_parts(self) -> list[Path]:
-        """Every part in the spool: sealed ones and the open one."""
+        """Every part in the spool: sealed ones and the open one(s)."""
         parts = self.pending()
+        if self.keyed:
+            return parts + self.open_parts()
         if self._open_path is not None and self._open_path.exists():
             parts.append(self._open_path)
         return parts
@@ -312,6 +385,8 @@ class SpooledUploader:
         """(part, 1-based line number, line) of every record still in the spool."""
         if self._stream is not None:
             self._stream.flush()
+        for stream in self._named.values():
+            stream.flush()
         for path in self.spooled_parts():
             with open(path, "rb") as stream:
                 for number, line in enumerate(stream, start=1):
@@ -335,6 +410,17 @@ class SpooledUploader:
         if present is not None and present.sha256 == sha:
             SPOOL_UPLOADS.labels("already_present").inc()
             return ManifestFile(key=key, sha256=sha, size=size, rows=rows)
+        if present is not None and self.same_records is not None:
+            existing = self.store.get_bytes(key)
+            if self.same_records(existing, path):  # another writer put these records there
+                SPOOL_UPLOADS.labels("superseded").inc()
+                self.superseded.append(key)
+                return ManifestFile(
+                    key=key,
+                    sha256=present.sha256 or hashlib.sha256(existing).hexdigest(),
+                    size=len(existing),
+                    rows=sum(1 for line in existing.split(b"\n") if line.strip()),
+                )
         if present is not None:
             SPOOL_UPLOADS.labels("conflict").inc()
             raise PartConflict(
@@ -438,6 +524,9 @@ class SpooledUploader:
         """Stop without waiting for uploads: whatever is spooled stays for the next process."""
         if self._stream is not None:
             self.seal()
+        for stream in self._named.values():  # keyed: partial parts stay open in the spool
+            stream.close()
+        self._named.clear()
         with self._wake:
             self._stopping = True
             self._stop_event.set()

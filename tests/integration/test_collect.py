@@ -93,7 +93,9 @@ def test_local_collection_groups_parts_manifest_and_resume(tmp_path: Path) -> No
         part_size=5, on_episode=lambda progress, _: seen.append(progress),
     )  # fmt: skip
     assert result.complete and result.ran == 36 == result.total and result.successes == 36
-    assert len(result.parts) == 8 and [p.rows for p in result.parts][-1] == 1
+    # Sample s of 5 consecutive tasks per part: tasks 0-4, 5-9, 10-11 x 3 samples.
+    assert [p.rows for p in result.parts] == [5] * 6 + [2] * 3
+    assert result.parts[0].key == "parts/part-a00-t00000-s0000.jsonl"
     assert seen[-1].done == 36 and result.manifest_uri == (tmp_path / "out/manifest.json").as_uri()
     check_dataset(out, TASKS, 3)
     assert {t.metadata["shard"] for t in read_collected(out)} == {"0/1"}
@@ -136,13 +138,14 @@ def test_shards_cover_every_pair_exactly_once(seaweed: SeaweedS3, tmp_path: Path
                 spool_dir=tmp_path / "spool", part_size=3, concurrency=2,
             )
         )  # fmt: skip
-    assert [r.total for r in results] == [8, 8, 8]
+    # 4 blocks of 3 tasks x 2 samples = 8 parts, part q = block * 2 + sample to shard q % 3
+    assert [r.total for r in results] == [9, 9, 6]
     assert [r.manifest_uri is not None for r in results] == [False, False, True]
     check_dataset(out, TASKS, 2, config)
     shard_of = {(t.task.id, t.sample): t.metadata["shard"] for t in read_collected(out, config)}
     for position, task in enumerate(TASKS):
         for sample in range(2):
-            assert shard_of[(task.id, sample)] == f"{(position * 2 + sample) % 3}/3"
+            assert shard_of[(task.id, sample)] == f"{((position // 3) * 2 + sample) % 3}/3"
     assert parse_shard("2/3") == (2, 3)
     assert shard_from_env(None, {"JOB_COMPLETION_INDEX": "4", "QPA_SHARD_COUNT": "5"}) == (4, 5)
     for bad in ("3/3", "x", "1/0"):
@@ -166,11 +169,11 @@ def test_resume_after_a_crash_that_tore_the_spool(tmp_path: Path) -> None:
             TASKS, ORACLE, samples_per_task=2, out=out, spool_dir=spool, part_size=100,
             concurrency=2, on_episode=crash_after_7,
         )  # fmt: skip
-    # The process died mid-write: its part is still open, its last line cut short.
-    (part,) = spool.glob("*/ready/*.jsonl")
-    torn = part.parent.parent / "open" / part.name
-    torn.write_bytes(part.read_bytes() + b'{"id": "cut-short", "task": {"id')
-    part.unlink()
+    # The process died mid-write: its part (sample 0 of the 12 tasks) is still open, 7 records
+    # in it, and its last line cut short.
+    (torn,) = spool.glob("*/open/*.jsonl")
+    assert not list(spool.glob("*/ready/*.jsonl"))
+    torn.write_bytes(torn.read_bytes() + b'{"id": "cut-short", "task": {"id')
     result = collect(TASKS, ORACLE, samples_per_task=2, out=out, spool_dir=spool, part_size=100)
     assert result.repaired and "cut short" in result.repaired[0]
     assert result.skipped == 7 and result.ran == 17 and result.complete
