@@ -10,13 +10,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 Capability = Literal["tool_use", "memory", "skills", "subagent"]
 CAPABILITIES: tuple[Capability, ...] = ("tool_use", "memory", "skills", "subagent")
 Split = Literal["train", "validation", "test"]
 SPLITS: tuple[Split, ...] = ("train", "validation", "test")
-EnvKind = Literal["sandbox", "llm_sim", "device"]
+EnvKind = Literal["sandbox", "llm_sim", "device", "mcp"]
 SideEffect = Literal["read", "write", "payment"]
 ErrorKind = Literal[
     "unknown_tool",
@@ -30,6 +38,8 @@ ErrorKind = Literal[
 Evidence = Literal["stated", "confirmed", "observed", "inferred"]
 Fidelity = Literal["programmatic", "llm_judged", "device"]
 CollateralChange = Literal["created", "modified", "deleted"]
+WorldProfile = Literal["default", "phone"]
+WORLD_PROFILES: tuple[WorldProfile, ...] = ("default", "phone")
 
 
 class _Model(BaseModel):
@@ -111,6 +121,17 @@ class Task(_Model):
     source: str = "template"
     template: str | None = None
     lineage: dict[str, Any] = Field(default_factory=dict)
+    # How full the phone is: "default" is the task's own world; "phone" fills every app at a
+    # real phone's sizes from the task's seed (qpa.envs.sandbox.profiles). Left out of the
+    # serialised form when default, so existing tasks' JSON and hashes are unchanged.
+    world_profile: WorldProfile = "default"
+
+    @model_serializer(mode="wrap")
+    def _drop_default_profile(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("world_profile") == "default":
+            data.pop("world_profile")
+        return data
 
     @field_validator("capabilities")
     @classmethod

@@ -34,11 +34,19 @@ def _device(**options: Any) -> Environment:
     return env
 
 
+def _mcp(**options: Any) -> Environment:
+    from qpa.envs.mcp import McpEnv
+
+    env: Environment = McpEnv(**options)
+    return env
+
+
 # kind -> loader.
 _LOADERS: dict[str, Callable[..., Environment]] = {
     "sandbox": _sandbox,
     "llm_sim": _llm_sim,
     "device": _device,
+    "mcp": _mcp,
 }
 
 
