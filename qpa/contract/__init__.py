@@ -15,6 +15,7 @@ from qpa.contract.models import (
     ACTION_ADAPTER,
     CAPABILITIES,
     SPLITS,
+    WORLD_PROFILES,
     Action,
     Capability,
     Check,
@@ -44,12 +45,14 @@ from qpa.contract.models import (
     UserProfile,
     Verification,
     VerifierSpec,
+    WorldProfile,
 )
 
 __all__ = [
     "ACTION_ADAPTER",
     "CAPABILITIES",
     "SPLITS",
+    "WORLD_PROFILES",
     "Action",
     "Capability",
     "Check",
@@ -81,6 +84,7 @@ __all__ = [
     "UserProfile",
     "Verification",
     "VerifierSpec",
+    "WorldProfile",
     "iter_models",
     "read_models",
     "read_tasks",

@@ -124,6 +124,8 @@ def _keys(rows: list[Any]) -> list[str]:
 
 
 def _list_changes(app: str, name: str, before: list[Any], after: list[Any]) -> list[Change]:
+    if all(_has_id(r) for r in before) and all(_has_id(r) for r in after):
+        return _id_list_changes(app, name, before, after)
     old_keys, new_keys = _keys(before), _keys(after)
     old = dict(zip(old_keys, before, strict=True))
     new = dict(zip(new_keys, after, strict=True))
@@ -162,8 +164,34 @@ def _list_changes(app: str, name: str, before: list[Any], after: list[Any]) -> l
     return out
 
 
+def _id_list_changes(app: str, name: str, before: list[Any], after: list[Any]) -> list[Change]:
+    """`_list_changes` for lists whose records all have ids, in the size of the change: records
+    that are the same object before and after (copy-on-write shares what a call left alone)
+    are not compared field by field."""
+    same = {id(r) for r in before}.intersection(id(r) for r in after)
+    old_keys, new_keys = _keys(before), _keys(after)
+    new = {k: r for k, r in zip(new_keys, after, strict=True) if id(r) not in same}
+    old = {k: r for k, r in zip(old_keys, before, strict=True) if id(r) not in same}
+    out: list[Change] = []
+    new_set = set(new_keys)
+    old_set = set(old_keys)
+    for key, row in old.items():
+        if key not in new_set:
+            out.append(Change(app, name, key, None, "deleted", row, None))
+        elif key in new and new[key] != row:
+            out.append(Change(app, name, key, None, "modified", row, new[key]))
+    for key, row in new.items():
+        if key not in old_set:
+            out.append(Change(app, name, key, None, "created", None, row))
+    kept_old = [k for k in old_keys if k in new_set]
+    kept_new = [k for k in new_keys if k in old_set]
+    if kept_old != kept_new:
+        out.append(Change(app, name, None, ORDER, "modified", kept_old, kept_new))
+    return out
+
+
 def _collection_changes(app: str, name: str, before: Any, after: Any) -> list[Change]:
-    if before == after:
+    if before is after or before == after:
         return []
     if isinstance(before, list) or isinstance(after, list):
         return _list_changes(
@@ -222,10 +250,11 @@ Replay = Callable[[int, dict[str, Any]], "dict[str, Any] | None"]
 
 @dataclass
 class WrittenCall:
-    """One state-changing call that changed something: the state before it and what changed."""
+    """One state-changing call that changed something: the session's overlay before it (its
+    frozen values are shared, so keeping it costs a dict per changed app) and what changed."""
 
     tool: str
-    before: bytes
+    version: dict[str, dict[str, Any]]
     units: set[Unit]
 
 
@@ -236,14 +265,21 @@ class WriteLog:
     calls: list[WrittenCall] = field(default_factory=list)
     by_unit: dict[Unit, list[int]] = field(default_factory=dict)
 
-    def record(self, tool: str, before: bytes, after: bytes) -> bool:
-        """Log one call given the state's snapshots around it; False (and nothing logged) when
-        they are equal."""
-        if before == after:
+    def record(
+        self,
+        tool: str,
+        version: dict[str, dict[str, Any]],
+        before: dict[str, Any],
+        after: dict[str, Any],
+    ) -> bool:
+        """Log one call given the collections it touched before and after it (`{app:
+        {collection: value}}`) and the overlay before it; False (nothing logged) when it
+        changed nothing."""
+        made = changes(before, after)
+        if not made:
             return False
-        made = changes(orjson.loads(before), orjson.loads(after))
         index = len(self.calls)
-        self.calls.append(WrittenCall(tool, before, {c.unit for c in made}))
+        self.calls.append(WrittenCall(tool, version, {c.unit for c in made}))
         for c in made:
             self.by_unit.setdefault(c.unit, []).append(index)
         return True
@@ -369,6 +405,14 @@ def _undo(state: dict[str, Any], initial: dict[str, Any], c: Change) -> None:
         rows.append(orjson.loads(snapshot(original)))
 
 
+def _shallow(value: Any) -> Any:
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
 def _show(value: Any, limit: int = 100) -> str:
     text = _content_key(value) if value is not None else "null"
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -429,7 +473,11 @@ def find_collateral(
         for j in asked_calls:
             if j <= first:
                 continue
-            state = orjson.loads(log.calls[j].before)
+            # The one collection as it was before call j, with change `c` undone.
+            was = log.calls[j].version.get(c.app, {}).get(c.collection, _MISSING)
+            if was is _MISSING:
+                was = _get(initial, c.app, c.collection)
+            state = {c.app: {c.collection: _shallow(was)}}
             _undo(state, initial, c)
             if replay(j, state) is None:
                 return True

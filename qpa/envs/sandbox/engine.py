@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import typing
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Any, ClassVar, TypeVar
@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from qpa.contract import ErrorKind, SideEffect, ToolSpec, UserProfile
+from qpa.envs.sandbox.cow import MISSING, CallScope, FrozenDict, FrozenList, Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -122,10 +123,23 @@ def confirmation_code(seed: str) -> str:
 
 
 class World:
-    """The phone: a clock, the user, deterministic id counters and the apps' state."""
+    """The phone: a clock, the user, deterministic id counters and the apps' state.
 
-    def __init__(self, state: dict[str, dict[str, Any]], user: UserProfile, start: datetime):
-        self.state = state
+    Either over a plain `state` dict (apps mutate it in place: tests, authoring) or over a
+    copy-on-write `Store` (the environment's way: a shared frozen base and this session's
+    overlay; tools then run inside a `CallScope`, see `qpa.envs.sandbox.cow`)."""
+
+    def __init__(
+        self,
+        state: dict[str, dict[str, Any]] | None,
+        user: UserProfile,
+        start: datetime,
+        *,
+        store: Store | None = None,
+    ):
+        self.state: dict[str, dict[str, Any]] = state if state is not None else {}
+        self.store = store
+        self.scope: CallScope | None = None
         self.user = user
         self.now = start
         self._counters: dict[str, int] = {}
@@ -141,6 +155,92 @@ class World:
 
     def iso_now(self) -> str:
         return self.now.isoformat(timespec="minutes")
+
+
+class AppState(dict[str, Any]):
+    """One app's state over a copy-on-write `Store`, as the dict apps expect: reads see the
+    call's scratch, then the session's overlay, then the shared base; writes go to the call's
+    scratch (`CallScope`). It holds nothing itself."""
+
+    __slots__ = ("_app", "_world")
+
+    def __init__(self, world: World, app: str) -> None:
+        super().__init__()
+        self._world = world
+        self._app = app
+
+    def _get(self, key: str) -> Any:
+        world = self._world
+        if world.scope is not None:
+            return world.scope.lookup(self._app, key)
+        assert world.store is not None
+        return world.store.get(self._app, key)
+
+    def _scope(self) -> CallScope:
+        scope = self._world.scope
+        if scope is None:
+            raise RuntimeError("sandbox state changes only inside a tool call")
+        return scope
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._get(key)
+        if value is MISSING:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._get(key)
+        return default if value is MISSING else value
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._get(key) is not MISSING
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        value = self._get(key)
+        if value is MISSING:
+            self._scope().assign(self._app, key, default)
+            return default
+        return value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._scope().assign(self._app, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if self._get(key) is MISSING:
+            raise KeyError(key)
+        self._scope().assign(self._app, key, Store.DELETED)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        value = self._get(key)
+        if value is MISSING:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        self._scope().assign(self._app, key, Store.DELETED)
+        return value
+
+    def _names(self) -> list[str]:
+        assert self._world.store is not None
+        names = self._world.store.collections(self._app)
+        scope = self._world.scope
+        if scope is not None:
+            names = list(dict.fromkeys([*names, *(c for a, c in scope.scratch if a == self._app)]))
+        return [n for n in names if self._get(n) is not MISSING]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def keys(self) -> list[str]:  # type: ignore[override]
+        return self._names()
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return [self[n] for n in self._names()]
+
+    def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
+        return [(n, self[n]) for n in self._names()]
 
 
 @dataclass(frozen=True)
@@ -171,7 +271,10 @@ class App:
 
     def __init__(self, world: World) -> None:
         self.world = world
-        self.state: dict[str, Any] = world.state.setdefault(self.name, {})
+        if world.store is not None:  # copy-on-write: the defaults are in the base already
+            self.state: dict[str, Any] = AppState(world, self.name)
+            return
+        self.state = world.state.setdefault(self.name, {})
         for key, value in self.default_state().items():
             self.state.setdefault(key, value)
 
@@ -194,27 +297,63 @@ class App:
         rows: list[dict[str, Any]] = self.state.setdefault(collection, [])
         return rows
 
+    def _position(self, collection: str, rows: list[dict[str, Any]], record_id: Any) -> int | None:
+        """Where the record with this id sits in `rows`, by the frozen list's index when the
+        rows are (or were copied from) a committed list, else by a scan."""
+        committed = rows
+        if type(rows) is not FrozenList and self.world.store is not None:
+            committed = self.world.store.get(self.name, collection)
+        if type(committed) is FrozenList:
+            at = committed.position(record_id)
+            if at is not None and at < len(rows) and rows[at] is committed[at]:
+                return at
+            if rows is committed:
+                return None
+        for i, record in enumerate(rows):
+            if record.get("id") == record_id:
+                return i
+        return None
+
+    def _record_for_call(self, collection: str, position: int) -> dict[str, Any]:
+        """Record `position`, mutable when the current call may change state."""
+        scope = self.world.scope
+        rows = self.records(collection)
+        if scope is not None and scope.writes and type(rows[position]) is FrozenDict:
+            record: dict[str, Any] = scope.thaw_record(self.name, collection, position)
+            return record
+        return rows[position]
+
     def find(self, collection: str, record_id: str, *, what: str | None = None) -> dict[str, Any]:
         """The record with this id, or a precondition failure naming what was not found."""
-        for record in self.records(collection):
-            if record.get("id") == record_id:
-                return record
-        raise fail(f"{what or collection.rstrip('s')} '{record_id}' not found")
+        at = self._position(collection, self.records(collection), record_id)
+        if at is None:
+            raise fail(f"{what or collection.rstrip('s')} '{record_id}' not found")
+        return self._record_for_call(collection, at)
 
     def first(self, collection: str, **equal: Any) -> dict[str, Any] | None:
         """The first record whose fields equal the given values, or None."""
-        for record in self.records(collection):
-            if all(record.get(k) == v for k, v in equal.items()):
-                return record
+        for at in self._matching(collection, equal):
+            return self._record_for_call(collection, at)
         return None
 
     def select(self, collection: str, **equal: Any) -> list[dict[str, Any]]:
         """The records whose fields equal the given values; a None value does not filter
         (optional filter arguments of list tools pass straight through)."""
         wanted = {key: value for key, value in equal.items() if value is not None}
-        return [
-            r for r in self.records(collection) if all(r.get(k) == v for k, v in wanted.items())
-        ]
+        rows = self.records(collection)
+        return [rows[at] for at in self._matching(collection, wanted)]
+
+    def _matching(self, collection: str, equal: dict[str, Any]) -> list[int]:
+        rows = self.records(collection)
+        if not equal:
+            return list(range(len(rows)))
+        field, value = next(iter(equal.items()))
+        if type(rows) is FrozenList and value is not None:  # None also matches a missing field
+            found = rows.positions(field, value)
+            if found is not None:
+                rest = list(equal.items())[1:]
+                return [i for i in found if all(rows[i].get(k) == v for k, v in rest)]
+        return [i for i, r in enumerate(rows) if all(r.get(k) == v for k, v in equal.items())]
 
 
 _ARGS_CONFIG = ConfigDict(extra="forbid")

@@ -1,13 +1,21 @@
 """`SandboxEnv`: the programmatic sandbox behind the `Environment` protocol.
 
-State is rebuilt on every reset from the task's `world` (a JSON document), so an episode is a
-pure function of (task, seed, actions): replaying a trajectory's actions on a fresh environment
-gives the same feedback byte for byte. Tool results are detached copies of state (JSON
-round-trip), so nothing outside can mutate the phone.
+A task's world (its `world` document, filled out to its `world_profile`, with the apps'
+defaults) is built once and frozen into a base shared by every session and every reset
+(`base_for`, cached by content); a session keeps only its own changes, copy-on-write
+(`qpa.envs.sandbox.cow`). A reset drops them: its cost does not depend on the world's size.
+Verification reads what changed and the collections the checks name, nothing else.
+
+An episode is a pure function of (task, seed, actions): replaying a trajectory's actions on a
+fresh environment gives the same feedback byte for byte. Tool results are detached copies of
+state (JSON round-trip), so nothing outside can mutate the phone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,13 +35,77 @@ from qpa.contract import (
     ToolSpec,
     Verification,
 )
-from qpa.envs.sandbox.collateral import WriteLog, find_collateral, snapshot
+from qpa.envs.sandbox.collateral import WriteLog, find_collateral
+from qpa.envs.sandbox.cow import ALL, MISSING, CallScope, Plan, Store, Thaw, freeze
 from qpa.envs.sandbox.engine import DEFAULT_START, App, BoundTool, ToolError, World
 from qpa.envs.sandbox.engine import describe_validation_error as _describe
 from qpa.envs.sandbox.registry import all_apps, all_tools
 from qpa.envs.sandbox.verify import verify_state
 
 MAX_STEPS = 200
+BASE_CACHE_SIZE = 32  # frozen bases kept (a phone-profile base is a few MB of objects)
+MAX_THAWS = 64  # reruns of one call before it gets whole collections to change
+_WHOLE_AFTER = 4  # record thaws in one collection in one call before it is thawed whole
+
+
+@dataclass(frozen=True)
+class WorldBase:
+    """A task's world, built once: frozen state shared by every session, and its clock."""
+
+    state: dict[str, dict[str, Any]]
+    start: datetime
+    apps: tuple[str, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(
+            len(v) for app in self.state.values() for v in app.values() if isinstance(v, list)
+        )
+
+
+_BASES: OrderedDict[bytes, WorldBase] = OrderedDict()
+_BASES_LOCK = threading.Lock()
+
+
+def _world_key(task: Task, app_names: list[str]) -> bytes:
+    digest = hashlib.blake2b(orjson.dumps(task.world), digest_size=16)
+    digest.update(orjson.dumps([app_names, task.world_profile, task.seed]))
+    return digest.digest()
+
+
+def base_for(task: Task, app_names: list[str], apps: dict[str, type[App]]) -> WorldBase:
+    """The frozen base of `task`'s world (with these apps' defaults), built at most once per
+    content while it stays in the cache."""
+    key = _world_key(task, app_names)
+    with _BASES_LOCK:
+        found = _BASES.get(key)
+        if found is not None:
+            _BASES.move_to_end(key)
+            return found
+    state = orjson.loads(
+        orjson.dumps({k: v for k, v in task.world.items() if not k.startswith("_")})
+    )
+    if task.world_profile != "default":
+        from qpa.envs.sandbox.profiles import fill_world
+
+        state = fill_world(task, state)
+    start = datetime.fromisoformat(
+        task.world.get("_clock", {}).get("start", DEFAULT_START.isoformat())
+    )
+    world = World(state, task.user, start)
+    for name in app_names:
+        apps[name](world)  # installs the app's defaults
+    frozen = {
+        app: {c: freeze(v) for c, v in value.items()}
+        for app, value in state.items()
+        if isinstance(value, dict)
+    }
+    base = WorldBase(frozen, start, tuple(app_names))
+    with _BASES_LOCK:
+        _BASES[key] = base
+        while len(_BASES) > BASE_CACHE_SIZE:
+            _BASES.popitem(last=False)
+    return base
 
 
 class SandboxEnv:
@@ -47,14 +119,19 @@ class SandboxEnv:
         self._apps = all_apps()
         self._task: Task | None = None
         self._world: World | None = None
+        self._store: Store | None = None
+        self._base: WorldBase | None = None
         self._instances: dict[str, App] = {}
         self._allowed: dict[str, BoundTool] = {}
         self._finished = False
         self._answer: str | None = None
         self._steps = 0
-        self._initial: dict[str, Any] = {}
+        self._user_log: list[dict[str, Any]] = []
         self._writes = WriteLog()
         self._replays: list[_Replayable] = []
+        # Per tool: the collections its calls had to copy (list or dict level), copied up front
+        # next time instead of found by a rerun.
+        self._hints: dict[str, set[tuple[str, str]]] = {}
 
     # ------------------------------------------------------------------ protocol
     def reset(self, task: Task) -> Feedback:
@@ -62,14 +139,6 @@ class SandboxEnv:
         self._finished = False
         self._answer = None
         self._steps = 0
-        # A JSON round trip gives a fresh, detached copy of the world (faster than deepcopy).
-        state = orjson.loads(
-            orjson.dumps({k: v for k, v in task.world.items() if not k.startswith("_")})
-        )
-        start = datetime.fromisoformat(
-            task.world.get("_clock", {}).get("start", DEFAULT_START.isoformat())
-        )
-        self._world = World(state, task.user, start)
         app_names = list(
             dict.fromkeys(
                 [*task.apps, *(self._tools[t].app.name for t in task.tools if t in self._tools)]
@@ -80,11 +149,14 @@ class SandboxEnv:
             return Feedback.fail(
                 "environment_failure", f"task uses unknown apps: {', '.join(unknown)}"
             )
+        base = base_for(task, app_names, self._apps)
+        self._base = base
+        self._store = Store(base.state)
+        self._world = World(None, task.user, base.start, store=self._store)
         self._instances = {name: self._apps[name](self._world) for name in app_names}
         names = task.tools or [t for a in app_names for t in self._apps[a].bound_tools]
         self._allowed = {n: self._tools[n] for n in names if n in self._tools}
-        # The state every change is measured from (after the apps installed their defaults).
-        self._initial = orjson.loads(snapshot(self._world.state))
+        self._user_log = []
         self._writes = WriteLog()
         self._replays = []
         return Feedback.ok(
@@ -117,8 +189,7 @@ class SandboxEnv:
             self._answer = action.answer
             return Feedback.ok({"finished": True}, done=True)
         if isinstance(action, MessageUser):
-            log = self._world.state.setdefault("_user", {}).setdefault("messages", [])
-            log.append({"time": self._world.iso_now(), "text": action.text})
+            self._user_log.append({"time": self._world.iso_now(), "text": action.text})
             return Feedback.ok({"delivered": True})
         if isinstance(action, Delegate):
             return Feedback.fail(
@@ -130,16 +201,24 @@ class SandboxEnv:
         )
 
     def verify(self) -> Verification:
-        if self._world is None or self._task is None:
+        if self._world is None or self._task is None or self._store is None:
             return Verification(done=False, success=False, progress=0.0)
-        # Both sides as JSON, as the per-call diffs see them (a tuple an app keeps is a list).
-        final = orjson.loads(snapshot(self._world.state)) if self._writes.calls else {}
-        collateral = find_collateral(
-            self._task.verifier.checks, self._initial, final, self._writes, replay=self._replay
+        checks = self._task.verifier.checks
+        named = [tuple(c.target.split(".")[:2]) for c in checks if c.target.count(".") >= 1]
+        pairs = list(dict.fromkeys([*self._store.owned(), *named]))
+        base = Store(self._store.base)
+        initial = base.view(pairs)  # type: ignore[arg-type]
+        final = self._store.view(pairs)  # type: ignore[arg-type]
+        collateral = (
+            find_collateral(checks, initial, final, self._writes, replay=self._replay)
+            if self._writes.calls
+            else []
         )
+        if self._user_log:
+            final["_user"] = {"messages": self._user_log}
         return verify_state(
             self._task.verifier,
-            self._world.state,
+            final,
             self._answer,
             finished=self._finished,
             collateral=collateral,
@@ -150,15 +229,26 @@ class SandboxEnv:
 
     def close(self) -> None:
         self._world = None
+        self._store = None
         self._instances = {}
 
     # ------------------------------------------------------------------ extras
     def state(self) -> dict[str, Any]:
         """A detached snapshot of the phone's state (for servers, debugging and tests)."""
-        if self._world is None:
+        if self._store is None:
             return {}
-        snapshot: dict[str, Any] = orjson.loads(orjson.dumps(self._world.state))
+        whole: dict[str, Any] = self._store.materialise()
+        if self._user_log:
+            whole["_user"] = {"messages": self._user_log}
+        snapshot: dict[str, Any] = orjson.loads(orjson.dumps(whole))
         return snapshot
+
+    def session_bytes(self) -> int:
+        """What this session holds of its own (its overlay's frozen values that are not the
+        base's), as JSON bytes: an upper bound on the state it does not share."""
+        if self._store is None:
+            return 0
+        return len(orjson.dumps(self._store.overlay)) + len(orjson.dumps(self._user_log))
 
     @property
     def finished(self) -> bool:
@@ -182,40 +272,122 @@ class SandboxEnv:
             parsed = bound.args_model.model_validate(arguments)
         except ValidationError as exc:
             return Feedback.fail("invalid_arguments", _describe(name, exc))
-        app = self._instances[bound.app.name]
-        # A state-changing call is diffed around, so every change it makes (even one a failing
-        # call left behind) is attributed to it; what read tools change is never collateral.
         world = self._world
-        assert world is not None
-        before = snapshot(world.state) if bound.spec.changes_state else None
+        assert world is not None and self._store is not None
+        app = self._instances[bound.app.name]
+        writes = bound.spec.changes_state
+        version = self._store.version() if writes else None
         replayable = _Replayable(bound, orjson.dumps(arguments), world.now, dict(world._counters))
-        try:
-            result = bound.method(app, **parsed.__dict__)
-            return Feedback.ok(orjson.loads(orjson.dumps(result)))
-        except ToolError as exc:
-            return Feedback.fail(exc.kind, exc.message)
-        except Exception as exc:  # a bug in an app must not kill the episode
+        outcome, done = _run_scoped(
+            world, self._store, bound, app, parsed.__dict__, self._hints.setdefault(name, set())
+        )
+        # A state-changing call's changes (even those a failing call left behind) are
+        # attributed to it; what read tools change is never collateral.
+        if (
+            writes
+            and version is not None
+            and self._writes.record(name, version, _views(done, before=True), _views(done))
+        ):
+            self._replays.append(replayable)
+        if isinstance(outcome, ToolError):
+            return Feedback.fail(outcome.kind, outcome.message)
+        if isinstance(outcome, Exception):  # a bug in an app must not kill the episode
             return Feedback.fail(
-                "environment_failure", f"{name} crashed: {type(exc).__name__}: {exc}"
+                "environment_failure", f"{name} crashed: {type(outcome).__name__}: {outcome}"
             )
-        finally:
-            if before is not None and self._writes.record(name, before, snapshot(world.state)):
-                self._replays.append(replayable)
+        return Feedback.ok(orjson.loads(orjson.dumps(outcome.value)))
 
     def _replay(self, index: int, state: dict[str, Any]) -> dict[str, Any] | None:
-        """Run logged state-changing call `index` again on `state`, at the moment and with the
-        id counters it first ran with: the state afterwards, or None if the call fails."""
+        """Run logged state-changing call `index` again on the state before it, with the
+        collections in `state` (`{app: {collection: value}}`) in place of that state's, at the
+        moment and with the id counters it first ran with: {} afterwards, or None if the call
+        fails."""
         call = self._replays[index]
-        assert self._task is not None
-        world = World(state, self._task.user, call.now)
+        assert self._task is not None and self._store is not None
+        overlay = {app: dict(mine) for app, mine in self._writes.calls[index].version.items()}
+        for app, collections in state.items():
+            for collection, value in collections.items():
+                overlay.setdefault(app, {})[collection] = freeze(value)
+        store = Store(self._store.base, overlay)
+        world = World(None, self._task.user, call.now, store=store)
         world._counters.update(call.counters)
         parsed = call.bound.args_model.model_validate(orjson.loads(call.arguments))
-        try:
-            call.bound.method(call.bound.app(world), **parsed.__dict__)
-        except Exception:  # any failure means the call needs what was undone
+        outcome, _ = _run_scoped(
+            world, store, call.bound, call.bound.app(world), parsed.__dict__, set()
+        )
+        if isinstance(outcome, BaseException):  # any failure means the call needs what was undone
             return None
-        replayed: dict[str, Any] = orjson.loads(snapshot(world.state))
-        return replayed
+        return {}
+
+
+@dataclass
+class _Returned:
+    value: Any
+
+
+def _views(
+    done: dict[tuple[str, str], tuple[Any, Any]], *, before: bool = False
+) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for (app, collection), (old, new) in done.items():
+        value = old if before else new
+        if value is not MISSING:
+            out.setdefault(app, {})[collection] = value
+        else:
+            out.setdefault(app, {})
+    return out
+
+
+def _run_scoped(
+    world: World,
+    store: Store,
+    bound: BoundTool,
+    app: App,
+    arguments: dict[str, Any],
+    hints: set[tuple[str, str]],
+) -> tuple[_Returned | Exception, dict[tuple[str, str], tuple[Any, Any]]]:
+    """Run one tool call over the store's frozen state, rerunning it with more copied each time
+    it tries to change something frozen; then commit what it changed. The outcome (its value or
+    the exception it raised) and the (before, after) of every collection it changed."""
+    writes = bound.spec.changes_state
+    plan: dict[tuple[str, str], Plan] = {key: set() for key in hints}
+    counters = dict(world._counters)
+    now = world.now
+    thaws: dict[tuple[str, str], int] = {}
+    for _ in range(MAX_THAWS):
+        scope = CallScope(
+            store, {k: (v if v == ALL else set(v)) for k, v in plan.items()}, writes=writes
+        )
+        world.scope = scope
+        try:
+            outcome: _Returned | Exception = _Returned(bound.method(app, **arguments))
+        except Thaw as signal:
+            where = scope.locate(signal.obj)
+            if where is None:
+                raise RuntimeError(
+                    f"{bound.name} changed frozen state outside its app's collections"
+                ) from None
+            key, record = where
+            plan.update({k: v for k, v in scope.plan.items() if k not in plan or v == ALL})
+            thaws[key] = thaws.get(key, 0) + 1
+            entry = plan.setdefault(key, set())
+            if record is None or thaws[key] > _WHOLE_AFTER:
+                if record is not None:
+                    plan[key] = ALL
+                hints.add(key)
+            elif isinstance(entry, set):
+                entry.add(record)
+            world._counters = dict(counters)
+            world.now = now
+            continue
+        except ToolError as exc:
+            outcome = exc
+        except Exception as exc:
+            outcome = exc
+        finally:
+            world.scope = None
+        return outcome, scope.commit()
+    raise RuntimeError(f"{bound.name}: more than {MAX_THAWS} copy-on-write reruns")
 
 
 @dataclass(frozen=True)
