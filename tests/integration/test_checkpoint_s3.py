@@ -49,7 +49,7 @@ TINY = TinyConfig(
     vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,
 )  # fmt: skip
-DELAY_S = 0.25  # per object: a checkpoint of ~12 objects takes ~3 s to upload
+DELAY_S = 0.15  # per object: a checkpoint of ~14 objects takes ~2 s to upload
 QPA = str(Path(sys.executable).with_name("qpa"))
 
 
@@ -278,10 +278,10 @@ def test_rl_killed_during_a_checkpoint_upload_resumes_from_the_last_complete_one
     for key, value in seaweed.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    whole = run_rl(RLConfig.from_dict(rl_settings(inputs, tmp_path / "whole")))
     resumed = run_rl(RLConfig.from_dict(rl_settings(inputs, tmp_path / "pod-2", **from_s3)))
     assert resumed.resumed_from == 1  # the last complete checkpoint, not the partial 2
-    assert resumed.final_step == whole.final_step == 3
+    assert resumed.final_step == 3  # where an unkilled run ends (`steps`; RL samples, so the
+    # weights are not compared: test_sft_killed_... compares them for SFT)
     assert len(resumed.history) == 2  # steps 2 and 3 redone
     assert checkpoints.steps() == [1, 2, 3]
     assert resumed.final_uri is not None and resumed.final_uri.endswith(
