@@ -41,7 +41,8 @@ One engine: every message goes through the server's `EnvService`, so a socket's 
 ordinary session of the `SessionStore` (the same capacity, per-client limits, idle expiry,
 eviction, draining, metrics and locks as qpa's HTTP sessions); it is closed when the socket
 closes. Bearer tokens, when the server has them, are checked on the WebSocket handshake's
-`Authorization` header; a session belongs to its token's client. A message over the server's
+`Authorization` header (refused: the handshake answers 401 with qpa's JSON error body, as the
+HTTP routes do); a session belongs to its token's client. A message over the server's
 body limit, malformed JSON and a malformed message (the field named) get errors; a bug
 answers an error too, and the server keeps serving.
 """
@@ -65,6 +66,7 @@ from qpa.envs.server import (
     ServerError,
     _FastPath,
     _from_validation,
+    error_body,
 )
 
 logger = logging.getLogger("qpa.envs.openenv")
@@ -379,6 +381,19 @@ async def _receive(websocket: WebSocket) -> bytes:
     return bytes(message.get("bytes") or b"")
 
 
+async def _refuse(websocket: WebSocket, exc: ServerError) -> None:
+    """Refuse the handshake: qpa's HTTP error (401 with its JSON body) where the server can
+    answer a WebSocket handshake with a response, else an OpenEnv error message and a close."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        body = error_body(exc.kind, exc.message, exc.field)
+        response = Response(body, exc.status, headers=exc.headers, media_type="application/json")
+        await websocket.send_denial_response(response)
+        return
+    await websocket.accept()
+    await websocket.send_text(error_message(exc).decode())
+    await websocket.close(code=POLICY_VIOLATION, reason=exc.kind)
+
+
 def mount_openenv(app: EnvServerApp) -> None:
     """Add OpenEnv's routes (`/ws`, `/schema`, `/metadata`) to an app from `create_app`."""
     service: EnvService = app.state.service
@@ -420,13 +435,12 @@ def mount_openenv(app: EnvServerApp) -> None:
     @app.websocket("/ws")
     async def openenv_socket(websocket: WebSocket) -> None:
         """OpenEnv: one episode session per connection (messages in the module doc)."""
-        await websocket.accept()
         try:
             client = front.identify(websocket.scope)
         except ServerError as exc:
-            await websocket.send_text(error_message(exc).decode())
-            await websocket.close(code=POLICY_VIOLATION, reason=exc.kind)
+            await _refuse(websocket, exc)
             return
+        await websocket.accept()
         session = OpenEnvSession(service, client, front.limit)
         try:
             while True:

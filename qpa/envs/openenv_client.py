@@ -30,6 +30,7 @@ from openenv.core.env_server.types import State as OpenEnvState
 from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import InvalidStatus
 
 from qpa.contract import ACTION_ADAPTER, Action, Task, ToolSpec, Verification
 from qpa.envs.openenv import ActionFields, ObservationFields, StateFields
@@ -59,21 +60,25 @@ class QpaEnv(EnvClient[QpaAction, QpaObservation, QpaState]):
         self._token = token
 
     async def connect(self) -> QpaEnv:
-        """Open the WebSocket (with the bearer token, when one is given)."""
-        if self._token is None:
-            await super().connect()
-            return self
+        """Open the WebSocket (with the bearer token, when one is given). A refused handshake
+        raises ConnectionError with the server's answer (status and qpa's error message)."""
         if self._ws is not None:
             return self
         local = any(host in self._ws_url.lower() for host in ("localhost", "127.0.0.1"))
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token is not None else {}
         try:
             self._ws = await ws_connect(
                 self._ws_url,
                 open_timeout=self._connect_timeout,
                 max_size=self._max_message_size,
-                additional_headers={"Authorization": f"Bearer {self._token}"},
+                additional_headers=headers,
                 proxy=None if local else True,  # as EnvClient.connect: no proxy to localhost
             )
+        except InvalidStatus as exc:
+            answer = exc.response.body.decode("utf-8", "replace") if exc.response.body else ""
+            raise ConnectionError(
+                f"{self._ws_url} refused the connection: HTTP {exc.response.status_code} {answer}"
+            ) from exc
         except Exception as exc:
             raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
         return self
