@@ -1191,6 +1191,9 @@ def create_app(
             )
         return _ok(await service.drain(await _read_body(request, limit)))
 
+    from qpa.envs.openenv import mount_openenv  # OpenEnv's /ws, /schema, /metadata (no cycle)
+
+    mount_openenv(app)
     return app
 
 
