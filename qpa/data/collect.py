@@ -300,7 +300,18 @@ def default_spool_dir() -> Path:
 
 
 def _check_remote(urls: Sequence[str]) -> None:
-    check_remote(urls, CollectError)
+    """Fail fast when no environment server of the pool answers; one that does not (a pod
+    restarting) is reported, and its workers' episodes are retried until it is back."""
+    down: list[str] = []
+    for url in dict.fromkeys(urls):
+        try:
+            check_remote([url], CollectError)
+        except CollectError as exc:
+            down.append(str(exc))
+    if len(down) == len(dict.fromkeys(urls)):
+        raise CollectError(down[0] if len(down) == 1 else "; ".join(down))
+    for message in down:
+        print(f"{message}; its episodes are retried until it answers", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- the collection

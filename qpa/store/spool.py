@@ -179,6 +179,7 @@ class SpooledUploader:
         self._stream: IO[bytes] | None = None
         self._open_path: Path | None = None
         self._named: dict[str, IO[bytes]] = {}  # keyed mode: open part name -> its stream
+        self._sealed: set[str] = set()  # keyed mode: parts this process sealed
         self._rows = 0
         self._bytes = 0
         self._lock = threading.Lock()  # uploaded / last_error / the upload pass
@@ -302,7 +303,7 @@ class SpooledUploader:
     def _append_named(self, line: bytes, part: str | None) -> str:
         if part is None or not _NAME.fullmatch(part):
             raise ValueError(f"part: need a file name like part-1.jsonl, not {part!r}")
-        if (self._ready_dir / part).exists():
+        if part in self._sealed or (self._ready_dir / part).exists():
             raise ValueError(f"part {part} is sealed: it takes no more lines")
         stream = self._named.get(part)
         if stream is None:
@@ -355,6 +356,7 @@ class SpooledUploader:
             return None
         ready = self._ready_dir / part
         os.replace(path, ready)
+        self._sealed.add(part)
         SPOOL_PARTS.labels("pending").inc()
         self._kick()
         return ready
