@@ -5,10 +5,10 @@ model to the S3 endpoint it is given (the base model is an `s3://` URI; the Hub 
 unreachable for the trainer), then runs `qpa train sft --config ...` (checkpoints to S3,
 `resume: auto`) as real processes:
 
-- while `duration_s` has not passed, each attempt is SIGKILLed (its whole process group), at
-  random either at a random moment or as soon as a checkpoint upload is half done (objects of a
-  checkpoint in the bucket, no `COMPLETE.json`); `QPA_CHECKPOINT_UPLOAD_DELAY_S` widens the
-  upload window (timing only);
+- while `duration_s` has not passed, each attempt is SIGKILLed (its whole process group): at
+  random during start-up, a few seconds into training, or as soon as a checkpoint upload is
+  half done (objects of a checkpoint in the bucket, no `COMPLETE.json`);
+  `QPA_CHECKPOINT_UPLOAD_DELAY_S` widens the upload window (timing only);
 - each restart is, at random, the same pod (its working folder kept: it may resume from a local
   checkpoint) or a new pod (an empty folder: it resumes from the store);
 - after `duration_s` the last attempt runs to the end.
@@ -62,7 +62,7 @@ class SoakSettings(BaseModel):
     max_steps: int = Field(default=16, ge=2, le=10_000)
     every_steps: int = Field(default=2, ge=1)
     upload_delay_s: float = Field(default=0.1, ge=0.0, le=5.0)
-    kill_after_s: tuple[float, float] = (2.0, 30.0)
+    kill_after_s: tuple[float, float] = (1.0, 8.0)
     compare_weights: bool = True
 
 
@@ -147,46 +147,60 @@ def _partial(objects: list[str]) -> set[int]:
     return {step for step, complete in seen.items() if not complete}
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
 def _run_attempt(
     argv: list[str],
     env: dict[str, str],
     log: Path,
     *,
-    kill_at: float | None,
-    kill_mid_upload: bool,
+    mode: str | None,
+    kill_at: float,
+    metrics: Path,
     list_checkpoints: Any,
 ) -> tuple[int, float, bool, bool]:
-    """(returncode, seconds, killed, killed while a checkpoint upload was half done)."""
+    """Run one attempt; (returncode, seconds, killed, killed while an upload was half done).
+
+    `mode`: None (run to the end); `startup` (SIGKILL `kill_at` s after the start, while it
+    loads); `training` (`kill_at` s after its first training step is logged: `metrics` grew);
+    `mid-upload` (as soon as a checkpoint has objects in the store and no `COMPLETE.json`).
+    """
     started = time.monotonic()
+    metrics_size = _size(metrics)
+    before = _partial(list_checkpoints())
+    training_since: float | None = None
     with open(log, "wb") as out:
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    before = _partial(list_checkpoints())
     try:
         while process.poll() is None:
-            elapsed = time.monotonic() - started
-            if elapsed > ATTEMPT_TIMEOUT_S:
+            now = time.monotonic()
+            if now - started > ATTEMPT_TIMEOUT_S:
+                raise RuntimeError(f"attempt ran over {ATTEMPT_TIMEOUT_S:.0f} s: see {log}")
+            if training_since is None and _size(metrics) > metrics_size:
+                training_since = now
+            due = (
+                (mode == "startup" and now - started >= kill_at)
+                or (mode == "training" and training_since is not None
+                    and now - training_since >= kill_at)
+                or (mode == "mid-upload" and bool(_partial(list_checkpoints()) - before))
+            )  # fmt: skip
+            if due:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-                raise RuntimeError(f"attempt ran over {ATTEMPT_TIMEOUT_S:.0f} s: see {log}")
-            if kill_at is not None:
-                now_partial = _partial(list_checkpoints()) - before if kill_mid_upload else set()
-                if (kill_mid_upload and now_partial) or (
-                    not kill_mid_upload and elapsed >= kill_at
-                ):
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-                    mid = bool(_partial(list_checkpoints()) - before)
-                    return process.returncode, time.monotonic() - started, True, mid
-                if kill_mid_upload and elapsed >= kill_at * 3:  # no upload seen: kill anyway
-                    kill_mid_upload = False
+                mid = bool(_partial(list_checkpoints()) - before)
+                return process.returncode, time.monotonic() - started, True, mid
             time.sleep(0.05)
-    except BaseException:
+    finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        raise
     return process.returncode, time.monotonic() - started, False, False
 
 
@@ -201,14 +215,16 @@ def run_sft_kill_soak(
     max_steps: int = 16,
     every_steps: int = 2,
     upload_delay_s: float = 0.1,
-    kill_after_s: tuple[float, float] = (2.0, 30.0),
+    kill_after_s: tuple[float, float] = (1.0, 8.0),
     compare_weights: bool = True,
     workdir: Path | None = None,
 ) -> dict[str, Any]:
     """Run the SFT kill soak against an S3 endpoint; the counts (see the module docstring).
 
-    `kill_after_s`: the range a random kill moment is drawn from (seconds after the attempt
-    started; the trainer's imports take a few seconds of it). Raises `ValueError` naming the
+    Each attempt while `duration_s` lasts is killed in one of three ways, drawn at random:
+    during start-up (15%: `kill_after_s` seconds after the process started), during training
+    (35%: `kill_after_s` seconds after its first logged step) or mid-upload (50%: as soon as a
+    checkpoint has objects in the store but no `COMPLETE.json`). Raises `ValueError` naming the
     setting for a bad one, `RuntimeError` when the last attempt fails.
     """
     from pydantic import ValidationError
@@ -290,16 +306,26 @@ def run_sft_kill_soak(
             remote = checkpoints.steps()
             entitled = max([*remote, *([local.step] if local else [])], default=None)
             killing = time.monotonic() - soak_started < settings.duration_s
-            kill_at = rng.uniform(*settings.kill_after_s) if killing else None
-            mid_upload = killing and rng.random() < 0.5
+            draw = rng.random()
+            mode = (
+                None
+                if not killing
+                else "startup"
+                if draw < 0.15
+                else "training"
+                if draw < 0.5
+                else "mid-upload"
+            )
+            kill_at = rng.uniform(*settings.kill_after_s)
             status = work / f"status-{index}.txt"
             status.unlink(missing_ok=True)
             code, seconds, killed, mid = _run_attempt(
                 [QPA, "train", "sft", "--config", str(config_path), "--output-dir", str(out)],
                 _child_env(settings, status),
                 work / f"attempt-{index}.log",
+                mode=mode,
                 kill_at=kill_at,
-                kill_mid_upload=mid_upload,
+                metrics=out / "metrics.jsonl",
                 list_checkpoints=list_checkpoints,
             )
             attempt = Attempt(
@@ -307,7 +333,7 @@ def run_sft_kill_soak(
                 fresh_pod=fresh,
                 entitled_step=entitled,
                 killed=killed,
-                kill_mode=("mid-upload" if mid_upload else "random") if killed else None,
+                kill_mode=mode if killed else None,
                 mid_upload=mid,
                 seconds=round(seconds, 1),
                 returncode=code,
@@ -343,8 +369,9 @@ def run_sft_kill_soak(
                 [QPA, "train", "sft", "--config", str(ref_config)],
                 _child_env(settings, work / "status-reference.txt"),
                 work / "reference.log",
-                kill_at=None,
-                kill_mid_upload=False,
+                mode=None,
+                kill_at=0.0,
+                metrics=work / "reference" / "metrics.jsonl",
                 list_checkpoints=list,
             )
             if code != 0:
@@ -357,7 +384,8 @@ def run_sft_kill_soak(
         return {
             "kills": len(kills),
             "kills_mid_upload": sum(1 for a in kills if a.mid_upload),
-            "kills_random": sum(1 for a in kills if a.kill_mode == "random"),
+            "kills_at_startup": sum(1 for a in kills if a.kill_mode == "startup"),
+            "kills_in_training": sum(1 for a in kills if a.kill_mode == "training"),
             "restarts": len(attempts) - 1,
             "restarts_as_new_pod": sum(1 for a in attempts if a.fresh_pod),
             "resumes": sum(1 for a in attempts[1:] if a.entitled_step is not None),

@@ -919,6 +919,18 @@ def train_sft(config: SFTConfig, *, callbacks: Sequence[Any] = ()) -> SFTResult:
     trainer, qpa_callback, metrics = build_trainer(plan, callbacks=callbacks)
     resume = str(plan.resume.local) if plan.resume and plan.resume.local else None
     uploader: CheckpointUploader = qpa_callback.uploader
+    _, _, _, nodes = _topology()
+    if (  # resumed from a local checkpoint a kill kept out of the store: upload it too
+        rank == 0
+        and nodes == 1
+        and plan.resume is not None
+        and plan.resume.local is not None
+        and plan.resume.location == str(plan.resume.local)
+        and config.checkpoint.resume_from is None
+        and plan.checkpoints is not None
+        and plan.resume.step not in plan.checkpoints.steps()
+    ):
+        uploader.submit(plan.resume.local, plan.resume.step)
     try:
         output = trainer.train(resume_from_checkpoint=resume)
     except BaseException:

@@ -250,7 +250,7 @@ def rl_settings(inputs: dict[str, Any], out: Path, **extra: Any) -> dict[str, An
 def test_rl_killed_during_a_checkpoint_upload_resumes_from_the_last_complete_one(
     inputs: dict[str, Any], seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from qpa.train.rl import RLConfig, run_rl
+    from qpa.train.rl import RLConfig, RLTrainer, run_rl
 
     store_uri = seaweed.root("rl-ckpt")
     from_s3 = {
@@ -278,6 +278,19 @@ def test_rl_killed_during_a_checkpoint_upload_resumes_from_the_last_complete_one
     for key, value in seaweed.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the same pod restarted, against a store that lacks its newest checkpoint (as a kill
+    # mid-upload leaves it): it resumes from its own folder and uploads that checkpoint
+    other = seaweed.root("rl-other")
+    same_pod = rl_settings(
+        inputs, tmp_path / "killed", model=inputs["model_uri"],
+        checkpoint={"store": other, "resume": "auto"},
+    )  # fmt: skip
+    trainer = RLTrainer(RLConfig.from_dict(same_pod))
+    assert trainer.step == trainer.resumed_from == 2
+    trainer.close()
+    uploaded = CheckpointStore(open_store(other, seaweed.store_config()), "trainingruns/ckpt-rl")
+    assert uploaded.steps() == [2]
+    # a new pod (empty folder) resumes from the store: the last complete checkpoint, 1
     resumed = run_rl(RLConfig.from_dict(rl_settings(inputs, tmp_path / "pod-2", **from_s3)))
     assert resumed.resumed_from == 1  # the last complete checkpoint, not the partial 2
     assert resumed.final_step == 3  # where an unkilled run ends (`steps`; RL samples, so the

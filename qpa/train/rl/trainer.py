@@ -1090,6 +1090,15 @@ class RLTrainer:
                 return remote.local
         if local is not None:
             assert local.local is not None
+            _, nodes = _node_topology()
+            rank_zero = int(os.environ.get("RANK", "0")) == 0
+            if (  # a kill kept this checkpoint out of the store: upload it now
+                self.checkpoints is not None
+                and nodes == 1
+                and rank_zero
+                and local.step not in self.checkpoints.steps()
+            ):
+                self.checkpoints.upload(local.local, local.step)
             return local.local
         if settings.resume == "latest":
             where = [str(self.run_dir)]
