@@ -54,6 +54,7 @@ _COMMAND_MODULES = [
     "release",
     "device",
     "doctor",
+    "mcp",
 ]
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"qpa.cli.{_name}")

@@ -249,18 +249,29 @@ async def play_reference_plan(client: Any, task: Any) -> list[Any]:
     return results
 
 
+PLANS_ENV = "QPA_ORACLE_PLANS"
+
+
 def oracle_agent(url: str) -> None:
     """An external MCP agent for `qpa mcp bench`: reads the task's id from the `qpa://task`
-    resource and plays the suite's reference plan for it."""
+    resource and plays its reference plan, from the JSON file `$QPA_ORACLE_PLANS` names (task
+    id -> task, written by the test) or else from the suite."""
     import anyio
     from mcp import Client
 
-    from qpa.envs.sandbox.suite import get_task
+    from qpa.contract import Task
 
     async def main() -> None:
         async with Client(url) as client:
             card = await client.read_resource("qpa://task")
-            task = get_task(json.loads(card.contents[0].text)["id"])
+            task_id = json.loads(card.contents[0].text)["id"]
+            if os.environ.get(PLANS_ENV):
+                known = json.loads(Path(os.environ[PLANS_ENV]).read_text())
+                task = Task.model_validate(known[task_id])
+            else:
+                from qpa.envs.sandbox.suite import get_task
+
+                task = get_task(task_id)
             await play_reference_plan(client, task)
 
     anyio.run(main)
