@@ -318,8 +318,9 @@ class CheckpointStore:
         }
         key = join_key(base_key, META_DIR, COMPLETE)
         data = json.dumps(record).encode()
-        if upload_delay_s():
-            time.sleep(upload_delay_s())
+        delay = upload_delay_s()
+        if delay:
+            time.sleep(delay)
         self._retry(f"upload {self.store.uri(key)}", lambda: self.store.put_bytes(key, data))
         return self.store.uri(base_key)
 

@@ -49,7 +49,7 @@ TINY = TinyConfig(
     vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,
 )  # fmt: skip
-DELAY_S = 0.15  # per object: a checkpoint of ~14 objects takes ~2 s to upload
+DELAY_S = 0.25  # per object: a checkpoint of ~14 objects takes over 3 s to upload
 QPA = str(Path(sys.executable).with_name("qpa"))
 
 
@@ -111,7 +111,7 @@ def kill_during_upload(
     """SIGKILL the process group once some objects of `checkpoint_uri` are in the bucket but
     not its `COMPLETE.json`; the objects that had landed."""
     marker = f"{META_DIR}/{COMPLETE}"
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 600  # a safety net: the trainer ends on its own anyway
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"the trainer exited ({process.returncode}) before the kill:\n"
