@@ -17,8 +17,8 @@ order):
 - `s3`: SIGKILL the S3 server, keep it down a random while, restart it (same ports, data);
 - `env`: SIGKILL one environment server, restart it on its port after a random while;
 - `collector`: SIGKILL a running collector (its supervisor starts it again);
-- `twin`: start a second collector on a running shard with its own spool (a zombie pod of a
-  retried shard, or two racing uploaders), left to run to its end unsupervised.
+- `twin`: start a second collector (one at a time) on a running shard with its own spool (a
+  zombie pod of a retried shard, or two racing uploaders), left to run to its end unsupervised.
 
 When every shard has finished (exit 0) the faults stop, every part in the store is read, and
 the identities (task, sample, attempt) are counted: expected (tasks x samples), written
@@ -85,7 +85,7 @@ class SoakConfig(BaseModel):
     env_servers: int = Field(default=3, ge=1, le=16)
     concurrency: int = Field(default=4, ge=1, description="Episodes at once per collector.")
     tasks_per_part: int = Field(default=25, ge=1)
-    fault_every_s: tuple[float, float] = Field(default=(4.0, 9.0), description="Random gap.")
+    fault_every_s: tuple[float, float] = Field(default=(5.0, 12.0), description="Random gap.")
     s3_down_s: tuple[float, float] = Field(default=(1.0, 8.0))
     env_down_s: tuple[float, float] = Field(default=(0.2, 2.0))
     spool_loss: float = Field(default=0.3, ge=0, le=1, description="Restarts with a new spool.")
@@ -342,8 +342,8 @@ class Soak:
             self.log(f"fault: collector of {name} SIGKILLed")
         elif kind == "twin":
             running = [s for s in self.shards if not s.done.is_set()]
-            if not running:
-                return
+            if not running or any(t.poll() is None for t in self.twins):
+                return  # one zombie at a time: the machine has few cores
             shard = self.rng.choice(running)
             spool = self.scratch / "spools" / f"twin-{len(self.twins)}"
             self.twins.append(self.start_collector(shard.index, spool, f"twin-{len(self.twins)}"))
@@ -396,7 +396,7 @@ class Soak:
         faults.start()
         timed_out = False
         while not all(s.done.is_set() for s in self.shards):
-            if time.monotonic() > deadline - 30:  # leave time to count
+            if time.monotonic() > deadline - 45:  # leave time to stop and count
                 timed_out = True
                 break
             time.sleep(0.5)
@@ -406,7 +406,7 @@ class Soak:
         self.s3.start()  # the fault loop may have left it down
         for twin in self.twins:  # a racing writer is given its time, then stopped
             with contextlib.suppress(subprocess.TimeoutExpired):
-                twin.wait(max(1.0, min(30.0, deadline - time.monotonic() - 20)))
+                twin.wait(max(0.1, min(30.0, deadline - time.monotonic() - 30)))
             _kill_twin(twin)
         for shard in self.shards:
             shard.kill()
