@@ -270,7 +270,8 @@ def soak_against(
         raw = open_store(checkpoints.uri(), config)
 
         def list_checkpoints() -> list[str]:
-            return raw.list("checkpoints/")
+            """Object names below `<prefix>/checkpoints/` (`checkpoint-<step>/...`)."""
+            return [key.removeprefix("checkpoints/") for key in raw.list("checkpoints/")]
 
         common: dict[str, Any] = {
             "name": run_name,

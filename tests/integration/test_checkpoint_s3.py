@@ -51,6 +51,9 @@ TINY = TinyConfig(
 )  # fmt: skip
 DELAY_S = 0.25  # per object: a checkpoint of ~14 objects takes over 3 s to upload
 QPA = str(Path(sys.executable).with_name("qpa"))
+# Two trainer processes start per test (torch, transformers, TRL imports): on a loaded machine
+# that alone can take minutes.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module", autouse=True)
