@@ -111,6 +111,7 @@ from qpa.contract import (
     UIAction,
 )
 from qpa.envs.factory import make_env
+from qpa.envs.metrics import CHANNELS, PATH_OPS, EnvServerMetrics, op_of
 from qpa.envs.tokens import AuthError, TokenTable
 
 logger = logging.getLogger("qpa.envs.server")
@@ -140,6 +141,11 @@ POD_IP_ENV = "QPA_POD_IP"
 #: Where `serve` writes the drain key (a pod's private /tmp); unset: no /drain.
 DRAIN_KEY_FILE_ENV = "QPA_ENV_DRAIN_FILE"
 MAX_DRAIN_S = 86400.0
+#: The session channel: a WebSocket at this path speaking this subprotocol (module docstring).
+CHANNEL_PATH = "/channel"
+CHANNEL_SUBPROTOCOL = "qpa.env.v1"
+#: uvicorn's WebSocket implementation for the channel (the `websockets` package's).
+CHANNEL_WS_IMPLEMENTATION = "websockets-sansio"
 
 SessionId = Annotated[str, StringConstraints(pattern=SESSION_ID_PATTERN)]
 M = TypeVar("M", bound=BaseModel)
@@ -607,11 +613,18 @@ class EnvService:
     """
 
     def __init__(
-        self, store: SessionStore, *, inline: bool, identity: PodIdentity | None = None
+        self,
+        store: SessionStore,
+        *,
+        inline: bool,
+        identity: PodIdentity | None = None,
+        metrics: EnvServerMetrics | None = None,
     ) -> None:
         self.store = store
         self.inline = inline
         self.identity = identity
+        self.metrics = metrics
+        self.channel = True  # the session channel is served (create_app's `channel`)
         self.draining = False
         # the handle's pod fields, pre-serialized: `,"pod":...,"url":...` or nothing
         self._handle = b""
@@ -673,6 +686,8 @@ class EnvService:
             session.tools_json = None
             session.done = feedback.done
             session.last_used = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.resets.inc()
         return (
             b'{"session_id":'
             + orjson.dumps(session_id)
@@ -703,6 +718,10 @@ class EnvService:
             session.done = session.done or feedback.done
             session.last_reply = reply
             session.last_used = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.steps.inc()
+            if feedback.status == "error":
+                self.metrics.episode_error(feedback.error)
         return reply
 
     async def verify(self, body: bytes, client: str = "") -> bytes:
@@ -746,6 +765,20 @@ class EnvService:
             self.store.remove(session.id)
         return orjson.dumps({"deleted": session.id})
 
+    # The session channel's operations on a `{"session_id": ...}` body (the HTTP routes take
+    # the id from the query string or the path instead).
+    async def tools_of(self, body: bytes, client: str = "") -> bytes:
+        return await self.tools(_parse(SessionRequest, body).session_id, client)
+
+    async def state_of(self, body: bytes, client: str = "") -> bytes:
+        return await self.state(_parse(SessionRequest, body).session_id, client)
+
+    async def delete_of(self, body: bytes, client: str = "") -> bytes:
+        return await self.delete(_parse(SessionRequest, body).session_id, client)
+
+    async def health_of(self, body: bytes, client: str = "") -> bytes:
+        return self.health()
+
     def health(self) -> bytes:
         payload: dict[str, Any] = {
             "status": "ok",
@@ -753,6 +786,7 @@ class EnvService:
             "sessions": len(self.store),
             "max_sessions": self.store.max_sessions,
             "draining": self.draining,
+            "channels": list(CHANNELS) if self.channel else ["http"],
         }
         if self.identity is not None:
             payload["pod"] = self.identity.name
@@ -871,12 +905,15 @@ async def _receive_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 
 
 class _FastPath:
-    """ASGI front of the FastAPI app: serves the hot endpoints and guards the rest.
+    """ASGI front of the FastAPI app: serves the hot endpoints and the session channel, guards
+    the rest.
 
     POST /reset, /step and /verify go straight from the ASGI channel to `EnvService` (no
     routing, no `Request` object, no dependency resolution: about half the per-request cost of
-    a FastAPI route). Everything else, including those paths with other methods, falls through
-    to FastAPI. Any exception escaping either answers 500 JSON; the server keeps serving.
+    a FastAPI route). `WS /channel` is the session channel (see the module docstring).
+    Everything else, including those paths with other methods, falls through to FastAPI. Any
+    exception escaping either answers 500 JSON; the server keeps serving. Every request is
+    counted in `metrics` (by operation, channel and status) when given.
     """
 
     def __init__(
@@ -887,27 +924,44 @@ class _FastPath:
         max_body_bytes: int,
         enabled: bool = True,
         tokens: TokenTable | None = None,
+        metrics: EnvServerMetrics | None = None,
+        channel: bool = True,
     ) -> None:
         self.app = app
+        self.channel_enabled = channel
         self.limit = max_body_bytes
         self.tokens = tokens
         self.service = service
+        self.metrics = metrics
         self.routes: dict[str, Callable[[bytes, str], Awaitable[bytes]]] = (
             {"/reset": service.reset, "/step": service.step, "/verify": service.verify}
             if enabled
             else {}
         )
+        self.operations: dict[bytes, tuple[str, Callable[[bytes, str], Awaitable[bytes]]]] = {
+            b"reset": ("reset", service.reset),
+            b"step": ("step", service.step),
+            b"verify": ("verify", service.verify),
+            b"tools": ("tools", service.tools_of),
+            b"state": ("state", service.state_of),
+            b"delete": ("delete", service.delete_of),
+            b"health": ("health", service.health_of),
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        kind = scope["type"]
+        if kind == "websocket" and scope["path"] == CHANNEL_PATH and self.channel_enabled:
+            await self.channel(scope, receive, send)
+            return
+        if kind != "http":
             await self.app(scope, receive, send)
             return
+        began = time.perf_counter()
+        metrics = self.metrics
         try:
             client = self.identify(scope)
         except ServerError as exc:
-            await _send_json(
-                send, exc.status, error_body(exc.kind, exc.message, exc.field), exc.headers
-            )
+            await self._refuse(scope, send, exc, began)
             return
         scope[_CLIENT] = client
         handler = self.routes.get(scope["path"]) if scope["method"] == "POST" else None
@@ -916,34 +970,160 @@ class _FastPath:
                 payload = await handler(await _receive_body(scope, receive, self.limit), client)
             except ServerError as error:
                 found = self.service.locate(error, _header(scope, SESSION_POD_HEADER))
-                await _send_json(
-                    send,
-                    found.status,
-                    error_body(found.kind, found.message, found.field),
-                    found.headers,
-                )
+                await self._refuse(scope, send, found, began)
             except _ClientGone:
                 return
             except Exception as exc:
                 await self._bug(scope, send, exc)
+                self._count(scope, 500, began, "internal")
             else:
                 await _send_json(send, 200, payload)
+                if metrics is not None:
+                    metrics.answered(
+                        PATH_OPS[scope["path"]], "http", 200, time.perf_counter() - began
+                    )
             return
-        started = False
+        status = 0
 
         async def tracking_send(message: Message) -> None:
-            nonlocal started
+            nonlocal status
             if message["type"] == "http.response.start":
-                started = True
+                status = int(message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:
-            if started:
+            if status:
                 logger.exception("bug after answering %s %s", scope["method"], scope["path"])
-                return
-            await self._bug(scope, send, exc)
+            else:
+                await self._bug(scope, send, exc)
+                status = 500
+        if status:
+            self._count(scope, status, began)
+
+    def _count(self, scope: Scope, status: int, began: float, error: str | None = None) -> None:
+        if self.metrics is None:
+            return
+        op = op_of(scope["method"], scope["path"])
+        if error is not None:
+            self.metrics.refused(op, error)
+        self.metrics.answered(op, "http", status, time.perf_counter() - began)
+
+    async def _refuse(self, scope: Scope, send: Send, exc: ServerError, began: float) -> None:
+        await _send_json(
+            send, exc.status, error_body(exc.kind, exc.message, exc.field), exc.headers
+        )
+        self._count(scope, exc.status, began, exc.kind)
+
+    # ------------------------------------------------------------------ the session channel
+    async def channel(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`WS /channel`: one WebSocket carrying a client's requests, one reply each, in order.
+
+        A request is a frame `<op> <JSON body>` (op: reset, step, verify, tools, state, delete,
+        health; the body that op's HTTP endpoint takes, `{"session_id": ...}` for tools, state
+        and delete), a reply `<status> <JSON body>`: the same status and body the HTTP endpoint
+        answers, so the error contract is the HTTP one. The connection is authenticated once,
+        at the upgrade (401 refuses it), and holds no session: sessions live in the store as
+        for HTTP (a reconnect finds them; `seq` de-duplicates a step re-sent after one).
+        """
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        try:
+            client = self.identify(scope)
+            if CHANNEL_SUBPROTOCOL not in scope.get("subprotocols", ()):
+                raise ServerError(
+                    400,
+                    "unsupported_subprotocol",
+                    f"the session channel speaks the '{CHANNEL_SUBPROTOCOL}' subprotocol "
+                    "(Sec-WebSocket-Protocol)",
+                    field="Sec-WebSocket-Protocol",
+                )
+            if self.service.draining:
+                raise ServerError(
+                    503,
+                    "draining",
+                    f"{self.service.here()} is draining",
+                    headers={"Retry-After": "0"},
+                )
+        except ServerError as exc:
+            await self._deny(scope, send, exc)
+            return
+        claimed = _header(scope, SESSION_POD_HEADER)
+        await send({"type": "websocket.accept", "subprotocol": CHANNEL_SUBPROTOCOL})
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.channels.inc()
+        operations, routes, limit, service = self.operations, self.routes, self.limit, self.service
+        clock = time.perf_counter
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "websocket.receive":
+                    return  # websocket.disconnect
+                began = clock()
+                frame = message.get("bytes")
+                if frame is None:
+                    frame = (message.get("text") or "").encode()
+                name, _, body = frame.partition(b" ")
+                op = "other"
+                try:
+                    entry = operations.get(name)
+                    if entry is None:
+                        raise ServerError(
+                            400,
+                            "unknown_operation",
+                            f"unknown operation {name[:40]!r}; one of "
+                            + ", ".join(sorted(o.decode() for o in operations)),
+                        )
+                    op = entry[0]
+                    handler = routes.get(f"/{op}") or entry[1]  # the fast path's, if set
+                    if len(body) > limit:
+                        raise ServerError(
+                            413,
+                            "body_too_large",
+                            f"request body of {len(body)} bytes exceeds the limit of {limit}",
+                        )
+                    reply = b"200 " + await handler(body, client)
+                    status = 200
+                except ServerError as error:
+                    found = service.locate(error, claimed)
+                    status = found.status
+                    reply = b"%d " % status + error_body(found.kind, found.message, found.field)
+                    if metrics is not None:
+                        metrics.refused(op, found.kind)
+                except Exception as exc:
+                    logger.exception("bug while serving %s on the session channel", op)
+                    status = 500
+                    reply = b"500 " + error_body(
+                        "internal", f"internal error: {type(exc).__name__}: {exc}"
+                    )
+                    if metrics is not None:
+                        metrics.refused(op, "internal")
+                await send({"type": "websocket.send", "bytes": reply})
+                if metrics is not None:
+                    metrics.answered(op, "websocket", status, clock() - began)
+        finally:
+            if metrics is not None:
+                metrics.channels.dec()
+
+    async def _deny(self, scope: Scope, send: Send, exc: ServerError) -> None:
+        """Refuse a WebSocket upgrade with the error contract's HTTP answer (where the server
+        supports ASGI's denial responses; else the upgrade is closed: 403)."""
+        if self.metrics is not None:
+            self.metrics.refused("channel", exc.kind)
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        payload = error_body(exc.kind, exc.message, exc.field)
+        raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
+        raw.extend(
+            (k.lower().encode("latin-1"), v.encode("latin-1"))
+            for k, v in (exc.headers or {}).items()
+        )
+        await send({"type": "websocket.http.response.start", "status": exc.status, "headers": raw})
+        await send({"type": "websocket.http.response.body", "body": payload})
 
     def identify(self, scope: Scope) -> str:
         """The caller: its token's identity (401 without a known token), else its peer address."""
@@ -1026,6 +1206,7 @@ def create_app(
     tokens: TokenTable | None = None,
     identity: PodIdentity | None = None,
     drain_key: str | None = None,
+    channel: bool = True,
 ) -> EnvServerApp:
     """The environment server for one environment kind (a FastAPI application).
 
@@ -1035,7 +1216,8 @@ def create_app(
     (default: `max_sessions`) and `evict_idle_s` bound what one client holds; `tokens` requires
     a bearer token on every request but `/health`, `/ready`, `/metrics` and `/drain`.
     `identity` names the pod in session handles and errors; `drain_key` enables `POST /drain`
-    (for callers sending it in `qpa-drain-key`). An unknown kind raises ValueError.
+    (for callers sending it in `qpa-drain-key`). `channel=False` serves no session channel
+    (`WS /channel`; clients then use HTTP). An unknown kind raises ValueError.
     """
     if max_sessions < 1 or session_ttl_s <= 0 or max_body_bytes < 1 or evict_idle_s <= 0:
         raise ValueError(
@@ -1054,10 +1236,15 @@ def create_app(
         evict_idle_s=evict_idle_s,
         bind_owner=tokens is not None,
     )
-    service = EnvService(
-        store, inline=kind in INLINE_KINDS if inline is None else inline, identity=identity
-    )
     registry = CollectorRegistry(auto_describe=False)
+    counters = EnvServerMetrics(registry, kind)
+    service = EnvService(
+        store,
+        inline=kind in INLINE_KINDS if inline is None else inline,
+        identity=identity,
+        metrics=counters,
+    )
+    service.channel = channel
     registry.register(SessionMetrics(service))
     limit = max_body_bytes
 
@@ -1091,36 +1278,48 @@ def create_app(
     app.state.service = service
     app.state.kind = kind
     app.state.registry = registry
+    app.state.metrics = counters
+    app.state.max_body_bytes = limit
     app.front = _FastPath(
-        app.behind, service=service, max_body_bytes=limit, enabled=fast_path, tokens=tokens
+        app.behind,
+        service=service,
+        max_body_bytes=limit,
+        enabled=fast_path,
+        tokens=tokens,
+        metrics=counters,
+        channel=channel,
     )
+
+    def refused(request: Request, exc: ServerError) -> Response:
+        counters.refused(op_of(request.method, request.url.path), exc.kind)
+        return _error_response(exc)
 
     @app.exception_handler(ServerError)
     async def _server_error(request: Request, exc: ServerError) -> Response:
-        return _error_response(service.locate(exc, request.headers.get(SESSION_POD_HEADER)))
+        return refused(request, service.locate(exc, request.headers.get(SESSION_POD_HEADER)))
 
     @app.exception_handler(RequestValidationError)
-    async def _request_invalid(_: Request, exc: RequestValidationError) -> Response:
+    async def _request_invalid(request: Request, exc: RequestValidationError) -> Response:
         errors = list(exc.errors())
         first = errors[0] if errors else {}
         loc = list(first.get("loc", ()))[1:]  # drop 'query' / 'path' / 'body'
         path = field_path(loc) or None
         what = "missing" if first.get("type") == "missing" else first.get("msg", "invalid")
         message = f"parameter '{path}': {what}" if path else str(what)
-        return _error_response(ServerError(422, "invalid_request", message, field=path))
+        return refused(request, ServerError(422, "invalid_request", message, field=path))
 
     @app.exception_handler(Exception)
-    async def _bug(_: Request, exc: Exception) -> Response:
+    async def _bug(request: Request, exc: Exception) -> Response:
         # Starlette answers with this, then re-raises to the fast path, which logs it.
         message = f"internal error: {type(exc).__name__}: {exc}"
-        return _error_response(ServerError(500, "internal", message))
+        return refused(request, ServerError(500, "internal", message))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         kinds = {404: "not_found", 405: "method_not_allowed"}
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        return _error_response(
-            ServerError(exc.status_code, kinds.get(exc.status_code, "http_error"), message)
+        return refused(
+            request, ServerError(exc.status_code, kinds.get(exc.status_code, "http_error"), message)
         )
 
     # The three POST routes document the endpoints (and serve them when fast_path=False).
@@ -1264,11 +1463,19 @@ def uvicorn_config(
     log_level: str = "warning",
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
 ) -> Any:
-    """The uvicorn configuration `serve` runs `app` with (tests start servers with it too)."""
+    """The uvicorn configuration `serve` runs `app` with (tests start servers with it too).
+
+    The session channel's frames may be up to twice the app's body limit (a frame between the
+    limit and that answers 413 like HTTP; a larger one closes the channel with 1009), carry no
+    compression (CPU, not bandwidth, is what a rollout server runs out of), and the connection
+    is pinged every 20 s (a client that answers no ping for 20 s more is disconnected).
+    """
     import uvicorn
 
     if read_timeout_s <= 0:
         raise ValueError("read_timeout_s must be positive")
+    state = getattr(app, "state", None)
+    limit = int(getattr(state, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
     return uvicorn.Config(
         app,
         host=host,
@@ -1278,6 +1485,11 @@ def uvicorn_config(
         server_header=False,
         timeout_keep_alive=75,
         http=timed_protocol(read_timeout_s),
+        ws=CHANNEL_WS_IMPLEMENTATION,
+        ws_max_size=2 * limit + 1024,
+        ws_per_message_deflate=False,
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
     )
 
 

@@ -51,7 +51,7 @@ from qpa.envs.tokens import IDENTITY_PATTERN, AuthError, TokenTable
 from qpa.harness.agent import HarnessPlanner
 from qpa.harness.factory import PlannerFactory, PlannerSpec
 from qpa.harness.memory import MemoryStore
-from qpa.harness.metrics import recorded
+from qpa.harness.metrics import IN_FLIGHT, episode_recorded, error_recorded, recorded
 from qpa.harness.runner import run_episode
 from qpa.harness.serve_config import HarnessServeConfig
 
@@ -313,12 +313,16 @@ class HarnessModel(kserve.Model):  # type: ignore[name-defined]
             model=self.spec.policy_model,
             harness_version=self.spec.harness.version,
         )
+        in_flight = IN_FLIGHT.labels(model=self.name)
+        in_flight.inc()
         try:
             trajectory = run_episode(env, task, planner, policy=policy, max_turns=request.max_turns)
         finally:
+            in_flight.dec()
             env.close()
             if ephemeral is not None:
                 ephemeral.close()
+        episode_recorded(self.name, trajectory)
         refused = _task_refused(trajectory) if request.task is not None else None
         if refused is not None:
             raise RequestRefused(
@@ -451,11 +455,13 @@ class HarnessFront:
                 raise RequestRefused(503, "not_ready", "the Harness is still loading")
             response = await asyncio.to_thread(self.model.run, task, request, caller)
         except RequestRefused as exc:
+            error_recorded(self.model.name, exc.kind)
             await _send(send, exc.status, exc.body(), exc.headers)
             return
         except ConnectionAbortedError:
             return
         except Exception as exc:  # a bug: answer it, log it, keep serving
+            error_recorded(self.model.name, "internal")
             logger.exception("bug while serving %s", path)
             body = orjson.dumps(
                 {"error": f"internal error: {type(exc).__name__}", "kind": "internal"}

@@ -652,7 +652,7 @@ def test_cli_serves_episodes(messaging_task: Task, tmp_path: Path) -> None:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded CI machine imports slowly
         while True:
             assert process.poll() is None, Path(log.name).read_text()
             try:
@@ -667,10 +667,13 @@ def test_cli_serves_episodes(messaging_task: Task, tmp_path: Path) -> None:
             "sessions": 0,
             "max_sessions": 8,
             "draining": False,
+            "channels": ["http", "websocket"],
         }
-        with RemoteEnv(base) as remote:
-            trajectory = run_episode(remote, messaging_task, OraclePlanner())
-            assert trajectory.success, trajectory.error
+        for channel in ("websocket", "http"):
+            with RemoteEnv(base, channel=channel) as remote:
+                trajectory = run_episode(remote, messaging_task, OraclePlanner())
+                assert trajectory.success, trajectory.error
+                assert remote.transport == channel
     finally:
         process.terminate()
         process.wait(10)
