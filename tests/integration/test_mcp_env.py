@@ -292,3 +292,22 @@ def test_rubric_verification_is_llm_judged(notes: NotesServer, openai_server: Fa
     finally:
         bare.close()
     assert not verdict.success and "judge_url" in verdict.checks[0].detail
+
+
+def test_env_serve_fronts_an_mcp_server(
+    notes: NotesServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`qpa env serve --kind mcp` with `$QPA_MCP_URL`: RemoteEnv clients (rollouts, the
+    flywheel) run episodes on the real app's MCP server."""
+    from helpers.uvicorn_thread import serve
+
+    from qpa.envs.remote import RemoteEnv
+    from qpa.envs.serve_config import EnvServeConfig
+    from qpa.envs.server import create_app
+
+    monkeypatch.setenv("QPA_MCP_URL", notes.url)
+    assert EnvServeConfig(kind="mcp").kind == "mcp"
+    with serve(create_app("mcp")) as url, RemoteEnv(url) as remote:
+        trajectory = run_episode(remote, share_task(), OraclePlanner())
+    assert trajectory.error is None, trajectory.error
+    assert trajectory.success and trajectory.env_kind == "mcp"
