@@ -81,3 +81,7 @@ def verify_command(
         f"[green]ok[/]: {len(manifest.files)} files, {manifest.rows} rows, "
         f"{_human(manifest.size)} match {store.uri('manifest.json')}"
     )
+
+
+# `qpa data export|import` (Hugging Face datasets) register themselves on `data_app`.
+from qpa.cli import data_export as _data_export  # noqa: E402, F401
