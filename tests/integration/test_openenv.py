@@ -343,6 +343,32 @@ def test_malformed_json_and_oversized_messages(url: str, grounded_task: Task) ->
         assert orjson.loads(raw.recv())["type"] == "observation"
 
 
+def test_full_and_draining_servers_answer_capacity_errors(grounded_task: Task) -> None:
+    """The store's limits hold for OpenEnv sessions: a full server and a draining one refuse a
+    new episode with OpenEnv's CAPACITY_REACHED, and a live episode keeps stepping."""
+    app = create_app("sandbox", max_sessions=1)
+    with (
+        serve(None, uvicorn_config(app)) as base,
+        QpaEnv(base_url=base).sync() as first,
+        QpaEnv(base_url=base).sync() as second,
+    ):
+        empty = first.state()  # before any reset: an empty state, no session taken
+        assert empty.step_count == 0 and empty.session_id is None and sessions(base) == 0
+        first.reset(task=grounded_task)
+        with pytest.raises(RuntimeError, match=r"all 1 session slots.*CAPACITY_REACHED"):
+            second.reset(task=grounded_task)
+        app.state.service.draining = True
+        with pytest.raises(RuntimeError, match=r"draining.*CAPACITY_REACHED"):
+            first.reset(task=grounded_task)  # no new episode, not even a restart
+        assert first.step(Finish()).done  # the live episode finishes
+        app.state.service.draining = False
+
+
+def test_client_refuses_what_is_not_an_action() -> None:
+    with pytest.raises(TypeError, match="QpaAction or a qpa Action, not dict"):
+        QpaEnv(base_url="http://127.0.0.1:9")._step_payload({"type": "finish"})  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------- tokens, CLI
 
 
