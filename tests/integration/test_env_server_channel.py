@@ -159,7 +159,7 @@ def test_a_dropped_connection_reconnects_and_applies_the_step_once(
         assert channel is not None and channel._sock is not None
         channel._sock.shutdown(socket.SHUT_RDWR)  # the network drops the connection
         assert env.step(MessageUser(text="two")).status == "ok"
-        assert env.transport == "websocket" and env._ws is not channel or channel.connected
+        assert env.transport == "websocket" and channel.connected  # reconnected
         state = httpx.get(f"{url}/state", params={"session_id": env.session_id}).json()
         assert state["steps"] == 2  # each step applied once
         assert env.step(MessageUser(text="three")).status == "ok"

@@ -326,6 +326,43 @@ def test_the_server_still_serves_after_the_abuse(served: dict[str, Any]) -> None
     assert httpx.get(f"{served['url']}/v2/models/harness/ready").status_code == 200
 
 
+def _harness_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The server's `/metrics`, read with prometheus_client's own text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("qpa_harness_")
+    }
+
+
+def test_metrics_count_episodes_steps_latency_and_errors_by_kind(served: dict[str, Any]) -> None:
+    url = served["url"]
+    before = _harness_samples(url)
+    assert predict(url, _b(GOOD), ALICE).status_code == 200
+    assert predict(url, b"{nope", ALICE).status_code == 400
+    assert predict(url, _b(GOOD), {}).status_code == 401
+    after = _harness_samples(url)
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted({"model": "harness", **labels}.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("qpa_harness_requests_total", code="200") == 1
+    assert grew("qpa_harness_requests_total", code="400") == 1
+    assert grew("qpa_harness_errors_total", kind="malformed_json") == 1
+    assert grew("qpa_harness_errors_total", kind="unauthenticated") == 1
+    steps = grew("qpa_harness_steps_total")
+    assert steps == 2  # contacts_create, finish
+    assert grew("qpa_harness_step_seconds_count") == steps
+    assert grew("qpa_harness_step_seconds_bucket", le="+Inf") == steps
+    assert grew("qpa_harness_request_seconds_count") == 3
+    assert after[("qpa_harness_episodes_in_flight", (("model", "harness"),))] == 0
+
+
 def test_in_process_predict_applies_the_same_rules(tmp_path: Path) -> None:
     import asyncio
 
