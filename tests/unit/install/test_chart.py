@@ -69,6 +69,12 @@ def test_every_object_validates_against_the_kubernetes_schemas(
             endpoint = doc["spec"]["endpoints"][0]
             assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
             assert doc["spec"]["selector"]["matchLabels"]
+        elif doc["kind"] == "PodMonitor":
+            endpoint = doc["spec"]["podMetricsEndpoints"][0]
+            assert endpoint["path"] == "/metrics" and (
+                "port" in endpoint or "targetPort" in endpoint
+            )
+            assert doc["spec"]["selector"]["matchLabels"]
         else:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     expected = {
@@ -77,7 +83,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     }  # fmt: skip
     if values:
-        expected |= {"PersistentVolumeClaim", "ServiceMonitor"}
+        expected |= {"PersistentVolumeClaim", "ServiceMonitor", "PodMonitor"}
     assert kinds == expected
 
 
@@ -255,6 +261,45 @@ def test_metrics_service_selects_the_operators_metrics_port(render: Render) -> N
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
     assert not [d for d in render({"metrics.enabled": False}) if d["kind"] == "Service"]
+
+
+def test_pod_monitors_scrape_the_env_servers_and_harness_predictors_the_operator_creates(
+    render: Render,
+) -> None:
+    """The monitors select the pods the operator's own builders make, on their serving port."""
+    from qpa_operator.builders import harnessrelease, rolloutpool
+
+    from qpa.api.v1alpha1 import parse_resource
+
+    def example(name: str) -> Any:
+        body = next(d for d in yaml.safe_load_all((ROOT / "examples" / name).read_text()) if d)
+        body["metadata"].update(namespace="team-a", uid="uid-1")
+        return parse_resource(body)
+
+    defaults = Defaults()
+    pool = example("rolloutpool.yaml")
+    env_pods = rolloutpool.deployment(pool, defaults)["spec"]["template"]
+    release = example("harnessrelease.yaml")
+    predictor = harnessrelease.harness_service(release, defaults)  # KServe copies its labels
+    container = predictor["spec"]["predictor"]["containers"][0]
+    docs = render(FULL)
+    env = find(docs, "PodMonitor", f"{RELEASE}-operator-env-servers")
+    assert env["spec"]["selector"]["matchLabels"].items() <= env_pods["metadata"]["labels"].items()
+    ports = {p["name"] for p in env_pods["spec"]["containers"][0]["ports"]}
+    assert env["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    harness = find(docs, "PodMonitor", f"{RELEASE}-operator-harness")
+    labels = predictor["metadata"]["labels"]
+    assert harness["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert (
+        harness["spec"]["podMetricsEndpoints"][0]["targetPort"]
+        == (container["ports"][0]["containerPort"])
+    )
+    assert env["spec"]["namespaceSelector"] == {"any": True}
+    scoped = render({**FULL, "operator.watchNamespaces": ["team-a", "team-b"]})
+    selector = find(scoped, "PodMonitor", f"{RELEASE}-operator-harness")["spec"]
+    assert selector["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    quiet = render({**FULL, "metrics.serviceMonitor.workloads": False})
+    assert not [d for d in quiet if d["kind"] == "PodMonitor"]
 
 
 def test_replicas_peer_and_platform_pods_avoid_device_and_gpu_nodes(render: Render) -> None:
