@@ -11,7 +11,7 @@ from rich.table import Table
 
 from qpa.cli import app
 from qpa.cli.common import console, die, print_json
-from qpa.contract import Task, write_tasks
+from qpa.contract import WORLD_PROFILES, Task, WorldProfile, write_tasks
 from qpa.envs.sandbox.registry import all_tools
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, generate_suite
 
@@ -21,13 +21,59 @@ app.add_typer(tasks_app, name="tasks")
 SuiteOpt = Annotated[str, typer.Option("--suite", "-s", help="Task suite name.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Suite seed (0 = the canonical suite).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+WorldOpt = Annotated[
+    str,
+    typer.Option(
+        "--world",
+        help="World profile: 'default' (the task's own world) or 'phone' (every app filled to "
+        "a real phone's sizes from the task's seed).",
+    ),
+]
 
 
-def load(suite: str, seed: int = CANONICAL_SEED) -> tuple[Task, ...]:
+def load(suite: str, seed: int = CANONICAL_SEED, world: str = "default") -> tuple[Task, ...]:
+    if world not in WORLD_PROFILES:
+        die(f"--world: unknown world profile {world!r} (one of: {', '.join(WORLD_PROFILES)})")
+    profile: WorldProfile = world
     try:
-        return generate_suite(suite, seed)
+        return generate_suite(suite, seed, profile)
     except KeyError as exc:
         die(str(exc.args[0]))
+
+
+def world_sizes(tasks: tuple[Task, ...] | list[Task]) -> dict[str, Any]:
+    """World sizes at the tasks' profile, over one task per template (the first of each): the
+    median and largest world in records and JSON bytes, the largest size of each collection."""
+    import statistics
+
+    import orjson
+
+    from qpa.envs.sandbox.env import base_for
+    from qpa.envs.sandbox.profiles import world_stats
+    from qpa.envs.sandbox.registry import all_apps
+
+    apps = all_apps()
+    sample = list({t.template: t for t in reversed(tasks)}.values())
+    records, sizes = [], []
+    largest: dict[str, int] = {}
+    for task in sample:
+        names = [a for a in task.apps if a in apps]
+        state = base_for(task, names, apps).state
+        counts = world_stats(state)
+        records.append(sum(counts.values()))
+        sizes.append(len(orjson.dumps(state)))
+        for key, n in counts.items():
+            largest[key] = max(largest.get(key, 0), n)
+    if not sample:
+        return {}
+    return {
+        "sampled_tasks": len(sample),
+        "records_median": int(statistics.median(records)),
+        "records_max": max(records),
+        "bytes_median": int(statistics.median(sizes)),
+        "bytes_max": max(sizes),
+        "largest_collections": dict(sorted(largest.items())),
+    }
 
 
 def suite_stats(tasks: tuple[Task, ...] | list[Task]) -> dict[str, Any]:
@@ -56,6 +102,7 @@ def suite_stats(tasks: tuple[Task, ...] | list[Task]) -> dict[str, Any]:
 @tasks_app.command("list")
 def list_tasks(
     suite: SuiteOpt = DEFAULT_SUITE,
+    world: WorldOpt = "default",
     split: Annotated[str | None, typer.Option(help="train, validation or test.")] = None,
     domain: Annotated[str | None, typer.Option(help="Only this domain.")] = None,
     capability: Annotated[str | None, typer.Option(help="Only this capability.")] = None,
@@ -65,7 +112,7 @@ def list_tasks(
     """List tasks, filtered by split, domain or capability."""
     tasks = [
         t
-        for t in load(suite)
+        for t in load(suite, world=world)
         if (split is None or t.split == split)
         and (domain is None or t.domain == domain)
         and (capability is None or capability in t.capabilities)
@@ -97,10 +144,13 @@ def list_tasks(
 
 @tasks_app.command("show")
 def show_task(
-    task_id: str, suite: SuiteOpt = DEFAULT_SUITE, seed: SeedOpt = CANONICAL_SEED
+    task_id: str,
+    suite: SuiteOpt = DEFAULT_SUITE,
+    seed: SeedOpt = CANONICAL_SEED,
+    world: WorldOpt = "default",
 ) -> None:
     """Print one task as JSON (instruction, world, tools, verifier, reference plan)."""
-    for task in load(suite, seed):
+    for task in load(suite, seed, world):
         if task.id == task_id:
             print_json(task.model_dump(mode="json"))
             return
@@ -108,15 +158,33 @@ def show_task(
 
 
 @tasks_app.command("stats")
-def stats(suite: SuiteOpt = DEFAULT_SUITE, as_json: JsonOpt = False) -> None:
-    """Counts per domain, capability, split, difficulty and tool."""
-    data = suite_stats(load(suite))
+def stats(
+    suite: SuiteOpt = DEFAULT_SUITE,
+    world: WorldOpt = "default",
+    as_json: JsonOpt = False,
+    sizes: Annotated[
+        bool, typer.Option("--sizes", help="Also measure world sizes (one task per template).")
+    ] = False,
+) -> None:
+    """Counts per domain, capability, split, difficulty and tool (and world sizes)."""
+    tasks = load(suite, world=world)
+    data = suite_stats(tasks)
+    data["world_profile"] = world
+    if sizes or world != "default":
+        data["world"] = world_sizes(tasks)
     if as_json:
         print_json(data)
         return
     console.print(
-        f"[bold]{suite}[/]: {data['tasks']} tasks, {data['domains']} domains, {data['tools']} tools"
+        f"[bold]{suite}[/] ({world} worlds): {data['tasks']} tasks, {data['domains']} domains, "
+        f"{data['tools']} tools"
     )
+    if "world" in data:
+        w = data["world"]
+        console.print(
+            f"worlds ({w['sampled_tasks']} sampled): median {w['records_median']} records / "
+            f"{w['bytes_median']:,} bytes, largest {w['records_max']} / {w['bytes_max']:,}"
+        )
     for key in ("by_split", "by_domain", "by_capability", "test_by_capability", "by_difficulty"):
         table = Table(title=key)
         table.add_column("name")
@@ -132,11 +200,12 @@ def generate(
     seed: SeedOpt = CANONICAL_SEED,
     out: Annotated[Path | None, typer.Option(help="Write tasks as JSON Lines here.")] = None,
     split: Annotated[str | None, typer.Option(help="Only this split.")] = None,
+    world: WorldOpt = "default",
 ) -> None:
     """Regenerate a suite from its templates; the same seed always gives the same tasks."""
-    tasks = [t for t in load(suite, seed) if split is None or t.split == split]
+    tasks = [t for t in load(suite, seed, world) if split is None or t.split == split]
     if out is None:
-        print_json({"suite": suite, "seed": seed, "tasks": len(tasks)})
+        print_json({"suite": suite, "seed": seed, "world": world, "tasks": len(tasks)})
         return
     count = write_tasks(out, tasks)
     console.print(f"wrote {count} tasks to {out}")

@@ -53,6 +53,7 @@ from typing import Any
 import orjson
 
 from qpa.contract import Check, CollateralChange, CollateralWrite
+from qpa.envs.sandbox.cow import FrozenList
 
 # A changed unit: (app, collection, record key, field). The record key is None for a dict
 # record (settings) and for a list's order, `CONTENT` for records keyed by content (they are
@@ -126,6 +127,10 @@ def _keys(rows: list[Any]) -> list[str]:
 def _list_changes(app: str, name: str, before: list[Any], after: list[Any]) -> list[Change]:
     if all(_has_id(r) for r in before) and all(_has_id(r) for r in after):
         return _id_list_changes(app, name, before, after)
+    return _keyed_list_changes(app, name, before, after)
+
+
+def _keyed_list_changes(app: str, name: str, before: list[Any], after: list[Any]) -> list[Change]:
     old_keys, new_keys = _keys(before), _keys(after)
     old = dict(zip(old_keys, before, strict=True))
     new = dict(zip(new_keys, after, strict=True))
@@ -165,29 +170,52 @@ def _list_changes(app: str, name: str, before: list[Any], after: list[Any]) -> l
 
 
 def _id_list_changes(app: str, name: str, before: list[Any], after: list[Any]) -> list[Change]:
-    """`_list_changes` for lists whose records all have ids, in the size of the change: records
-    that are the same object before and after (copy-on-write shares what a call left alone)
-    are not compared field by field."""
-    same = {id(r) for r in before}.intersection(id(r) for r in after)
-    old_keys, new_keys = _keys(before), _keys(after)
-    new = {k: r for k, r in zip(new_keys, after, strict=True) if id(r) not in same}
-    old = {k: r for k, r in zip(old_keys, before, strict=True) if id(r) not in same}
+    """`_list_changes` in the size of the change, for copy-on-write lists (frozen, every record
+    with an id): a record that is the same object before and after (what a call left alone)
+    is neither keyed nor compared field by field. Anything unusual (repeated ids) takes the
+    general, keyed diff."""
+    if type(before) is not FrozenList or before.duplicate_ids():
+        return _keyed_list_changes(app, name, before, after)
+    same = set(map(id, before)) & set(map(id, after))
+    old = {str(r["id"]): r for r in before if id(r) not in same}
+    new = {str(r["id"]): r for r in after if id(r) not in same}
+    if len(new) != sum(1 for r in after if id(r) not in same) or any(
+        k not in old and before.position(_raw_id(r)) is not None for k, r in new.items()
+    ):
+        return _keyed_list_changes(app, name, before, after)
     out: list[Change] = []
-    new_set = set(new_keys)
-    old_set = set(old_keys)
     for key, row in old.items():
-        if key not in new_set:
+        if key not in new:
             out.append(Change(app, name, key, None, "deleted", row, None))
-        elif key in new and new[key] != row:
+        elif new[key] != row:
             out.append(Change(app, name, key, None, "modified", row, new[key]))
     for key, row in new.items():
-        if key not in old_set:
+        if key not in old:
             out.append(Change(app, name, key, None, "created", None, row))
-    kept_old = [k for k in old_keys if k in new_set]
-    kept_new = [k for k in new_keys if k in old_set]
+    # The kept records' order: shared ones by identity, changed ones by id.
+    kept_old = [id(r) if id(r) in same else str(r["id"]) for r in before]
+    kept_new = [id(r) if id(r) in same else str(r["id"]) for r in after]
+    kept_old = [k for k in kept_old if not isinstance(k, str) or k in new]
+    kept_new = [k for k in kept_new if not isinstance(k, str) or k in old]
     if kept_old != kept_new:
-        out.append(Change(app, name, None, ORDER, "modified", kept_old, kept_new))
+        old_keys, new_keys = _keys(before), _keys(after)
+        new_set, old_set = set(new_keys), set(old_keys)
+        out.append(
+            Change(
+                app,
+                name,
+                None,
+                ORDER,
+                "modified",
+                [k for k in old_keys if k in new_set],
+                [k for k in new_keys if k in old_set],
+            )
+        )
     return out
+
+
+def _raw_id(row: dict[str, Any]) -> Any:
+    return row["id"]
 
 
 def _collection_changes(app: str, name: str, before: Any, after: Any) -> list[Change]:

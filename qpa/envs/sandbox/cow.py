@@ -41,8 +41,16 @@ class FrozenDict(dict[str, Any]):
     """A dict that refuses mutation (raises `Thaw`); reads are the builtin dict's."""
 
     __slots__ = ()
-    __setitem__ = _refuse
     __delitem__ = _refuse
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        # Setting a field to what it already is changes nothing (a read flag set again): no copy.
+        if key in self:
+            old = dict.__getitem__(self, key)
+            if old is value or (type(old) is type(value) and old == value):
+                return
+        raise Thaw(self)
+
     __ior__ = _refuse
     clear = _refuse
     pop = _refuse
@@ -61,7 +69,7 @@ class FrozenDict(dict[str, Any]):
 class FrozenList(list[Any]):
     """A list that refuses mutation (raises `Thaw`), with cached lookup indexes."""
 
-    __slots__ = ("_by_field", "_by_id")
+    __slots__ = ("_by_field", "_by_id", "_dups")
     __setitem__ = _refuse
     __delitem__ = _refuse
     __iadd__ = _refuse
@@ -78,22 +86,34 @@ class FrozenList(list[Any]):
     def __init__(self, items: Iterable[Any] = ()) -> None:
         super().__init__(items)
         self._by_id: dict[Any, int] | None = None
+        self._dups = False
         self._by_field: dict[str, dict[Any, list[int]]] = {}
 
     def __reduce__(self) -> Any:
         return (list, (list(self),))
 
-    def position(self, record_id: Any) -> int | None:
-        """The position of the (first) record whose `id` is `record_id`, by index."""
+    def _id_index(self) -> dict[Any, int]:
         if self._by_id is None:
             index: dict[Any, int] = {}
+            keyed = 0
             for i, row in enumerate(self):
                 if isinstance(row, dict):
                     key = row.get("id")
                     if key is not None and not isinstance(key, (dict, list)):
                         index.setdefault(key, i)
+                        keyed += 1
             self._by_id = index
-        return self._by_id.get(record_id)
+            self._dups = keyed != len(index)
+        return self._by_id
+
+    def position(self, record_id: Any) -> int | None:
+        """The position of the (first) record whose `id` is `record_id`, by index."""
+        return self._id_index().get(record_id)
+
+    def duplicate_ids(self) -> bool:
+        """Whether two records share an id (or ids that compare equal, 1 and "1" aside)."""
+        self._id_index()
+        return self._dups
 
     def positions(self, field: str, value: Any) -> list[int] | None:
         """The positions of records whose `field` equals `value` (None: value not hashable)."""

@@ -314,6 +314,16 @@ class App:
                 return i
         return None
 
+    def editable(self, collection: str, position: int) -> dict[str, Any]:
+        """Record `position` of a list collection, to change in place (also from a read tool
+        that keeps bookkeeping, such as read flags): copied first when it is shared state."""
+        scope = self.world.scope
+        rows = self.records(collection)
+        if scope is not None and type(rows[position]) is FrozenDict:
+            record: dict[str, Any] = scope.thaw_record(self.name, collection, position)
+            return record
+        return rows[position]
+
     def _record_for_call(self, collection: str, position: int) -> dict[str, Any]:
         """Record `position`, mutable when the current call may change state."""
         scope = self.world.scope

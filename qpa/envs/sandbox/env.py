@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
@@ -67,10 +68,25 @@ _BASES: OrderedDict[bytes, WorldBase] = OrderedDict()
 _BASES_LOCK = threading.Lock()
 
 
+# The content key of the task objects last reset (by identity, while they live): hashing a
+# large world document on every reset would make reset O(world) again. A task's world is not
+# to be changed in place once an environment has been reset on it (copy the task instead).
+_KEYS: dict[int, tuple[weakref.ref[Task], tuple[str, ...], bytes]] = {}
+
+
 def _world_key(task: Task, app_names: list[str]) -> bytes:
+    known = _KEYS.get(id(task))
+    if known is not None and known[0]() is task and known[1] == tuple(app_names):
+        return known[2]
     digest = hashlib.blake2b(orjson.dumps(task.world), digest_size=16)
     digest.update(orjson.dumps([app_names, task.world_profile, task.seed]))
-    return digest.digest()
+    key = digest.digest()
+    with _BASES_LOCK:
+        if len(_KEYS) >= 4 * BASE_CACHE_SIZE:
+            for stale in [k for k, v in _KEYS.items() if v[0]() is None] or list(_KEYS)[:1]:
+                del _KEYS[stale]
+        _KEYS[id(task)] = (weakref.ref(task), tuple(app_names), key)
+    return key
 
 
 def base_for(task: Task, app_names: list[str], apps: dict[str, type[App]]) -> WorldBase:

@@ -28,6 +28,7 @@ from qpa.contract import (
     Task,
     UserProfile,
     VerifierSpec,
+    WorldProfile,
 )
 from qpa.envs.sandbox import templates as templates_package
 from qpa.envs.sandbox.registry import all_apps
@@ -178,8 +179,15 @@ def _canonical_test_instructions(suite: str) -> frozenset[str]:
 
 
 @cache
-def generate_suite(suite: str = DEFAULT_SUITE, seed: int = CANONICAL_SEED) -> tuple[Task, ...]:
-    """Every task of the suite, all splits. Non-canonical seeds never reproduce a test task."""
+def generate_suite(
+    suite: str = DEFAULT_SUITE, seed: int = CANONICAL_SEED, profile: WorldProfile = "default"
+) -> tuple[Task, ...]:
+    """Every task of the suite, all splits. Non-canonical seeds never reproduce a test task.
+
+    At a `profile` other than the default the tasks are the same, their worlds filled to that
+    profile (`qpa.envs.sandbox.profiles`), their ids suffixed with it (`....test.000.phone`)."""
+    if profile != "default":
+        return tuple(at_profile(t, profile) for t in generate_suite(suite, seed))
     tasks: list[Task] = []
     forbidden = frozenset() if seed == CANONICAL_SEED else _canonical_test_instructions(suite)
     for tpl in all_templates().values():
@@ -203,12 +211,26 @@ def generate_suite(suite: str = DEFAULT_SUITE, seed: int = CANONICAL_SEED) -> tu
     return tuple(tasks)
 
 
+def at_profile(task: Task, profile: WorldProfile) -> Task:
+    """`task` with its world filled to `profile` (built by the environment, from its seed)."""
+    if profile == task.world_profile:
+        return task
+    base_id = task.id.removesuffix(f".{task.world_profile}")
+    new_id = base_id if profile == "default" else f"{base_id}.{profile}"
+    return task.model_copy(update={"world_profile": profile, "id": new_id})
+
+
 def suite_names() -> list[str]:
     return sorted({t.suite for t in all_templates().values()})
 
 
-def get_task(task_id: str, suite: str = DEFAULT_SUITE, seed: int = CANONICAL_SEED) -> Task:
-    for task in generate_suite(suite, seed):
+def get_task(
+    task_id: str,
+    suite: str = DEFAULT_SUITE,
+    seed: int = CANONICAL_SEED,
+    profile: WorldProfile = "default",
+) -> Task:
+    for task in generate_suite(suite, seed, profile):
         if task.id == task_id:
             return task
     raise KeyError(f"no task {task_id!r} in suite {suite!r} (seed {seed})")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import PHONE, App, Limit, fail, tool, updates
+from qpa.envs.sandbox.engine import PHONE, App, Limit, Offset, fail, paginate, tool, updates
 
 
 class Contact(TypedDict):
@@ -58,9 +58,12 @@ class ContactsApp(App):
         return record
 
     @tool()
-    def contacts_list_group(self, group: str) -> list[Contact]:
-        """List the contacts in a group such as 'family' or 'work'."""
-        return [c for c in self.records("contacts") if group in c.get("groups", [])]  # type: ignore[misc]
+    def contacts_list_group(
+        self, group: str, limit: Limit = 50, offset: Offset = 0
+    ) -> list[Contact]:
+        """List the contacts in a group such as 'family' or 'work', `limit` from `offset` on."""
+        found = [c for c in self.records("contacts") if group in c.get("groups", [])]
+        return paginate(found, limit, offset)  # type: ignore[arg-type]
 
     @tool()
     def contacts_list_favorites(self) -> list[Contact]:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_MINUTE, PHONE, App, fail, tool
+from qpa.envs.sandbox.engine import ISO_MINUTE, PHONE, App, Limit, Offset, fail, paginate, tool
 
 
 class Message(TypedDict):
@@ -64,8 +64,11 @@ class MessagingApp(App):
         return {"messages": [], "blocked": []}
 
     @tool()
-    def messaging_list_threads(self, unread_only: bool = False) -> list[dict[str, Any]]:
-        """List conversations (one per phone number) with their latest message and unread count."""
+    def messaging_list_threads(
+        self, unread_only: bool = False, limit: Limit = 50, offset: Offset = 0
+    ) -> list[dict[str, Any]]:
+        """List conversations (one per phone number) with their latest message and unread count,
+        `limit` from `offset` on."""
         threads: dict[str, dict[str, Any]] = {}
         for m in self.records("messages"):
             peer = m["to"] if m["sender"] == "me" else m["sender"]
@@ -77,7 +80,7 @@ class MessagingApp(App):
             if not m["read"] and m["sender"] != "me":
                 entry["unread"] += 1
         rows = list(threads.values())
-        return [t for t in rows if t["unread"]] if unread_only else rows
+        return paginate([t for t in rows if t["unread"]] if unread_only else rows, limit, offset)
 
     @tool()
     def messaging_read_thread(
@@ -87,16 +90,22 @@ class MessagingApp(App):
     ) -> list[Message]:
         """Read the latest messages with a phone number (marks them read)."""
         thread = thread_id(phone)
-        rows = [m for m in self.records("messages") if m["thread"] == thread]
-        for m in rows:
-            m["read"] = True
-        return rows[-limit:]  # type: ignore[return-value]
+        hits = self._matching("messages", {"thread": thread})  # by index: the thread only
+        rows = self.records("messages")
+        for at in hits:
+            if rows[at].get("read") is not True:
+                self.editable("messages", at)["read"] = True
+        rows = self.records("messages")
+        return [rows[at] for at in hits][-limit:]  # type: ignore[return-value]
 
     @tool()
-    def messaging_search(self, text: Annotated[str, Field(min_length=1)]) -> list[Message]:
-        """Search all messages for text (case-insensitive)."""
+    def messaging_search(
+        self, text: Annotated[str, Field(min_length=1)], limit: Limit = 50, offset: Offset = 0
+    ) -> list[Message]:
+        """Search all messages for text (case-insensitive), `limit` from `offset` on."""
         q = text.lower()
-        return [m for m in self.records("messages") if q in m["text"].lower()]  # type: ignore[misc]
+        found = [m for m in self.records("messages") if q in m["text"].lower()]
+        return paginate(found, limit, offset)  # type: ignore[arg-type]
 
     @tool("write")
     def messaging_send(

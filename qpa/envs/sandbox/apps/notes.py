@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field
@@ -140,13 +141,10 @@ class NotesApp(App):
     @tool()
     def notes_list_folders(self) -> list[Folder]:
         """List note folders with how many notes each holds."""
-        live = [n for n in self.records("notes") if not n.get("deleted")]
+        # One pass over the notes, not one per folder.
+        per_folder = Counter(n.get("folder") for n in self.records("notes") if not n.get("deleted"))
         return [
-            {
-                "id": f["id"],
-                "name": f["name"],
-                "count": sum(1 for n in live if n.get("folder") == f["name"]),
-            }
+            {"id": f["id"], "name": f["name"], "count": per_folder.get(f["name"], 0)}
             for f in self.records("folders")
         ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, cast
 
@@ -160,15 +161,16 @@ class RemindersApp(App):
     @tool()
     def reminders_list_lists(self) -> list[ReminderList]:
         """List the reminder lists with how many open reminders each has."""
-        rows = self.records("reminders")
+        # One pass over the reminders, not one per list.
+        open_by_list = Counter(
+            r.get("list_id") for r in self.records("reminders") if not r.get("completed")
+        )
         return [
             {
                 "id": lst["id"],
                 "name": lst["name"],
                 "color": lst.get("color", "blue"),
-                "open": sum(
-                    1 for r in rows if r.get("list_id") == lst["id"] and not r.get("completed")
-                ),
+                "open": open_by_list.get(lst["id"], 0),
             }
             for lst in self.records("lists")
         ]
