@@ -260,11 +260,22 @@ class SandboxEnv:
         return snapshot
 
     def session_bytes(self) -> int:
-        """What this session holds of its own (its overlay's frozen values that are not the
-        base's), as JSON bytes: an upper bound on the state it does not share."""
+        """What this session holds of its own: the JSON size of the records in its overlay that
+        are not the base's, plus a pointer (8 bytes) per slot of the lists it re-made (a list it
+        changed shares every record it left alone with the base)."""
         if self._store is None:
             return 0
-        return len(orjson.dumps(self._store.overlay)) + len(orjson.dumps(self._user_log))
+        total = len(orjson.dumps(self._user_log))
+        for app, collection in self._store.owned():
+            mine = self._store.overlay[app][collection]
+            theirs = self._store.base.get(app, {}).get(collection)
+            if isinstance(mine, list):
+                shared = set(map(id, theirs)) if isinstance(theirs, list) else set()
+                own = [r for r in mine if id(r) not in shared]
+                total += len(orjson.dumps(own)) + 8 * len(mine)
+            elif mine is not Store.DELETED:
+                total += len(orjson.dumps(mine))
+        return total
 
     @property
     def finished(self) -> bool:

@@ -13,6 +13,8 @@ changes what the task asks or what its checks accept:
   out of range, and never a default or favourite;
 - a clone is dearer and rated lower than every record of the task's in its collection, so
   "the cheapest", "the best rated" and "the most popular" keep their answers;
+- maps places are not filled (nor the visits and reviews that name them): routes rank places
+  by their neighbourhood, so a look-alike there could be the better answer;
 - collections the user owns one of each (payment cards, accounts, addresses, calendars,
   drivers, promos, bookings made, bills, devices, alarms, settings) are not filled;
 - a clone that any of the task's checks would match (an `exists`, `count` or `absent` where on
@@ -46,9 +48,6 @@ PHONE_SIZES: dict[tuple[str, str], int] = {
     ("food", "restaurants"): 120,
     ("food", "menu"): 600,
     ("food", "orders"): 60,
-    ("maps", "places"): 400,
-    ("maps", "timeline"): 150,
-    ("maps", "reviews"): 40,
     ("music", "catalog"): 1000,
     ("music", "playlists"): 40,
     ("podcasts", "shows"): 60,
