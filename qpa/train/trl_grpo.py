@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -350,6 +351,7 @@ class QpaRollout:
         import torch
         from trl.models import unwrap_model_for_generation
 
+        started = time.perf_counter()
         tasks = [self._task(p) for p in prompts]
         tokenizer = trainer.processing_class
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps one
@@ -383,6 +385,7 @@ class QpaRollout:
         if hasattr(trainer, "_metrics"):
             mode = "train" if trainer.model.training else "eval"
             trainer._metrics[mode]["qpa/unpacked_turns"].append(float(unpacked))
+            trainer._metrics[mode]["qpa/rollout_s"].append(time.perf_counter() - started)
             trainer._metrics[mode]["qpa/success"].append(
                 sum(r.trajectory.success for r in records) / max(1, len(records))
             )
