@@ -144,6 +144,15 @@ def test_cli_export_import_and_bad_input(batches: tuple[Path, Path], tmp_path: P
     assert info["written"]["rows"] == info["splits"]["train"]["rows"]
     first = json.loads(jsonl.read_text().splitlines()[0])
     assert all(set(m) == {"role", "content", "train"} for m in first["messages"])
+    # qpa's SFT reads the imported rows as its dataset, masks included
+    from qpa.train.sft import load_rows
+
+    loaded = load_rows(str(jsonl), cache_dir=tmp_path / "sft-cache").rows
+    _, exported = read_export(out)
+    assert len(loaded) == len(exported["train"])
+    assert [[m["train"] for m in r["messages"]] for r in loaded] == [
+        [m["train"] for m in r["messages"]] for r in exported["train"]
+    ]
 
     # a missing source, a missing Parquet file, a corrupt one, a corrupt card: named
     done = runner.invoke(app, ["data", "export", str(tmp_path / "nope"), "--out", str(out)])
