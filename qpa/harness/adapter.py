@@ -29,6 +29,7 @@ Token counts come from `estimate_tokens`, a cheap deterministic estimator; pass 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from qpa.contract import ToolSpec
@@ -245,6 +247,11 @@ def _param_names(spec: ToolSpec) -> list[str]:
     return [name if name in required else f"{name}?" for name in props]
 
 
+def _params(spec: ToolSpec) -> bytes:
+    """A tool's argument schema as canonical JSON bytes (part of its cache keys)."""
+    return orjson.dumps(spec.parameters, option=orjson.OPT_SORT_KEYS)
+
+
 def render_compact(spec: ToolSpec) -> str:
     """One line: `- name(arg, opt?) [write]: short description.`"""
     effect = "" if spec.side_effect == "read" else f" [{spec.side_effect}]"
@@ -274,6 +281,29 @@ def _tool_terms(spec: ToolSpec, app: str) -> list[str]:
     return terms(" ".join(words))
 
 
+#: Renderings, token counts and BM25 indices shared by every adapter in the process: a Harness
+#: builds a planner (and its adapter) per episode, and the tools on offer repeat across episodes,
+#: so what depends only on a tool's content (or a Skill's, or a tool set's and its library's) is
+#: computed once. Keys hold the whole content they depend on; bounded, cleared when full.
+_SHARED_MAX = 4096
+_RENDERED: dict[tuple[Any, ...], tuple[str, str, int, int]] = {}
+_SKILLS_RENDERED: dict[tuple[Any, ...], tuple[str, int]] = {}
+_INDICES: dict[tuple[Any, ...], tuple[BM25, BM25]] = {}
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= _SHARED_MAX:
+        cache.clear()
+    cache[key] = value
+
+
+def _library_key(skills: SkillLibrary) -> str:
+    """What a library's content is (its version and every Skill and description), as a digest."""
+    return hashlib.sha256(
+        orjson.dumps(skills.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()
+
+
 class ScenarioAdapter:
     """Selects and renders the tool documentation and Skills for a task, within a token budget."""
 
@@ -295,9 +325,7 @@ class ScenarioAdapter:
         self.max_tools = max_tools
         self.drop_skills = frozenset(drop_skills)
         self.count_tokens = count_tokens
-        self._index_cache: dict[tuple[tuple[str, str], ...], tuple[BM25, BM25]] = {}
-        self._render_cache: dict[tuple[str, str], tuple[str, str, int, int]] = {}
-        self._skill_cache: dict[tuple[str, str], tuple[str, int]] = {}
+        self._library: str | None = None  # _library_key(skills), computed on first use
 
     @property
     def version(self) -> str:
@@ -373,8 +401,10 @@ class ScenarioAdapter:
         self, specs: list[ToolSpec], apps_of: dict[str, str], apps: list[str]
     ) -> tuple[BM25, BM25]:
         """BM25 indices of the apps and tools on offer; the same tool set reuses its indices."""
-        key = tuple((s.name, s.description) for s in specs)
-        cached = self._index_cache.get(key)
+        if self._library is None:
+            self._library = _library_key(self.skills)
+        key = (self._library, *((s.name, s.description, s.app, _params(s)) for s in specs))
+        cached = _INDICES.get(key)
         if cached is not None:
             return cached
         tool_docs = [_tool_terms(s, apps_of[s.name]) for s in specs]
@@ -391,28 +421,26 @@ class ScenarioAdapter:
             ]
             app_docs.append(doc)
         indices = (BM25(app_docs), BM25(tool_docs))
-        if len(self._index_cache) >= 256:
-            self._index_cache.clear()
-        self._index_cache[key] = indices
+        _remember(_INDICES, key, indices)
         return indices
 
     def _rendered(self, spec: ToolSpec) -> tuple[str, str, int, int]:
         """Compact and full renderings of a tool with their token counts (memoised by content)."""
-        key = (spec.name, spec.description)
-        hit = self._render_cache.get(key)
+        key = (self.count_tokens, spec.name, spec.description, spec.app, _params(spec))
+        hit = _RENDERED.get(key)
         if hit is None:
             compact, full = render_compact(spec), render_full(spec)
             hit = (compact, full, self.count_tokens(compact), self.count_tokens(full))
-            self._render_cache[key] = hit
+            _remember(_RENDERED, key, hit)
         return hit
 
     def _skill_rendered(self, skill: Skill) -> tuple[str, int]:
-        key = (skill.id, skill.text)
-        hit = self._skill_cache.get(key)
+        key = (self.count_tokens, skill.id, skill.app, skill.name, skill.text)
+        hit = _SKILLS_RENDERED.get(key)
         if hit is None:
             text = render_skill(skill)
             hit = (text, self.count_tokens(text))
-            self._skill_cache[key] = hit
+            _remember(_SKILLS_RENDERED, key, hit)
         return hit
 
     def _budget(

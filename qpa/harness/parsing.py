@@ -39,6 +39,7 @@ from qpa.contract import (
     ToolCall,
     ToolSpec,
 )
+from qpa.harness.argcheck import Check, compile_schema
 
 if TYPE_CHECKING:  # parsing sits below the backends: no runtime import of them
     from qpa.harness.backends.base import Completion
@@ -188,7 +189,7 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FINISH = re.compile(r"<finish\s*/>|<finish>(.*?)(?:</finish>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
 _ACTION_TYPES = {"tool_call", "ui", "message_user", "delegate", "finish"}
-_VALIDATORS: dict[str, Draft202012Validator | None] = {}
+_VALIDATORS: dict[str, tuple[Draft202012Validator | None, Check | None]] = {}
 
 
 def _strip_thinking(text: str) -> str:
@@ -379,9 +380,9 @@ class _Parser:
     ) -> str | None:
         if not (self.validate or force):
             return None
-        validator = _validator(spec)
-        if validator is None:
-            return None
+        validator, plainly_valid = _validator(spec)
+        if validator is None or (plainly_valid is not None and plainly_valid(arguments)):
+            return None  # a flat schema's fast yes; any doubt goes to jsonschema (argcheck)
         errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path)))
         if not errors:
             return None
@@ -420,14 +421,15 @@ class _Parser:
         return Delegate(goal=arguments["goal"], tools=scoped, agent=arguments.get("agent") or "sub")
 
 
-def _validator(spec: ToolSpec) -> Draft202012Validator | None:
+def _validator(spec: ToolSpec) -> tuple[Draft202012Validator | None, Check | None]:
     key = spec.name + "\x00" + json.dumps(spec.parameters, sort_keys=True, default=str)
     if key not in _VALIDATORS:
         try:
             Draft202012Validator.check_schema(spec.parameters)
-            _VALIDATORS[key] = Draft202012Validator(spec.parameters)
+            validator = Draft202012Validator(spec.parameters)
+            _VALIDATORS[key] = (validator, compile_schema(spec.parameters))
         except SchemaError:  # a tool with a broken schema is left to the environment
-            _VALIDATORS[key] = None
+            _VALIDATORS[key] = (None, None)
         if len(_VALIDATORS) > 4096:
             _VALIDATORS.pop(next(iter(_VALIDATORS)))
     return _VALIDATORS[key]
