@@ -125,7 +125,7 @@ def _keys(rows: list[Any]) -> list[str]:
 
 
 def _list_changes(app: str, name: str, before: list[Any], after: list[Any]) -> list[Change]:
-    if all(_has_id(r) for r in before) and all(_has_id(r) for r in after):
+    if type(before) is FrozenList and type(after) is FrozenList:
         return _id_list_changes(app, name, before, after)
     return _keyed_list_changes(app, name, before, after)
 
@@ -174,12 +174,15 @@ def _id_list_changes(app: str, name: str, before: list[Any], after: list[Any]) -
     with an id): a record that is the same object before and after (what a call left alone)
     is neither keyed nor compared field by field. Anything unusual (repeated ids) takes the
     general, keyed diff."""
-    if type(before) is not FrozenList or before.duplicate_ids():
+    if not isinstance(before, FrozenList) or not before.all_keyed() or before.duplicate_ids():
         return _keyed_list_changes(app, name, before, after)
     same = set(map(id, before)) & set(map(id, after))
     old = {str(r["id"]): r for r in before if id(r) not in same}
-    new = {str(r["id"]): r for r in after if id(r) not in same}
-    if len(new) != sum(1 for r in after if id(r) not in same) or any(
+    came = [r for r in after if id(r) not in same]
+    if not all(_has_id(r) for r in came):
+        return _keyed_list_changes(app, name, before, after)
+    new = {str(r["id"]): r for r in came}
+    if len(new) != len(came) or any(
         k not in old and before.position(_raw_id(r)) is not None for k, r in new.items()
     ):
         return _keyed_list_changes(app, name, before, after)

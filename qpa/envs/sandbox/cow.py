@@ -69,7 +69,7 @@ class FrozenDict(dict[str, Any]):
 class FrozenList(list[Any]):
     """A list that refuses mutation (raises `Thaw`), with cached lookup indexes."""
 
-    __slots__ = ("_by_field", "_by_id", "_dups")
+    __slots__ = ("_all_keyed", "_by_field", "_by_id", "_dups")
     __setitem__ = _refuse
     __delitem__ = _refuse
     __iadd__ = _refuse
@@ -87,6 +87,7 @@ class FrozenList(list[Any]):
         super().__init__(items)
         self._by_id: dict[Any, int] | None = None
         self._dups = False
+        self._all_keyed = False
         self._by_field: dict[str, dict[Any, list[int]]] = {}
 
     def __reduce__(self) -> Any:
@@ -104,11 +105,17 @@ class FrozenList(list[Any]):
                         keyed += 1
             self._by_id = index
             self._dups = keyed != len(index)
+            self._all_keyed = keyed == len(self)
         return self._by_id
 
     def position(self, record_id: Any) -> int | None:
         """The position of the (first) record whose `id` is `record_id`, by index."""
         return self._id_index().get(record_id)
+
+    def all_keyed(self) -> bool:
+        """Whether every item is a record with a (scalar) id."""
+        self._id_index()
+        return self._all_keyed
 
     def duplicate_ids(self) -> bool:
         """Whether two records share an id (or ids that compare equal, 1 and "1" aside)."""

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from qpa.contract import Check, CheckResult, CollateralWrite, Verification, VerifierSpec
+from qpa.envs.sandbox.cow import FrozenList
 
 _MISSING = object()
 
@@ -57,10 +58,16 @@ def matching(state: dict[str, Any], check: Check) -> list[dict[str, Any]]:
     if node is _MISSING:
         return []
     rows = node if isinstance(node, list) else [node]
+    where = check.where.items()
+    if isinstance(node, FrozenList):  # a copy-on-write world: narrow by an equality's index
+        for key, value in where:
+            if "__" not in key and value is not None:
+                found = node.positions(key, value)
+                if found is not None:
+                    rows = [node[i] for i in found]
+                break
     return [
-        r
-        for r in rows
-        if isinstance(r, dict) and all(_field_matches(r, k, v) for k, v in check.where.items())
+        r for r in rows if isinstance(r, dict) and all(_field_matches(r, k, v) for k, v in where)
     ]
 
 
