@@ -13,12 +13,18 @@ feedback, never an exception out of `step`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import queue
+import sys
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, Self
 
+import anyio
 import mcp_types as types
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from mcp import Client, MCPError, StdioServerParameters
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -81,8 +87,9 @@ class McpConnection:
         self._stack = contextlib.ExitStack()
         self._portal: BlockingPortal | None = None
         self._client: Client | None = None
+        _OPEN.add(self)
         try:
-            self._portal = self._stack.enter_context(start_blocking_portal())
+            self._portal = self._stack.enter_context(_daemon_portal())
             client = Client(spec.target(), read_timeout_seconds=spec.timeout_s, cache=None)
             self._client = self._stack.enter_context(
                 self._portal.wrap_async_context_manager(client)
@@ -179,12 +186,53 @@ class McpConnection:
             ) from exc
 
     def _close_quietly(self) -> None:
+        _OPEN.discard(self)
         self._client = None
         stack, self._stack = self._stack, contextlib.ExitStack()
         # A session whose server died may fail on the way out: it is closed either way.
         with contextlib.suppress(Exception):
             stack.close()
         self._portal = None
+
+
+#: Connections not closed yet: closed at exit while their event loops still run (a stdio
+#: server subprocess is then ended by its SDK transport, not orphaned).
+_OPEN: weakref.WeakSet[McpConnection] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for connection in list(_OPEN):
+        connection.close()
+
+
+@contextlib.contextmanager
+def _daemon_portal() -> Iterator[BlockingPortal]:
+    """A blocking portal whose event loop runs in a daemon thread: a connection nobody closed
+    never keeps the interpreter from exiting (anyio's own portal thread is joined at exit)."""
+    handed: queue.Queue[BlockingPortal | BaseException] = queue.Queue()
+
+    async def host() -> None:
+        try:
+            async with BlockingPortal() as portal:
+                handed.put(portal)
+                await portal.sleep_until_stopped()
+        except BaseException as exc:  # pragma: no cover - the loop failed to start
+            handed.put(exc)
+
+    thread = threading.Thread(target=anyio.run, args=(host,), name="qpa-mcp-client", daemon=True)
+    thread.start()
+    got = handed.get()
+    if isinstance(got, BaseException):
+        raise got
+    try:
+        yield got
+    finally:
+        # at interpreter teardown the loop can no longer answer: leave it to die with the process
+        if not sys.is_finalizing():
+            with contextlib.suppress(Exception):
+                got.call(got.stop)
+            thread.join(timeout=10)
 
 
 def _why(exc: BaseException) -> str:
