@@ -176,6 +176,17 @@ def _id_list_changes(app: str, name: str, before: list[Any], after: list[Any]) -
     general, keyed diff."""
     if not isinstance(before, FrozenList) or not before.all_keyed() or before.duplicate_ids():
         return _keyed_list_changes(app, name, before, after)
+    if len(after) >= len(before) and after[: len(before)] == before:
+        # Only appended (the common case: a message sent, an event created). The comparison
+        # is by identity for shared records, so this costs a pointer walk.
+        added = after[len(before) :]
+        keys = [str(r["id"]) if _has_id(r) else None for r in added]
+        fresh = None not in keys and len(set(keys)) == len(keys)
+        if fresh and not any(before.position(r["id"]) is not None for r in added):
+            return [
+                Change(app, name, k, None, "created", None, r)
+                for k, r in zip(keys, added, strict=True)
+            ]
     same = set(map(id, before)) & set(map(id, after))
     old = {str(r["id"]): r for r in before if id(r) not in same}
     came = [r for r in after if id(r) not in same]

@@ -112,6 +112,27 @@ class FrozenList(list[Any]):
         """The position of the (first) record whose `id` is `record_id`, by index."""
         return self._id_index().get(record_id)
 
+    def extends(self, earlier: FrozenList) -> None:
+        """Take over `earlier`'s id index when this list is `earlier` plus appended records
+        (then the index costs the appended records, not the whole list)."""
+        if earlier._by_id is None or len(self) < len(earlier) or self[: len(earlier)] != earlier:
+            return
+        index = dict(earlier._by_id)
+        keyed, dups = len(index), earlier._dups
+        all_keyed = earlier._all_keyed
+        for i in range(len(earlier), len(self)):
+            row = self[i]
+            key = row.get("id") if isinstance(row, dict) else None
+            if key is None or isinstance(key, (dict, list)):
+                all_keyed = False
+                continue
+            if key in index:
+                dups = True
+            else:
+                index[key] = i
+            keyed += 1
+        self._by_id, self._dups, self._all_keyed = index, dups, all_keyed
+
     def all_keyed(self) -> bool:
         """Whether every item is a record with a (scalar) id."""
         self._id_index()
@@ -312,6 +333,8 @@ class CallScope:
         for (app, collection), value in self.scratch.items():
             before = self.accessed.get((app, collection), MISSING)
             after = Store.DELETED if value is Store.DELETED else freeze(value)
+            if type(after) is FrozenList and type(before) is FrozenList and after is not before:
+                after.extends(before)
             self.store.put(app, collection, after)
             done[(app, collection)] = (before, MISSING if after is Store.DELETED else after)
         return done
