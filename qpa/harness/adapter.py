@@ -507,14 +507,28 @@ class ScenarioAdapter:
                 parts += [skill_text[i] for i in chosen_skills]
             return "\n".join(parts)
 
+        def total(text: str) -> int:
+            """The text's tokens. `estimate_tokens` is additive over newline-joined parts (no
+            piece spans a newline), so the parts' known counts add up to the same number."""
+            if count is not estimate_tokens:
+                return count(text)
+            tokens = (count(TOOLS_HEADER) if ranked else 0) + (
+                skills_header if chosen_skills else 0
+            )
+            tokens += sum(
+                rendered[s.name][3] if s.name in with_schema else rendered[s.name][2]
+                for s in ranked
+            )
+            return tokens + sum(skills_rendered[i][1] for i in chosen_skills)
+
         text = render()
-        tokens = count(text)
+        tokens = total(text)
         # a real tokenizer need not be additive over the parts: trim the last optional additions
         while tokens > self.token_budget and added and not over:
             kind, ident = added.pop()
             (with_schema if kind == "schema" else chosen_skills).remove(ident)
             text = render()
-            tokens = count(text)
+            tokens = total(text)
         by_id = {s.id: s for s in ranked_skills}
         return Exposure(
             version=self.version,

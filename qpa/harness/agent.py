@@ -11,6 +11,7 @@ the evidence the trajectory holds.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,7 +65,14 @@ class HarnessConfig(BaseModel):
     def skill_library(self) -> SkillLibrary:
         if self.skills_path:
             return SkillLibrary.load(self.skills_path)
-        return SkillLibrary.from_registry()
+        return _registry_skills()
+
+
+@functools.lru_cache(maxsize=1)
+def _registry_skills() -> SkillLibrary:
+    """The registry's Skill library, built once per process (it is immutable, and a Harness
+    builds a planner per episode)."""
+    return SkillLibrary.from_registry()
 
 
 @dataclass

@@ -97,3 +97,16 @@ def test_the_fast_path_on_single_keywords(schema: Any, instance: Any, fast: bool
     assert check is not None and check(instance) is fast
     if fast:
         assert Draft202012Validator(schema).is_valid(instance)
+
+
+def test_the_adapters_token_count_is_the_estimate_of_its_text() -> None:
+    """The adapter adds up its parts' counts instead of re-counting the whole text: exact."""
+    from qpa.harness.adapter import ScenarioAdapter, estimate_tokens
+    from qpa.harness.skills import SkillLibrary
+
+    adapter = ScenarioAdapter(SkillLibrary.from_registry(), token_budget=900)
+    tools = [bound.spec for bound in all_tools().values()]
+    for task in SUITE[:: max(1, len(SUITE) // 40)]:
+        offered = [t for t in tools if t.name in set(task.tools)] or tools[:40]
+        exposure = adapter.select(task.instruction, offered)
+        assert exposure.tokens == estimate_tokens(exposure.text), task.id
