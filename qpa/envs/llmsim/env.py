@@ -32,7 +32,6 @@ from datetime import timedelta
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError as SchemaValidationError
 from pydantic import ValidationError
 
 from qpa.contract import (
@@ -47,8 +46,10 @@ from qpa.contract import (
     Verification,
 )
 from qpa.envs.llmsim.client import ChatClient, ChatError
+from qpa.envs.llmsim.rubric import judge_rubric
 from qpa.envs.llmsim.spec import DEFAULT_START, SimApp, SimWorld, builtin_apps
 from qpa.envs.sandbox.verify import answer_matches
+from qpa.envs.schema_errors import describe_schema_errors
 
 WORLD_KEY = "_llmsim"
 MAX_STEPS = 200
@@ -99,30 +100,6 @@ RETRY_CALL = (
     "{{\"result\": ...}} satisfying the result schema of '{tool}', "
     'or {{"error": {{"kind": ..., "message": ...}}}}.'
 )
-RETRY_JUDGE = (
-    "Your reply was invalid: {problem}. Answer again with only the JSON object "
-    '{{"verdicts": [...]}}, one verdict per rubric item 1..{n}.'
-)
-
-VERDICT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["verdicts"],
-    "properties": {
-        "verdicts": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["item", "passed"],
-                "properties": {
-                    "item": {"type": "integer", "minimum": 1},
-                    "passed": {"type": "boolean"},
-                    "reason": {"type": "string"},
-                },
-            },
-        }
-    },
-}
-_VERDICT_VALIDATOR = Draft202012Validator(VERDICT_SCHEMA)
 
 
 class _Invalid(Exception):
@@ -131,35 +108,6 @@ class _Invalid(Exception):
 
 def _validator(schema: dict[str, Any]) -> Draft202012Validator:
     return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-
-
-def _path(error: SchemaValidationError) -> str:
-    return ".".join(str(p) for p in error.absolute_path)
-
-
-def describe_schema_errors(
-    errors: list[SchemaValidationError], *, noun: str = "argument", root: str = "<arguments>"
-) -> str:
-    """One readable phrase per problem, naming the field: `missing argument 'plate'`."""
-    problems: list[str] = []
-    for err in sorted(errors, key=lambda e: (list(map(str, e.absolute_path)), e.message)):
-        where = _path(err)
-        prefix = f"{where}." if where else ""
-        if err.validator == "required" and isinstance(err.instance, dict):
-            missing = [k for k in err.validator_value if k not in err.instance]
-            problems.extend(f"missing {noun} '{prefix}{k}'" for k in missing)
-        elif err.validator == "additionalProperties" and isinstance(err.instance, dict):
-            known = set(err.schema.get("properties", {}))
-            patterns = list(err.schema.get("patternProperties", {}))
-            extra = [
-                k
-                for k in err.instance
-                if k not in known and not any(re.search(p, k) for p in patterns)
-            ]
-            problems.extend(f"unexpected {noun} '{prefix}{k}'" for k in extra)
-        else:
-            problems.append(f"{noun} '{where or root}': {err.message}")
-    return "; ".join(dict.fromkeys(problems))
 
 
 def _strip_fence(text: str) -> str:
@@ -594,51 +542,10 @@ class LLMSimEnv:
             {"role": "system", "content": JUDGE_PROMPT},
             {"role": "user", "content": _dumps(context)},
         ]
-        verdicts: dict[int, tuple[bool, str]] = {}
-        problem = ""
-        for _ in range(self.answer_retries + 1):
-            try:
-                text = self._ask(self._judge, messages)
-            except ChatError as exc:
-                problem = f"judge unreachable: {exc}"
-                break
-            try:
-                verdicts = self._parse_verdicts(text, len(rubric), verdicts)
-                problem = ""
-                break
-            except _Invalid as exc:
-                problem = str(exc)
-                messages = [
-                    *messages,
-                    {"role": "assistant", "content": text[:2000]},
-                    {"role": "user", "content": RETRY_JUDGE.format(problem=problem, n=len(rubric))},
-                ]
-        results = []
-        for i, text in enumerate(rubric, 1):
-            if i in verdicts:
-                passed, reason = verdicts[i]
-                results.append(CheckResult(name=text, passed=passed, detail=reason))
-            else:
-                reason = problem or "the judge gave no verdict for this item"
-                results.append(
-                    CheckResult(name=text, passed=False, detail=f"no usable verdict: {reason}")
-                )
-        return results
-
-    @staticmethod
-    def _parse_verdicts(
-        text: str, count: int, partial: dict[int, tuple[bool, str]]
-    ) -> dict[int, tuple[bool, str]]:
-        """Verdicts by item number; raises `_Invalid` (keeping usable ones in `partial`)."""
-        value = _parse_object(text)
-        errors = list(_VERDICT_VALIDATOR.iter_errors(value))
-        if errors:
-            raise _Invalid(describe_schema_errors(errors, noun="field", root="<reply>"))
-        for verdict in value["verdicts"]:
-            item = verdict["item"]
-            if 1 <= item <= count:
-                partial[item] = (verdict["passed"], str(verdict.get("reason", "")))
-        missing = [i for i in range(1, count + 1) if i not in partial]
-        if missing:
-            raise _Invalid(f"no verdict for items {', '.join(map(str, missing))}")
-        return partial
+        return judge_rubric(
+            lambda conversation: self._ask(self._judge, conversation),
+            rubric,
+            messages,
+            retries=self.answer_retries,
+            max_chars=MAX_REPLY_CHARS,
+        )
