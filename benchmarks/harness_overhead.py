@@ -8,9 +8,15 @@ contacts, thousands of messages: large JSON tool results), three ways:
 - today (the baseline, this same run): the full Harness as it was before its per-turn work was
   cut: each planner builds its Skill library, its adapter renders, counts and indexes the tools
   afresh (its caches lived and died with the planner, which a Harness builds per episode) and
-  re-counts the whole exposure text, and every tool call's arguments go through jsonschema;
-- now: the full Harness with the shared adapter caches and the fast argument check
-  (`qpa.harness.argcheck`).
+  re-counts the whole exposure text, every tool call's arguments go through jsonschema, memory
+  write-back splits every field name afresh at each comparison and gathers the registry's side
+  effects per episode, and the provenance ledger splits each value's path afresh;
+- now: the full Harness with the shared adapter caches, the fast argument check
+  (`qpa.harness.argcheck`), and the cached name splitting of write-back and the ledger.
+
+Not reverted in `today` (inlined, so both runs have them): the ledger computing a tool value's
+canonical form once instead of three times, precompiled digit patterns, write-back matching a
+field's name before reading its value.
 
 Both Harness runs drive a model backend that replays the plan (`OracleBackend`), whose own time
 is measured and subtracted, as is the environment's. The two alternate in rounds, so machine
@@ -35,7 +41,8 @@ from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.harness import adapter as adapter_module
 from qpa.harness import agent as agent_module
-from qpa.harness import parsing
+from qpa.harness import memory as memory_module
+from qpa.harness import parsing, provenance
 from qpa.harness.agent import HarnessPlanner
 from qpa.harness.backends.base import ChatMessage, Completion
 from qpa.harness.backends.scripted import OracleBackend
@@ -104,16 +111,33 @@ def todays_harness() -> Iterator[None]:
 
     estimate = adapter_module.estimate_tokens
     registry_skills = agent_module._registry_skills
+    core, side_effects, leaf_key = (
+        memory_module._core,
+        memory_module._side_effects,
+        provenance._leaf_key,
+    )
     parsing._validator = jsonschema_only  # type: ignore[assignment]
     # the whole exposure text re-counted; the Skill library built per planner
     adapter_module.estimate_tokens = lambda text: estimate(text)  # type: ignore[assignment]
     agent_module._registry_skills = SkillLibrary.from_registry  # type: ignore[assignment]
+    # memory write-back: field names split afresh at every comparison, the registry's side
+    # effects gathered per episode; the ledger's leaf keys split per value
+    memory_module._core = core.__wrapped__  # type: ignore[assignment]
+    memory_module._side_effects = lambda tools: (  # type: ignore[assignment]
+        side_effects(tools)
+        if tools is not None
+        else dict(memory_module._registry_side_effects.__wrapped__())
+    )
+    provenance._leaf_key = leaf_key.__wrapped__  # type: ignore[assignment]
     try:
         yield
     finally:
         parsing._validator = original  # type: ignore[assignment]
         adapter_module.estimate_tokens = estimate  # type: ignore[assignment]
         agent_module._registry_skills = registry_skills  # type: ignore[assignment]
+        memory_module._core = core  # type: ignore[assignment]
+        memory_module._side_effects = side_effects  # type: ignore[assignment]
+        provenance._leaf_key = leaf_key  # type: ignore[assignment]
 
 
 def forget_adapter_caches() -> None:

@@ -43,6 +43,7 @@ unknown evidence grade is rejected with a `MemoryStoreError` naming the file, ro
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 import threading
@@ -112,11 +113,16 @@ def _describe(item: MemoryItem) -> str:
 # --------------------------------------------------------------------------- key matching
 
 
+_NON_WORD = re.compile(r"[^a-z0-9]+")
+
+
 def _words(name: str) -> list[str]:
-    return [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    return [w for w in _NON_WORD.split(name.lower()) if w]
 
 
+@functools.lru_cache(maxsize=8192)
 def _core(name: str) -> tuple[str, ...]:
+    """The name's words less the qualifiers (cached: field and key names repeat every turn)."""
     words = _words(name)
     core = tuple(w for w in words if w not in QUALIFIERS)
     return core or tuple(words)
@@ -129,7 +135,8 @@ def key_matches(key: str, field: str, *, tool: str = "") -> bool:
         return False
     if scope and not tool:
         return False
-    return bool(_core(field)) and _core(field) == _core(bare)
+    core = _core(field)
+    return bool(core) and core == _core(bare)
 
 
 def _normalize_time(value: datetime) -> datetime:
@@ -491,12 +498,10 @@ class MemoryStore:
             seen: list[str] = []
             for call, observation in calls:
                 for field, raw in _fields(observation):
+                    if not key_matches(key, field, tool=call.tool):
+                        continue
                     value = _as_text(raw)
-                    if (
-                        value is not None
-                        and key_matches(key, field, tool=call.tool)
-                        and not any(_same(value, s) for s in seen)
-                    ):
+                    if value is not None and not any(_same(value, s) for s in seen):
                         seen.append(value)
             if len(seen) == 1:
                 add(key, seen[0], "observed")
@@ -524,6 +529,13 @@ class MemoryStore:
 def _side_effects(tools: Iterable[ToolSpec] | None) -> dict[str, SideEffect]:
     if tools is not None:
         return {t.name: t.side_effect for t in tools}
+    return _registry_side_effects()
+
+
+@functools.cache
+def _registry_side_effects() -> dict[str, SideEffect]:
+    """The sandbox registry's side effects (its apps are found once per process: built once;
+    callers only read it)."""
     from qpa.envs.sandbox.registry import all_tools
 
     return {name: bound.spec.side_effect for name, bound in all_tools().items()}

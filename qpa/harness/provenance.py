@@ -24,6 +24,7 @@ untraceable, however it is cut, joined or spelled.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -133,6 +134,7 @@ _NOT_NAMING = frozenset({"time", "date", "start", "end", "created", "updated", "
 _TITLES = frozenset({"title", "subject"})
 _NAMES = ("title", "name", "subject", "label")
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
+_NON_DIGIT = re.compile(r"\D")
 _DIGIT_RUN = re.compile(r"\+?\d[\d\s().-]{5,}\d")
 # Where a text can send someone: a link, an email address, a phone number (a run of 7 to 15
 # digits that is not a date: `2026-04-11` is no number to call).
@@ -156,7 +158,7 @@ def destinations(text: str) -> list[str]:
     rest = _TIME.sub(" ", _DATE_IN.sub(" ", _EMAIL.sub(" ", rest)))
     for run in _DIGIT_RUN.findall(rest):
         run = run.strip()
-        digits = re.sub(r"\D", "", run)
+        digits = _NON_DIGIT.sub("", run)
         if MIN_PHONE_DIGITS <= len(digits) <= 15 and not _DATE.match(run):
             found.append(run)
     return found
@@ -174,9 +176,9 @@ def words(value: str) -> list[str]:
 def phone_digits(value: str) -> str | None:
     """The digits of a phone- or account-like value (None when it is not one)."""
     text = value.strip()
-    if not text or any(c.isalpha() for c in text):
+    if not text or any(map(str.isalpha, text)):
         return None
-    digits = re.sub(r"\D", "", text)
+    digits = _NON_DIGIT.sub("", text)
     return digits if len(digits) >= MIN_PHONE_DIGITS else None
 
 
@@ -198,6 +200,7 @@ def strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
             yield from strings(item, f"{path}.{i}" if path else str(i))
 
 
+@functools.lru_cache(maxsize=8192)
 def _leaf_key(path: str) -> str:
     parts = [p for p in path.split(".") if not p.isdigit()]
     return parts[-1] if parts else ""
@@ -284,14 +287,17 @@ class ProvenanceLedger:
 
     # ------------------------------------------------------------------ recording
     def add_trusted(self, text: str, origin: Origin) -> None:
-        digits = [re.sub(r"\D", "", m) for m in _DIGIT_RUN.findall(text)]
+        digits = [_NON_DIGIT.sub("", m) for m in _DIGIT_RUN.findall(text)]
         self._texts.append(_Text(words(text), [d for d in digits if len(d) >= 7], origin))
 
     def add_value(self, value: str, origin: Origin) -> None:
+        self._add_value(value, squash(value), origin)
+
+    def _add_value(self, value: str, key: str, origin: Origin) -> None:
+        """`add_value` with the value's `squash` already computed (`key`)."""
         digits = phone_digits(value)
         if digits:
             self._phones.append((digits, origin))
-        key = squash(value)
         if key:
             self._atoms.setdefault(key, []).append(origin)
 
@@ -317,15 +323,17 @@ class ProvenanceLedger:
             pointed = wrote or call.tool in self.pointed_reads
             for path, value in strings(record):
                 full = f"{record_path}.{path}" if record_path else path
-                key = _leaf_key(full) or _leaf_key(record_path)
+                key = _leaf_key(path) or _leaf_key(record_path)  # = the full path's leaf
                 detail = f"step {step} {call.tool} → {full or 'result'}"
                 # every tool string is text a value may be cut or reformatted from; only a
                 # short, non-prose field's whole value is a value in its own right
                 inside = Origin("tool", f"text of {detail}", False, False, False, False)
-                self._free.append((squash(value), re.sub(r"\D", "", value), inside))
-                if selected and named and is_free_text(key, value) and squash(value):
-                    self._prose.append((squash(value), Origin("tool", detail)))
-                if not is_free_text(key, value):
+                squashed = squash(value)
+                self._free.append((squashed, _NON_DIGIT.sub("", value), inside))
+                free_text = is_free_text(key, value)
+                if selected and named and free_text and squashed:
+                    self._prose.append((squashed, Origin("tool", detail)))
+                if not free_text:
                     origin = Origin(
                         "tool",
                         detail,
@@ -334,7 +342,7 @@ class ProvenanceLedger:
                         selected and named,
                         selected and pointed,
                     )
-                    self.add_value(value, origin)
+                    self._add_value(value, squashed, origin)
 
     def read_selection(self, call: ToolCall) -> tuple[bool, bool]:
         """(selected, picked) for the records a read returns, from its arguments' origins: an
