@@ -142,7 +142,7 @@ def todays_harness() -> Iterator[None]:
 
 def forget_adapter_caches() -> None:
     for cache in (adapter_module._RENDERED, adapter_module._SKILLS_RENDERED,
-                  adapter_module._INDICES):  # fmt: skip
+                  adapter_module._INDICES, adapter_module._SKILL_INDICES):  # fmt: skip
         cache.clear()
 
 

@@ -289,6 +289,7 @@ _SHARED_MAX = 4096
 _RENDERED: dict[tuple[Any, ...], tuple[str, str, int, int]] = {}
 _SKILLS_RENDERED: dict[tuple[Any, ...], tuple[str, int]] = {}
 _INDICES: dict[tuple[Any, ...], tuple[BM25, BM25]] = {}
+_SKILL_INDICES: dict[tuple[tuple[str, str, str], ...], BM25] = {}
 
 
 def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
@@ -371,8 +372,7 @@ class ScenarioAdapter:
         candidates = self.skills.for_apps(exposed_apps)
         withheld = [s.id for s in candidates if self._withheld(s)]
         candidates = [s for s in candidates if not self._withheld(s)]
-        skill_docs = [terms(f"{s.app} {s.name} {s.text}") for s in candidates]
-        raw_skill = BM25(skill_docs).scores(query) if candidates else []
+        raw_skill = self._skill_index(candidates).scores(query) if candidates else []
         skill_score = {
             s.id: raw + APP_WEIGHT * app_score.get(s.app, 0.0)
             for s, raw in zip(candidates, raw_skill, strict=True)
@@ -423,6 +423,15 @@ class ScenarioAdapter:
         indices = (BM25(app_docs), BM25(tool_docs))
         _remember(_INDICES, key, indices)
         return indices
+
+    def _skill_index(self, candidates: list[Skill]) -> BM25:
+        """The BM25 index of these Skills (memoised by their content, as the tools' are)."""
+        key = tuple((s.app, s.name, s.text) for s in candidates)
+        index = _SKILL_INDICES.get(key)
+        if index is None:
+            index = BM25([terms(f"{app} {name} {text}") for app, name, text in key])
+            _remember(_SKILL_INDICES, key, index)
+        return index
 
     def _rendered(self, spec: ToolSpec) -> tuple[str, str, int, int]:
         """Compact and full renderings of a tool with their token counts (memoised by content)."""
