@@ -200,6 +200,18 @@ def strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
             yield from strings(item, f"{path}.{i}" if path else str(i))
 
 
+def _record_strings(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """`list(strings(record))` for a record: its string fields directly, nested values through
+    `strings`."""
+    out: list[tuple[str, str]] = []
+    for k, v in record.items():
+        if isinstance(v, str):
+            out.append((str(k), v))
+        elif isinstance(v, dict | list):
+            out.extend(strings(v, str(k)))
+    return out
+
+
 @functools.lru_cache(maxsize=8192)
 def _leaf_key(path: str) -> str:
     parts = [p for p in path.split(".") if not p.isdigit()]
@@ -317,32 +329,29 @@ class ProvenanceLedger:
                     "tool", f"step {step} {call.tool}({key}) authored", named=False, pointed=False
                 )
                 self.add_value(value, authored)
+        prefix = f"step {step} {call.tool} → "
+        pointed = wrote or call.tool in self.pointed_reads
+        free, prose = self._free, self._prose
         for record_path, record in _records(observation):
             record_picked = picked or (selected and self._matches_request(record))
             named = wrote or picked or (selected and self._titled_by_request(record))
-            pointed = wrote or call.tool in self.pointed_reads
-            for path, value in strings(record):
+            flags = (selected, selected and record_picked, selected and named, selected and pointed)
+            keep_prose = selected and named
+            record_leaf = _leaf_key(record_path)
+            for path, value in _record_strings(record):
                 full = f"{record_path}.{path}" if record_path else path
-                key = _leaf_key(path) or _leaf_key(record_path)  # = the full path's leaf
-                detail = f"step {step} {call.tool} → {full or 'result'}"
+                key = _leaf_key(path) or record_leaf  # = the full path's leaf
+                detail = prefix + (full or "result")
                 # every tool string is text a value may be cut or reformatted from; only a
                 # short, non-prose field's whole value is a value in its own right
                 inside = Origin("tool", f"text of {detail}", False, False, False, False)
                 squashed = squash(value)
-                self._free.append((squashed, _NON_DIGIT.sub("", value), inside))
+                free.append((squashed, _NON_DIGIT.sub("", value), inside))
                 free_text = is_free_text(key, value)
-                if selected and named and free_text and squashed:
-                    self._prose.append((squashed, Origin("tool", detail)))
+                if keep_prose and free_text and squashed:
+                    prose.append((squashed, Origin("tool", detail)))
                 if not free_text:
-                    origin = Origin(
-                        "tool",
-                        detail,
-                        selected,
-                        selected and record_picked,
-                        selected and named,
-                        selected and pointed,
-                    )
-                    self._add_value(value, squashed, origin)
+                    self._add_value(value, squashed, Origin("tool", detail, *flags))
 
     def read_selection(self, call: ToolCall) -> tuple[bool, bool]:
         """(selected, picked) for the records a read returns, from its arguments' origins: an
