@@ -13,13 +13,14 @@ which record of it, the object belongs to, and reruns the call with just those c
 scratch area (`CallScope`). Nothing committed changed, so the rerun needs no rollback. When the
 call returns, its scratch values are frozen again and become the session's overlay entries.
 
-Frozen lists carry lazily built indexes (by `id`, and by any field a lookup filters on); they
-are valid for the list's whole life, as it never changes.
+Frozen lists carry lazily built indexes (by `id`, and by any field a lookup filters on) and
+derived views (`FrozenList.derived`: the tools' thread aggregates, sorted orders, date and text
+indexes); they are valid for the list's whole life, as it never changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 MISSING: Any = object()
@@ -69,7 +70,7 @@ class FrozenDict(dict[str, Any]):
 class FrozenList(list[Any]):
     """A list that refuses mutation (raises `Thaw`), with cached lookup indexes."""
 
-    __slots__ = ("_all_keyed", "_by_field", "_by_id", "_dups")
+    __slots__ = ("_all_keyed", "_by_field", "_by_id", "_dups", "_memo")
     __setitem__ = _refuse
     __delitem__ = _refuse
     __iadd__ = _refuse
@@ -89,6 +90,18 @@ class FrozenList(list[Any]):
         self._dups = False
         self._all_keyed = False
         self._by_field: dict[str, dict[Any, list[int]]] = {}
+        self._memo: dict[Any, Any] = {}
+
+    def derived(self, key: Any, build: Callable[[FrozenList], Any]) -> Any:
+        """`build(self)`, computed once per list and kept for its life (the list never changes):
+        a tool's aggregate, sorted view or search index over a committed collection. A base's
+        views are shared by every session; a session's re-made list builds its own on first use.
+        `key` names the view (and its parameters); `build` must be a pure function of the list."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = build(self)
+            return value
 
     def __reduce__(self) -> Any:
         return (list, (list(self),))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
 from datetime import date, datetime, timedelta
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from qpa.envs.sandbox.cow import FrozenList
 from qpa.envs.sandbox.engine import (
     EMAIL,
     ISO_DATE,
@@ -156,6 +159,42 @@ def _occurrence(event: dict[str, Any], day: date) -> tuple[datetime, datetime] |
         return None
     shift = datetime.combine(day, start.time()) - start
     return start + shift, end + shift
+
+
+class _DateIndex:
+    """Which events of a committed list can occur on a day range (`_occurrence` is None outside
+    it): a one-off event only between its start and end dates, a recurring one from its start
+    date on, one whose dates do not parse never."""
+
+    __slots__ = ("_ones", "_recurring", "_span", "_starts")
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        ones: list[tuple[date, int]] = []
+        self._recurring: list[tuple[date, int]] = []
+        self._span = 0
+        for at, event in enumerate(events):
+            try:
+                start = datetime.fromisoformat(event["start"]).date()
+                end = datetime.fromisoformat(event["end"]).date()
+            except (KeyError, TypeError, ValueError):
+                continue
+            if event.get("recurrence"):
+                self._recurring.append((start, at))
+            elif end >= start:
+                ones.append((start, at))
+                self._span = max(self._span, (end - start).days)
+        ones.sort()
+        self._ones = ones
+        self._starts = [start for start, _ in ones]
+
+    def candidates(self, first: date, last: date) -> list[int]:
+        """Positions (ascending) of the events that may occur between `first` and `last`."""
+        low = bisect_left(self._starts, first - timedelta(days=self._span))
+        high = bisect_right(self._starts, last)
+        found = [at for _, at in self._ones[low:high]]
+        found += [at for start, at in self._recurring if start <= last]
+        found.sort()
+        return found
 
 
 def _blocks(event: dict[str, Any]) -> bool:
@@ -317,8 +356,15 @@ class CalendarApp(App):
             self._readable(calendar_id)
         readable = {c["id"] for c in self.records("calendars") if c.get("access") != "free_busy"}
         days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
+        events = self.records("events")
+        candidates: Iterable[dict[str, Any]] = events
+        if type(events) is FrozenList:
+            # Committed: only the events that can occur in the range (by the date index kept
+            # with the list), in list order, so the stable sort below orders them as before.
+            index = events.derived("calendar.by_date", _DateIndex)
+            candidates = [events[at] for at in index.candidates(first, last)]
         rows = []
-        for event in self.records("events"):
+        for event in candidates:
             cal = event.get("calendar_id", "primary")
             if (calendar_id is not None and cal != calendar_id) or cal not in readable:
                 continue

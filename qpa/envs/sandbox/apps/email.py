@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from qpa.envs.sandbox.cow import FrozenList
 from qpa.envs.sandbox.engine import (
     EMAIL,
     ISO_DATE,
@@ -126,6 +128,17 @@ class Blocked(TypedDict):
 class Unsubscribed(TypedDict):
     sender: str
     time: str
+
+
+def _folder_newest(folder: str) -> Callable[[list[dict[str, Any]]], list[int]]:
+    """The positions of a folder's messages, newest first: the order `_page` sorts into (the
+    same stable sort, so messages of the same time keep their order)."""
+
+    def build(messages: list[dict[str, Any]]) -> list[int]:
+        mine = [i for i, m in enumerate(messages) if m["folder"] == folder]
+        return sorted(mine, key=lambda i: messages[i]["time"], reverse=True)
+
+    return build
 
 
 class EmailApp(App):
@@ -302,9 +315,31 @@ class EmailApp(App):
         accounts = {self._account(account)} if account else None
         if label is not None:
             self._require_label(label)
+        messages = self.records("messages")
+        order = None
+        if type(messages) is FrozenList:
+            # Committed: walk the folder's messages newest first (a view kept with the list)
+            # and stop at the page's end: the cost is the page (plus what the filters skip).
+            try:
+                order = messages.derived(("email.folder_newest", folder), _folder_newest(folder))
+            except (KeyError, TypeError):  # a malformed record: the scan below says so as before
+                order = None
+        if order is not None:
+            found: list[dict[str, Any]] = []
+            for at in order:
+                m = messages[at]
+                if (
+                    (accounts is None or m["account"] in accounts)
+                    and (label is None or label in m["labels"])
+                    and (not unread_only or not m["read"])
+                ):
+                    found.append(m)
+                    if len(found) >= offset + limit:
+                        break
+            return [self._summary(m) for m in paginate(found, limit, offset)]
         rows = [
             m
-            for m in self.records("messages")
+            for m in messages
             if m["folder"] == folder
             and (accounts is None or m["account"] in accounts)
             and (label is None or label in m["labels"])

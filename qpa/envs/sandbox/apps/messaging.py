@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from qpa.envs.sandbox.cow import FrozenList
 from qpa.envs.sandbox.engine import ISO_MINUTE, PHONE, App, Limit, Offset, fail, paginate, tool
 
 
@@ -40,6 +41,28 @@ def message_record(message_id: str, sender: str, text: str, time: str) -> dict[s
     }
 
 
+def _threads(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per conversation, in order of first message: its phone, latest message and
+    time, unread count."""
+    threads: dict[str, dict[str, Any]] = {}
+    for m in messages:
+        peer = m["to"] if m["sender"] == "me" else m["sender"]
+        entry = threads.setdefault(m["thread"], {"thread": m["thread"], "phone": peer, "unread": 0})
+        entry["last"] = m["text"]
+        entry["time"] = m["time"]
+        if not m["read"] and m["sender"] != "me":
+            entry["unread"] += 1
+    return list(threads.values())
+
+
+def _thread_views(
+    messages: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """All conversations and the unread ones (a committed list's view; pages are copied out)."""
+    rows = _threads(messages)
+    return rows, [t for t in rows if t["unread"]]
+
+
 class MessagingApp(App):
     name = "messaging"
     title = "Messages"
@@ -69,17 +92,11 @@ class MessagingApp(App):
     ) -> list[dict[str, Any]]:
         """List conversations (one per phone number) with their latest message and unread count,
         `limit` from `offset` on."""
-        threads: dict[str, dict[str, Any]] = {}
-        for m in self.records("messages"):
-            peer = m["to"] if m["sender"] == "me" else m["sender"]
-            entry = threads.setdefault(
-                m["thread"], {"thread": m["thread"], "phone": peer, "unread": 0}
-            )
-            entry["last"] = m["text"]
-            entry["time"] = m["time"]
-            if not m["read"] and m["sender"] != "me":
-                entry["unread"] += 1
-        rows = list(threads.values())
+        messages = self.records("messages")
+        if type(messages) is FrozenList:  # committed: the aggregate is kept with the list
+            rows, unread = messages.derived("messaging.threads", _thread_views)
+            return [dict(t) for t in paginate(unread if unread_only else rows, limit, offset)]
+        rows = _threads(messages)
         return paginate([t for t in rows if t["unread"]] if unread_only else rows, limit, offset)
 
     @tool()
