@@ -104,7 +104,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qpa.api.v1alpha1 import CareSettings
 from qpa.contract import Environment, Policy, Task, Trajectory
-from qpa.envs.factory import make_env
 from qpa.harness.agent import HarnessConfig, HarnessPlanner
 from qpa.harness.runner import run_episode
 from qpa.harness.skills import SkillLibrary
@@ -310,12 +309,7 @@ class QpaRollout:
         """Episode `index`'s environment: the caller's factory, an env server, or in process."""
         if self._environment is not None:
             return self._environment(index)
-        env = self.settings.env
-        if env.urls:
-            from qpa.envs.remote import RemoteEnv
-
-            return RemoteEnv(env.urls[index % len(env.urls)], timeout=env.timeout_s)
-        return make_env(env.kind, **env.options)
+        return self.settings.env.open(index)
 
     def _task(self, prompt: Any) -> Task:
         task_id = task_id_of(prompt)

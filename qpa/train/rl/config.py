@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,6 +34,9 @@ from qpa.train.config import (
 )
 from qpa.train.placement import DEVICE_PATTERN, is_hub_id
 
+if TYPE_CHECKING:
+    from qpa.contract import Environment
+
 Auto = Literal["auto"]
 #: The default task pool: the canonical suite's train split (never train on test).
 TRAIN_SPLIT = TaskSource(generator=TaskGenerator(), split="train")
@@ -50,6 +53,17 @@ class EnvSettings(_Settings):
     urls: list[str] = Field(default_factory=list, description="`qpa env serve` base URLs")
     options: dict[str, Any] = Field(default_factory=dict, description="in-process env options")
     timeout_s: float = Field(default=30.0, gt=0)
+
+    def open(self, index: int) -> Environment:
+        """Episode `index`'s environment: a `RemoteEnv` on the servers taken round robin
+        (`urls`), else a fresh in-process `kind` environment made with `options`."""
+        if self.urls:
+            from qpa.envs.remote import RemoteEnv
+
+            return RemoteEnv(self.urls[index % len(self.urls)], timeout=self.timeout_s)
+        from qpa.envs.factory import make_env
+
+        return make_env(self.kind, **self.options)
 
 
 #: How long a TrainingRun's ranks wait for their rollout server (a large model loads slowly).

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 from qpa import progress
 from qpa.contract import Environment, Policy, Task
-from qpa.envs.factory import make_env
 from qpa.harness.agent import HarnessPlanner
 from qpa.harness.parsing import STOP_STRINGS
 from qpa.harness.runner import run_episode
@@ -406,13 +405,7 @@ class RLTrainer:
     def _make_env(self, index: int) -> Environment:
         if self._environment is not None:
             return self._environment(index)
-        env_cfg = self.config.env
-        if env_cfg.urls:
-            from qpa.envs.remote import RemoteEnv
-
-            url = env_cfg.urls[index % len(env_cfg.urls)]
-            return RemoteEnv(url, timeout=env_cfg.timeout_s)
-        return make_env(env_cfg.kind, **env_cfg.options)
+        return self.config.env.open(index)
 
     def _generate(self, prompts: list[list[int]]) -> Sequence[list[int] | Sampled]:
         settings = self.config.generation
