@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from helpers.uvicorn_thread import serve
 
@@ -436,6 +437,18 @@ def serving(counts: Counter[str]) -> Iterator[str]:
         yield url
 
 
+def _answered(exposition: str) -> Counter[str]:
+    """Successful requests by operation (every channel) from an env server's `/metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answered: Counter[str] = Counter()
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == "qpa_env_requests_total" and sample.labels["code"] == "200":
+                answered[sample.labels["op"]] += int(sample.value)
+    return answered
+
+
 def test_rollouts_through_an_env_server(
     checkpoint: Path, tasks: list[Task], tmp_path: Path
 ) -> None:
@@ -443,8 +456,11 @@ def test_rollouts_through_an_env_server(
     with serving(counts) as url:
         config = make_config(checkpoint, tmp_path, steps=1)
         result = run_rl(config, env_urls=[url], tasks=tasks)
+        served = _answered(httpx.get(f"{url}/metrics").text)
     assert result.final_step == 1
-    assert counts["/reset"] == 2 * 2  # one server session per episode
-    assert counts["/verify"] >= 2 * 2
+    # the rollouts use the session channel (RemoteEnv's default), so count what the server
+    # answered over any channel, not HTTP paths
+    assert served["reset"] == 2 * 2  # one server session per episode
+    assert served["verify"] >= 2 * 2
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert records[0]["episodes"] == 4 and records[0]["environment_failures"] == 0
