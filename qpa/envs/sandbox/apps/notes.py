@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from qpa.envs.sandbox.cow import FrozenList
 from qpa.envs.sandbox.engine import EMAIL, App, Limit, Offset, fail, page, tool
 
 TAG = r"^[a-z0-9][a-z0-9-]{0,29}$"
@@ -86,6 +87,11 @@ def folder_record(folder_id: str, name: str) -> dict[str, Any]:
     return {"id": folder_id, "name": name}
 
 
+def _per_folder(notes: list[dict[str, Any]]) -> Counter[Any]:
+    """How many notes (not deleted) each folder holds."""
+    return Counter(n.get("folder") for n in notes if not n.get("deleted"))
+
+
 class NotesApp(App):
     name = "notes"
     title = "Notes"
@@ -141,8 +147,12 @@ class NotesApp(App):
     @tool()
     def notes_list_folders(self) -> list[Folder]:
         """List note folders with how many notes each holds."""
-        # One pass over the notes, not one per folder.
-        per_folder = Counter(n.get("folder") for n in self.records("notes") if not n.get("deleted"))
+        # One pass over the notes, not one per folder; kept with a committed list.
+        notes = self.records("notes")
+        if type(notes) is FrozenList:
+            per_folder = notes.derived("notes.per_folder", _per_folder)
+        else:
+            per_folder = _per_folder(notes)
         return [
             {"id": f["id"], "name": f["name"], "count": per_folder.get(f["name"], 0)}
             for f in self.records("folders")
