@@ -116,7 +116,9 @@ QUICK = SoakConfig(
     env_servers=2,
     tasks_per_part=10,
     max_faults=6,  # one round of every kind, and two more
-    fault_every_s=(1.5, 3.0),
+    # short gaps: on an idle machine 240 trajectories take a few seconds, and every kind of
+    # fault must land before the collection ends
+    fault_every_s=(0.3, 0.8),
     s3_down_s=(1.0, 3.0),
     env_down_s=(0.2, 1.0),
     spool_loss=0.5,
