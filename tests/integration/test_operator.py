@@ -605,6 +605,10 @@ def gpu_node(kube: KubeAPIServer, name: str, gpus: int = 8) -> None:
     )  # fmt: skip
 
 
+def condition_types(kube: KubeAPIServer, plural: str, name: str) -> set[str]:
+    return {c["type"] for c in status(kube, plural, name).get("conditions", [])}
+
+
 async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
     kube_api: KubeAPIServer, operator_env: Path, kubectl: Kubectl
 ) -> None:
@@ -619,6 +623,10 @@ async def test_trainingrun_runs_deepspeed_ranks_and_resumes(
         await exists(kube_api, "jobs", "planner-care-rl-r0")
         await kube_api.eventually(
             lambda: stored(kube_api, "jobs", "planner-care-rl-r0")["spec"]["suspend"] is False
+        )
+        # The Job is unsuspended before the status patch that records why lands: wait for both.
+        await kube_api.eventually(
+            lambda: "Admitted" in condition_types(kube_api, "qtr", "planner-care-rl")
         )
         admitted = {c["type"]: c for c in status(kube_api, "qtr", "planner-care-rl")["conditions"]}
         assert admitted["Admitted"]["status"] == "True", admitted
