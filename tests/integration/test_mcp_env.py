@@ -26,6 +26,8 @@ from qpa.harness.runner import run_episode
 
 pytestmark = pytest.mark.timeout(120)
 
+#: The notes server's machinery, which the server side lets tasks name (`control_tools`).
+CONTROL = ("reset_notes", "check_notes")
 WORLD = {
     "_mcp": {
         "reset_tool": "reset_notes",
@@ -66,7 +68,7 @@ def notes() -> Iterator[NotesServer]:
 
 @pytest.fixture
 def env(notes: NotesServer) -> Iterator[McpEnv]:
-    environment = McpEnv(notes.url)
+    environment = McpEnv(notes.url, control_tools=CONTROL)
     yield environment
     environment.close()
 
@@ -141,7 +143,11 @@ def test_results_are_feedback_and_the_verifier_tool_decides(
 
 @pytest.mark.parametrize("transport", ["http", "stdio"])
 def test_oracle_through_the_runner(notes: NotesServer, transport: str) -> None:
-    env = McpEnv(notes.url) if transport == "http" else McpEnv(command=stdio_command())
+    env = (
+        McpEnv(notes.url, control_tools=CONTROL)
+        if transport == "http"
+        else McpEnv(command=stdio_command(), control_tools=CONTROL)
+    )
     try:
         trajectory = run_episode(env, share_task(), OraclePlanner())
     finally:
@@ -234,7 +240,7 @@ def test_bad_tasks_fail_the_reset_clearly(env: McpEnv) -> None:
 
 def test_a_server_that_is_gone_is_a_clear_environment_failure() -> None:
     server = NotesServer().start()
-    env = McpEnv(server.url, timeout=5)
+    env = McpEnv(server.url, timeout=5, control_tools=CONTROL)
     try:
         assert env.reset(share_task()).status == "ok"
         server.stop()
@@ -246,12 +252,12 @@ def test_a_server_that_is_gone_is_a_clear_environment_failure() -> None:
         env.close()
         server.stop()
     # never there at all: the runner records the reset failure, nothing raises
-    nowhere = McpEnv("http://127.0.0.1:9/mcp", timeout=5)
+    nowhere = McpEnv("http://127.0.0.1:9/mcp", timeout=5, control_tools=CONTROL)
     trajectory = run_episode(nowhere, share_task(), OraclePlanner())
     assert trajectory.error is not None and "reset failed" in trajectory.error
     assert "cannot connect" in trajectory.error and "127.0.0.1:9" in trajectory.error
     # a stdio server that exits at once
-    dead = McpEnv(command=[sys.executable, "-c", "pass"], timeout=5)
+    dead = McpEnv(command=[sys.executable, "-c", "pass"], timeout=5, control_tools=CONTROL)
     first = dead.reset(share_task())
     assert first.error == "environment_failure" and "stdio:" in first.message
     dead.close()
@@ -274,7 +280,11 @@ def test_rubric_verification_is_llm_judged(notes: NotesServer, openai_server: Fa
         world={"_mcp": {"reset_tool": "reset_notes"}},
         verifier={"kind": "rubric", "rubric": ["The Groceries note is shared with Sam."]},
     )
-    env = McpEnv(notes.url, judge_client=ChatClient(openai_server.base_url, "judge"))
+    env = McpEnv(
+        notes.url,
+        judge_client=ChatClient(openai_server.base_url, "judge"),
+        control_tools=CONTROL,
+    )
     try:
         trajectory = run_episode(env, task, OraclePlanner())
     finally:
@@ -284,7 +294,7 @@ def test_rubric_verification_is_llm_judged(notes: NotesServer, openai_server: Fa
     assert "real app" in openai_server.requests[-1].system
     assert judged[-1]["rubric"] == [{"item": 1, "text": "The Groceries note is shared with Sam."}]
     # no judge configured: the rubric fails, saying what is missing
-    bare = McpEnv(notes.url)
+    bare = McpEnv(notes.url, control_tools=CONTROL)
     try:
         bare.reset(task)
         bare.step(Finish())
@@ -306,6 +316,7 @@ def test_env_serve_fronts_an_mcp_server(
     from qpa.envs.server import create_app
 
     monkeypatch.setenv("QPA_MCP_URL", notes.url)
+    monkeypatch.setenv("QPA_MCP_CONTROL_TOOLS", ",".join(CONTROL))
     assert EnvServeConfig(kind="mcp").kind == "mcp"
     with serve(create_app("mcp")) as url, RemoteEnv(url) as remote:
         trajectory = run_episode(remote, share_task(), OraclePlanner())

@@ -146,7 +146,7 @@ def test_round_trip_through_the_mcp_environment_kind() -> None:
     )
     session = TaskSession(make_env("sandbox"), task)
     with ThreadedMcpServer(session, expose_verify=True) as server:
-        env = McpEnv(server.url, timeout=60)
+        env = McpEnv(server.url, timeout=60, control_tools=("verify", "finish"))
         try:
             trajectory = run_episode(env, wrapped, OraclePlanner())
         finally:

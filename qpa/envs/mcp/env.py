@@ -26,6 +26,14 @@ environments. Success needs the episode finished.
 
 Where the server is: `url` (streamable HTTP) or `command` (stdio), or the `QPA_MCP_URL` /
 `QPA_MCP_COMMAND` environment variables, which is how `qpa env serve --kind mcp` fronts one.
+
+What a task may call is the server side's to say, never the task's: a task comes from whoever
+resets an episode (a client of `qpa env serve`), so its `_mcp.reset_tool`, `verifier_tool` and
+`finish_tool` must each be one of `control_tools` (`$QPA_MCP_CONTROL_TOOLS`, comma separated;
+default none), checked before anything reaches the MCP server; control tools and
+`hidden_tools` (`$QPA_MCP_HIDDEN_TOOLS`: an admin tool, say) are never offered to the planner
+nor callable by it, whatever the task's `tools` or `hidden_tools` say, and a hidden tool is
+never called at all. A RolloutPool's `mcp` settings set these variables in its pods.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import mcp_types as types
@@ -59,11 +67,26 @@ from qpa.envs.mcp.judge import RubricJudge
 from qpa.envs.mcp.spec import WORLD_KEY, McpWorld, VerifierReport
 from qpa.envs.sandbox.verify import answer_matches
 
-__all__ = ["COMMAND_ENV", "MAX_STEPS", "URL_ENV", "McpEnv", "tool_spec"]
+__all__ = [
+    "COMMAND_ENV",
+    "CONTROL_TOOLS_ENV",
+    "HIDDEN_TOOLS_ENV",
+    "MAX_STEPS",
+    "URL_ENV",
+    "McpEnv",
+    "parse_tool_names",
+    "tool_spec",
+]
 
 MAX_STEPS = 200
 URL_ENV = "QPA_MCP_URL"
 COMMAND_ENV = "QPA_MCP_COMMAND"
+#: The tools a task may name as its reset, verifier or finish tool (comma separated).
+CONTROL_TOOLS_ENV = "QPA_MCP_CONTROL_TOOLS"
+#: The tools never offered nor called, in any role (comma separated).
+HIDDEN_TOOLS_ENV = "QPA_MCP_HIDDEN_TOOLS"
+#: The task world's fields that name a control tool.
+CONTROL_FIELDS = ("reset_tool", "verifier_tool", "finish_tool")
 #: Meta keys `qpa mcp serve` sets on its tools, read back here (a qpa task round-trips whole).
 SIDE_EFFECT_META = "qpa/side_effect"
 APP_META = "qpa/app"
@@ -71,6 +94,26 @@ INVALID_PARAMS = -32602
 _ERROR_KINDS: frozenset[str] = frozenset(ErrorKind.__args__)  # type: ignore[attr-defined]
 _NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]{0,63}$")
 _WRAPPED = re.compile(r"^Error executing tool \S+: ")
+#: What an MCP tool's name may be (the spec's characters, 1 to 128 of them; never a comma).
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def parse_tool_names(value: str | Sequence[str] | None, field: str) -> frozenset[str]:
+    """Tool names from a list or a comma-separated string (`None`: none); `ValueError` naming
+    `field` for a name that cannot be an MCP tool's."""
+    if value is None:
+        return frozenset()
+    if isinstance(value, str):
+        names = [n.strip() for n in value.split(",") if n.strip()]
+    else:
+        names = list(value)
+    bad = [n for n in names if not isinstance(n, str) or not TOOL_NAME.match(n)]
+    if bad:
+        raise ValueError(
+            f"{field}: {', '.join(map(repr, bad))} is not an MCP tool name (1 to 128 letters, "
+            "digits, '_', '-' or '.')"
+        )
+    return frozenset(names)
 
 
 def tool_spec(tool: types.Tool, *, app: str, payment: bool = False) -> ToolSpec:
@@ -156,6 +199,8 @@ class McpEnv:
         judge_api_key_env: str | None = None,
         judge_client: ChatClient | None = None,
         max_steps: int = MAX_STEPS,
+        control_tools: str | Sequence[str] | None = None,
+        hidden_tools: str | Sequence[str] | None = None,
     ) -> None:
         if url is None and command is None:
             url = os.environ.get(URL_ENV) or None
@@ -176,6 +221,24 @@ class McpEnv:
             raise ValueError(str(error["msg"]).removeprefix("Value error, ")) from None
         if max_steps < 1:
             raise ValueError("max_steps: must be at least 1")
+        if control_tools is None:
+            control = parse_tool_names(os.environ.get(CONTROL_TOOLS_ENV), f"${CONTROL_TOOLS_ENV}")
+        else:
+            control = parse_tool_names(control_tools, "control_tools")
+        if hidden_tools is None:
+            hidden = parse_tool_names(os.environ.get(HIDDEN_TOOLS_ENV), f"${HIDDEN_TOOLS_ENV}")
+        else:
+            hidden = parse_tool_names(hidden_tools, "hidden_tools")
+        both = sorted(control & hidden)
+        if both:
+            raise ValueError(
+                f"hidden_tools: {', '.join(map(repr, both))} also listed as control tools; a "
+                "hidden tool is never called, a control tool is called as a task's machinery"
+            )
+        #: What a task may name as `_mcp.reset_tool` / `verifier_tool` / `finish_tool`.
+        self.control_tools = control
+        #: What is never offered nor called, whatever a task says.
+        self.hidden_tools = hidden
         self.max_steps = max_steps
         if judge_client is None and judge_url:
             judge_client = ChatClient(judge_url, judge_model, api_key_env=judge_api_key_env)
@@ -212,6 +275,9 @@ class McpEnv:
             return Feedback.fail(
                 "environment_failure", f"task world '{WORLD_KEY}.{where}': {error['msg']}"
             )
+        refused = self._refused(world, task)
+        if refused is not None:
+            return refused
         try:
             connection = self._connect()
             listed = connection.list_tools()
@@ -228,7 +294,7 @@ class McpEnv:
                 f"the MCP server {self.server.describe()} has no tool named "
                 f"{', '.join(repr(n) for n in dict.fromkeys(missing))}",
             )
-        hidden = {*special, *world.hidden_tools}
+        hidden = {*special, *world.hidden_tools, *self.control_tools, *self.hidden_tools}
         names = [n for n in (task.tools or list(server_tools)) if n not in hidden]
         bad = [n for n in names if not _NAME.match(n)]
         if bad:
@@ -366,6 +432,28 @@ class McpEnv:
         return copied
 
     # ------------------------------------------------------------------ internals
+    def _refused(self, world: McpWorld, task: Task) -> Feedback | None:
+        """A task asking for a tool the server side does not let it have (checked before any
+        call reaches the MCP server), or None."""
+        for field in CONTROL_FIELDS:
+            name = getattr(world, field)
+            if name is not None and name not in self.control_tools:
+                allowed = ", ".join(map(repr, sorted(self.control_tools))) or "none"
+                return Feedback.fail(
+                    "permission_denied",
+                    f"task world '{WORLD_KEY}.{field}': tool {name!r} is not one of this "
+                    f"server's control tools (allowed: {allowed}; the server's operator lists "
+                    f"them in ${CONTROL_TOOLS_ENV} or a RolloutPool's mcp.controlTools)",
+                )
+        for name in task.tools:
+            if name in self.hidden_tools or name in self.control_tools:
+                what = "hidden by" if name in self.hidden_tools else "a control tool of"
+                return Feedback.fail(
+                    "permission_denied",
+                    f"task tools: {name!r} is {what} this server, never the planner's",
+                )
+        return None
+
     def _connect(self) -> McpConnection:
         if self._connection is None or not self._connection.open:
             self._connection = McpConnection(self.server)
