@@ -13,10 +13,15 @@ changes what the task asks or what its checks accept:
   out of range, and never a default or favourite;
 - a clone is dearer and rated lower than every record of the task's in its collection, so
   "the cheapest", "the best rated" and "the most popular" keep their answers;
-- maps places are not filled (nor the visits and reviews that name them): routes rank places
-  by their neighbourhood, so a look-alike there could be the better answer;
+- maps places are filled (and the location history's visits, naming the clones): a route
+  ranks the places in the neighbourhoods it passes, so a clone of a place in a neighbourhood a
+  route of the reference plan passes is moved to one no such route passes (`_PlaceRules`);
+  elsewhere it keeps its original's neighbourhood, rated below every place of the task's;
+- bills are filled as last months' bills of the same billers, already paid;
 - collections the user owns one of each (payment cards, accounts, addresses, calendars,
-  drivers, promos, bookings made, bills, devices, alarms, settings) are not filled;
+  drivers, promos, flight and hotel bookings, home devices, alarms, settings) are not filled:
+  a clone there would be a second thing the task's words name ("my 7:00 alarm", "the hall
+  light", "my Lisbon booking");
 - a clone that any of the task's checks would match (an `exists`, `count` or `absent` where on
   its collection) is dropped, and a collection under an `equals` check is not filled.
 
@@ -31,8 +36,9 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
-from qpa.contract import Task, WorldProfile
+from qpa.contract import Task, ToolCall, WorldProfile
 from qpa.envs.sandbox.apps.messaging import thread_id
+from qpa.envs.sandbox.geo import NEIGHBORHOODS, route_via
 from qpa.envs.sandbox.verify import _field_matches
 from qpa.envs.sandbox.worldgen import FIRST, LAST, STREETS
 
@@ -64,6 +70,9 @@ PHONE_SIZES: dict[tuple[str, str], int] = {
     ("home", "camera_events"): 300,
     ("settings", "wifi_networks"): 40,
     ("settings", "bluetooth_devices"): 20,
+    ("maps", "places"): 200,
+    ("maps", "timeline"): 60,
+    ("wallet", "bills"): 36,
 }
 SIZES: dict[WorldProfile, dict[tuple[str, str], int]] = {"default": {}, "phone": PHONE_SIZES}
 
@@ -72,7 +81,12 @@ PERSON_COLLECTIONS = {("contacts", "contacts")}
 # clones are dated months after the task's window instead of before it.
 FUTURE = {("calendar", "events"), ("reminders", "reminders"), ("flights", "flights")}
 # Collections other records refer to by name (a note's folder): their clones' names are mapped.
-NAME_REFERENCED = {("notes", "folders"), ("reminders", "lists")}
+NAME_REFERENCED = {("notes", "folders"), ("reminders", "lists"), ("maps", "places")}
+PLACES = ("maps", "places")
+BILLS = ("wallet", "bills")
+# Collections whose records name a map place by id: a clone naming a place that was not cloned
+# (the places ran out of rounds, or the clone was dropped) is dropped too.
+PLACE_REFERENCING = {("maps", "timeline")}
 NAME_FIELDS = ("name", "title", "subject", "restaurant", "place_name", "hotel_name")
 PRICE_FIELDS = ("price", "nightly_rate", "delivery_fee", "min_order", "fare", "amount")
 RATING_FIELDS = ("rating", "popularity", "stars")
@@ -125,6 +139,14 @@ def fill_world(
     ]
     if not filled:
         return state
+    places = _PlaceRules.of(task, state) if PLACES in filled else None
+    if places is not None and not places.free:
+        filled.remove(PLACES)  # every neighbourhood is on a route the task ranks
+        places = None
+    if PLACES not in filled:
+        filled = [key for key in filled if key not in PLACE_REFERENCING]
+    if not filled:
+        return state
     core = {key: list(state[key[0]][key[1]]) for key in filled}
     rounds = max(-(-sizes[key] // len(rows)) - 1 for key, rows in core.items())
     names = _Names(rng, state)
@@ -132,6 +154,7 @@ def fill_world(
     bounds = {key: _bounds(rows) for key, rows in core.items()}
     for r in range(1, rounds + 1):
         mapping = _round_mapping(r, core, names, rng)
+        moved = places.round(r, core[PLACES], mapping, rng) if places is not None else {}
         for key, rows in core.items():
             target = state[key[0]][key[1]]
             if len(target) >= sizes[key]:
@@ -140,11 +163,111 @@ def fill_world(
                 if len(target) >= sizes[key]:
                     break
                 clone = _clone(key, row, r, mapping, rng, bounds[key])
+                if key == PLACES:
+                    if clone["id"] not in moved:
+                        continue  # no free name for it this round
+                    clone["neighborhood"] = moved[clone["id"]]
+                if key in PLACE_REFERENCING and clone.get("place_id") not in ids:
+                    continue
                 if str(clone["id"]) in ids or _matched(blocked["where"].get(key, []), clone):
                     continue
                 ids.add(str(clone["id"]))
                 target.append(clone)
     return state
+
+
+class _PlaceRules:
+    """Where map-place clones may lie. A route ranks the places in the neighbourhoods it passes
+    (`maps_search_places(along_route=...)` by detour, `maps_add_stop` accepts only them), so a
+    look-alike there could be the better stop or a second "usual" one: a clone of a place in a
+    neighbourhood that a route of the task's reference plan passes is moved to one no such
+    route passes (its name names the new neighbourhood). Elsewhere a clone keeps its
+    original's neighbourhood (rated below every place of the task's, so "the best-rated café in
+    Riverside" keeps its answer). Each clone gets a new address and phone number."""
+
+    def __init__(self, ranked: set[str], used: set[str], addresses: set[str]) -> None:
+        self.ranked = ranked
+        self.free = [n for n in NEIGHBORHOODS if n not in ranked]
+        self.names = used
+        self.addresses = addresses
+
+    @classmethod
+    def of(cls, task: Task, state: dict[str, Any]) -> _PlaceRules | None:
+        """The rules for `task`'s places, or None when a route of its plan cannot be known
+        before the plan runs (an address read from a tool's answer) and the plan ranks places
+        along a route."""
+        maps = state["maps"]
+        ranked: set[str] = set()
+        for action in task.reference_plan or []:
+            if not isinstance(action, ToolCall) or action.tool != "maps_get_directions":
+                continue
+            ends = [action.arguments.get("origin"), action.arguments.get("destination")]
+            if all(isinstance(e, str) and "${" not in e for e in ends):
+                start, end = (_resolve_place(maps, str(e)) for e in ends)
+                ranked.update(route_via(start, end))
+            elif _plan_ranks(task):
+                return None
+        places = maps["places"]
+        return cls(
+            ranked,
+            {str(p.get("name")) for p in places},
+            {str(p.get("address", "")).lower() for p in places},
+        )
+
+    def round(
+        self, r: int, rows: list[dict[str, Any]], mapping: dict[str, str], rng: random.Random
+    ) -> dict[str, str]:
+        """Round `r`'s clones: each one's neighbourhood by its id (a clone without one has no
+        free name this round), its name, address and phone number put in `mapping`."""
+        out: dict[str, str] = {}
+        variant = _variant(r)
+        for row in rows:
+            name, hood = str(row.get("name", "")), str(row.get("neighborhood", ""))
+            base = name.removesuffix(f" {hood}") if name.endswith(f" {hood}") else name
+            hoods = rng.sample(self.free, len(self.free)) if hood in self.ranked else [hood]
+            for candidate in hoods:
+                new = f"{base} {candidate} {variant}" if base != name else f"{name} {variant}"
+                if new not in self.names:
+                    break
+            else:
+                continue
+            self.names.add(new)
+            mapping[name] = new
+            out[mapping[str(row["id"])]] = candidate
+            if isinstance(row.get("address"), str):
+                mapping[row["address"]] = self._address(rng)
+            if isinstance(row.get("phone"), str):
+                mapping[row["phone"]] = f"+1-557-{rng.randint(1000, 9999)}-{rng.randint(10, 99)}"
+        return out
+
+    def _address(self, rng: random.Random) -> str:
+        while True:
+            address = f"{rng.randint(1000, 9899)} {rng.choice(STREETS)} Road"
+            if address.lower() not in self.addresses:
+                self.addresses.add(address.lower())
+                return address
+
+
+def _plan_ranks(task: Task) -> bool:
+    return any(
+        isinstance(a, ToolCall) and (a.tool == "maps_add_stop" or "along_route" in a.arguments)
+        for a in task.reference_plan or []
+    )
+
+
+def _resolve_place(maps: dict[str, Any], where: str) -> str:
+    """The address `maps_get_directions` resolves a label, place name or address to."""
+    key = where.strip().lower()
+    for label in maps.get("labels", []):
+        if label.get("label") == key:
+            return str(label["address"])
+    for place in maps.get("places", []):
+        if (
+            str(place.get("name", "")).lower() == key
+            or str(place.get("address", "")).lower() == key
+        ):
+            return str(place["address"])
+    return where.strip()
 
 
 def _blocked(task: Task) -> dict[str, Any]:
@@ -329,6 +452,10 @@ def _clone(
     for field, quiet in QUIET.items():
         if field in clone and isinstance(clone[field], bool):
             clone[field] = quiet
+    if key == BILLS and _number(row.get("amount_due")):  # earlier bills of the biller: paid
+        clone["amount_due"] = round(row["amount_due"] * rng.uniform(0.85, 1.15), 2)
+        clone["paid_amount"] = clone["amount_due"]
+        clone["status"] = "paid"
     if key == ("messaging", "messages"):
         peer = clone.get("sender") if clone.get("to") == "me" else clone.get("to")
         if isinstance(peer, str):

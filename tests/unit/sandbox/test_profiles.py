@@ -1,9 +1,13 @@
 """Phone-scale worlds and copy-on-write state: the `phone` profile fills apps to a real phone's
-sizes and keeps every task solvable (oracle) and unsolved by the baselines (noop, one wrong
-argument); sessions share one frozen base, a reset drops a session's changes, the default
-profile's tasks are unchanged."""
+sizes (maps places and bills included) and keeps every task solvable (oracle) and unsolved by
+the baselines (noop, one wrong argument), checked here on one task per template and every
+`EVERY`th task of the suite (`benchmarks/phone_oracle.py` runs every task); sessions share one
+frozen base, a reset drops a session's changes, the default profile's tasks are unchanged."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -15,6 +19,7 @@ from qpa.contract import Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.cow import FrozenDict, FrozenList, Thaw, iter_frozen
 from qpa.envs.sandbox.env import base_for
+from qpa.envs.sandbox.geo import route_via
 from qpa.envs.sandbox.registry import all_apps
 from qpa.envs.sandbox.suite import at_profile, generate_suite
 from qpa.harness.planners import make_planner
@@ -24,6 +29,11 @@ SUITE = generate_suite()
 PHONE = generate_suite(profile="phone")
 # One test task per template, at the phone profile.
 SAMPLE = list({t.template: t for t in reversed(PHONE) if t.split == "test"}.values())
+# And every EVERY'th task of the whole suite (all splits): the sampled variant of
+# benchmarks/phone_oracle.py, which runs every task.
+EVERY = 30
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+import phone_oracle  # noqa: E402
 
 
 def _base(task: Task) -> dict[str, dict[str, object]]:
@@ -77,14 +87,69 @@ def test_phone_worlds_are_deterministic_and_leave_default_tasks_alone() -> None:
     assert {t.id.removesuffix(".phone") for t in PHONE} == {t.id for t in SUITE}
 
 
-@pytest.mark.parametrize(
-    ("planner", "want"), [("oracle", True), ("noop", False), ("greedy_wrong", False)]
-)
-def test_baselines_on_phone_worlds(planner: str, want: bool) -> None:
-    env = SandboxEnv()
-    wrong = [t.id for t in SAMPLE if run_episode(env, t, make_planner(planner)).success != want]
+def test_baselines_on_phone_worlds() -> None:
+    tasks = {t.id: t for t in [*SAMPLE, *phone_oracle.sample(PHONE, EVERY)]}
     assert len(SAMPLE) == len({t.template for t in SUITE})
-    assert wrong == []
+    out = phone_oracle.check(list(tasks.values()))
+    assert out.tasks == len(tasks) > len(PHONE) // EVERY
+    assert out.wrong == []
+    assert out.rate("oracle") == 1.0 and out.rate("noop") == out.rate("greedy_wrong") == 0.0
+
+
+def test_the_sample_refuses_a_bad_step() -> None:
+    with pytest.raises(ValueError, match="every"):
+        phone_oracle.sample(PHONE, 0)
+    assert [t.id for t in phone_oracle.sample(PHONE, 1000, limit=2)] == [
+        PHONE[0].id,
+        PHONE[1000].id,
+    ]
+
+
+def test_phone_maps_places_are_look_alikes_off_the_plans_routes() -> None:
+    task = next(t for t in PHONE if t.template == "maps_stop_least_detour")
+    state = _base(task)
+    places = state["maps"]["places"]
+    assert isinstance(places, list) and len(places) >= 200
+    own = {p["id"] for p in task.world["maps"]["places"]}
+    clones = [p for p in places if p["id"] not in own]
+    labels = {x["label"]: x["address"] for x in task.world["maps"]["labels"]}
+    directions = next(
+        a for a in task.reference_plan or [] if getattr(a, "tool", "") == "maps_get_directions"
+    )
+    args = directions.arguments  # type: ignore[union-attr]
+    via = route_via(labels.get(args["origin"], args["origin"]), args["destination"])
+    assert clones and not [p for p in clones if p["neighborhood"] in via]
+    assert len({p["name"] for p in places}) == len(places)
+    assert len({p["address"] for p in places}) == len(places)
+    lowest = min(p["rating"] for p in task.world["maps"]["places"])
+    assert all(p["rating"] < lowest for p in clones)
+    # look-alikes: the same chains, with another word
+    bases = {p["name"].split(" ")[0] for p in task.world["maps"]["places"]}
+    assert sum(p["name"].split(" ")[0] in bases for p in clones) == len(clones)
+
+
+def test_phone_timeline_names_cloned_places_weeks_earlier() -> None:
+    task = next(t for t in PHONE if t.template == "maps_review_visited_place")
+    state = _base(task)
+    places = {p["id"]: p for p in state["maps"]["places"]}
+    visits = state["maps"]["timeline"]
+    assert isinstance(visits, list) and len(visits) > len(task.world["maps"]["timeline"]) * 5
+    own_dates = {v["date"] for v in task.world["maps"]["timeline"]}
+    for visit in visits[len(task.world["maps"]["timeline"]) :]:
+        place = places[visit["place_id"]]
+        assert (visit["place_name"], visit["address"]) == (place["name"], place["address"])
+        assert visit["date"] < min(own_dates)
+
+
+def test_phone_bills_are_paid_history_of_the_same_billers() -> None:
+    task = next(t for t in PHONE if t.world.get("wallet", {}).get("bills"))
+    bills = _base(task)["wallet"]["bills"]
+    own = task.world["wallet"]["bills"]
+    assert isinstance(bills, list) and len(bills) >= 36
+    history = bills[len(own) :]
+    assert all(b["status"] == "paid" and b["paid_amount"] == b["amount_due"] for b in history)
+    assert {b["biller"] for b in history} == {b["biller"] for b in own}
+    assert [b for b in bills if b["status"] != "paid"] == own
 
 
 def test_base_is_frozen_shared_and_never_changed_by_episodes() -> None:
