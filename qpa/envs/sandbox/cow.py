@@ -15,15 +15,27 @@ call returns, its scratch values are frozen again and become the session's overl
 
 Frozen lists carry lazily built indexes (by `id`, and by any field a lookup filters on) and
 derived views (`FrozenList.derived`: the tools' thread aggregates, sorted orders, date and text
-indexes); they are valid for the list's whole life, as it never changes.
+indexes); they are valid for the list's whole life, as it never changes. A list a call re-made
+by replacing or appending a few records remembers the list it came from (its root: the first
+of a chain of such edits, usually the shared base's list) and which positions differ: its id
+and field indexes are carried over from the root's and its views are patched from the root's
+(`derived(..., patch=)`), so a session's first read after a write costs its changes, not the
+collection.
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable, Iterable, Iterator
+from itertools import compress, repeat
+from operator import is_, is_not  # type: ignore[attr-defined]
 from typing import Any, NoReturn
 
 MISSING: Any = object()
+# A re-made list keeps its root (and patches the root's views) while it differs from it in at
+# most this many positions (plus a fraction of its length); past that it builds afresh.
+LINEAGE_MIN = 64
+LINEAGE_FRACTION = 4
 
 
 class Thaw(BaseException):
@@ -70,7 +82,7 @@ class FrozenDict(dict[str, Any]):
 class FrozenList(list[Any]):
     """A list that refuses mutation (raises `Thaw`), with cached lookup indexes."""
 
-    __slots__ = ("_all_keyed", "_by_field", "_by_id", "_dups", "_memo")
+    __slots__ = ("_all_keyed", "_by_field", "_by_id", "_changed", "_dups", "_memo", "_root")
     __setitem__ = _refuse
     __delitem__ = _refuse
     __iadd__ = _refuse
@@ -91,17 +103,31 @@ class FrozenList(list[Any]):
         self._all_keyed = False
         self._by_field: dict[str, dict[Any, list[int]]] = {}
         self._memo: dict[Any, Any] = {}
+        self._root: FrozenList | None = None
+        self._changed: list[int] = []
 
-    def derived(self, key: Any, build: Callable[[FrozenList], Any]) -> Any:
+    def derived(
+        self, key: Any, build: Callable[[FrozenList], Any], patch: Patch | None = None
+    ) -> Any:
         """`build(self)`, computed once per list and kept for its life (the list never changes):
         a tool's aggregate, sorted view or search index over a committed collection. A base's
-        views are shared by every session; a session's re-made list builds its own on first use.
-        `key` names the view (and its parameters); `build` must be a pure function of the list."""
+        views are shared by every session. A session's re-made list with a root (see `follow`)
+        gets `patch(root_view, root, self, changed)` when `patch` is given: the root's view (built
+        once, shared) brought up to date for the positions in `changed` (ascending; those below
+        `len(root)` hold another record than the root's, the rest were appended). Otherwise it
+        builds its own on first use. `key` names the view (and its parameters); `build` and
+        `patch` must be pure functions of the lists (`patch` must not change `root_view`)."""
         try:
             return self._memo[key]
         except KeyError:
-            value = self._memo[key] = build(self)
-            return value
+            pass
+        root = self._root
+        if patch is not None and root is not None:
+            value = patch(root.derived(key, build), root, self, self._changed)
+        else:
+            value = build(self)
+        self._memo[key] = value
+        return value
 
     def __reduce__(self) -> Any:
         return (list, (list(self),))
@@ -125,16 +151,43 @@ class FrozenList(list[Any]):
         """The position of the (first) record whose `id` is `record_id`, by index."""
         return self._id_index().get(record_id)
 
-    def extends(self, earlier: FrozenList) -> None:
-        """Take over `earlier`'s id index when this list is `earlier` plus appended records
-        (then the index costs the appended records, not the whole list)."""
-        if earlier._by_id is None or len(self) < len(earlier) or self[: len(earlier)] != earlier:
+    def follow(self, earlier: FrozenList) -> None:
+        """Record that this list is `earlier` with a few records replaced or appended (by
+        identity, position for position): it then keeps `earlier`'s root and the positions where
+        it differs from it, and takes over the root's id and field indexes, updated for those
+        positions (the cost is the changes, not the list). A list that is shorter than its root
+        (records removed) or differs in many positions keeps nothing and builds afresh."""
+        root = earlier._root if earlier._root is not None else earlier
+        base_changed = earlier._changed if earlier._root is not None else []
+        n, m = len(root), len(self)
+        if m < n or len(earlier) > m:
             return
-        index = dict(earlier._by_id)
-        keyed, dups = len(index), earlier._dups
-        all_keyed = earlier._all_keyed
-        for i in range(len(earlier), len(self)):
-            row = self[i]
+        # positions where self differs from earlier (C-speed identity walk), plus earlier's own
+        mine = list(compress(range(len(earlier)), map(is_not, self, earlier)))
+        if len(mine) + len(base_changed) + (m - len(earlier)) > LINEAGE_MIN + m // LINEAGE_FRACTION:
+            return
+        candidates = sorted({*base_changed, *mine, *range(len(earlier), m)})
+        changed = [p for p in candidates if p >= n or self[p] is not root[p]]
+        self._root, self._changed = root, changed
+        self._carry_id_index(root, changed)
+        for field, index in root._by_field.items():
+            self._by_field[field] = _patched_field_index(index, field, root, self, changed)
+
+    def _carry_id_index(self, root: FrozenList, changed: list[int]) -> None:
+        if root._by_id is None or root._dups:
+            return
+        n = len(root)
+        index = dict(root._by_id)
+        dups, all_keyed = False, root._all_keyed
+        for p in changed:
+            if p < n:
+                old, new = root[p], self[p]
+                old_id = old.get("id") if isinstance(old, dict) else None
+                new_id = new.get("id") if isinstance(new, dict) else None
+                if type(old_id) is not type(new_id) or old_id != new_id:
+                    return  # an id changed in place: build the index afresh when it is needed
+                continue
+            row = self[p]
             key = row.get("id") if isinstance(row, dict) else None
             if key is None or isinstance(key, (dict, list)):
                 all_keyed = False
@@ -142,8 +195,7 @@ class FrozenList(list[Any]):
             if key in index:
                 dups = True
             else:
-                index[key] = i
-            keyed += 1
+                index[key] = p
         self._by_id, self._dups, self._all_keyed = index, dups, all_keyed
 
     def all_keyed(self) -> bool:
@@ -178,6 +230,48 @@ class FrozenList(list[Any]):
         return index.get(value, [])
 
 
+Patch = Callable[[Any, FrozenList, FrozenList, list[int]], Any]
+
+
+def _patched_field_index(
+    index: dict[Any, list[int]], field: str, root: FrozenList, rows: FrozenList, changed: list[int]
+) -> dict[Any, list[int]]:
+    """`root`'s index of `field` (value -> ascending positions) made right for `rows`: each
+    changed position leaves its old record's bucket and joins its new record's (buckets copied
+    on write; the root's stay as they are)."""
+    out = dict(index)
+    copied: set[Any] = set()
+
+    def bucket(key: Any) -> list[int] | None:
+        try:
+            hash(key)
+        except TypeError:  # an unhashable value is in no bucket
+            return None
+        found = out.get(key)
+        if found is None:
+            found = out[key] = []
+            copied.add(key)
+        elif key not in copied:
+            found = out[key] = list(found)
+            copied.add(key)
+        return found
+
+    n = len(root)
+    for p in changed:
+        if p < n:
+            old = root[p]
+            if isinstance(old, dict) and field in old:
+                hit = bucket(old[field])
+                if hit is not None and p in hit:
+                    hit.remove(p)
+        new = rows[p]
+        if isinstance(new, dict) and field in new:
+            hit = bucket(new[field])
+            if hit is not None:
+                insort(hit, p)
+    return out
+
+
 def freeze(value: Any) -> Any:
     """`value` with every dict and list replaced by a frozen one (frozen parts are kept)."""
     kind = type(value)
@@ -186,7 +280,9 @@ def freeze(value: Any) -> Any:
     if isinstance(value, dict):
         return FrozenDict({k: freeze(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return FrozenList([freeze(v) for v in value])
+        return FrozenList(
+            [v if type(v) is FrozenDict or type(v) is FrozenList else freeze(v) for v in value]
+        )
     return value
 
 
@@ -329,6 +425,17 @@ class CallScope:
         for key, value in self.accessed.items():
             if value is obj:
                 return key, None
+        for key, value in self.accessed.items():  # a record itself: by id, else by identity
+            if isinstance(value, list):
+                if type(value) is FrozenList and isinstance(obj, dict):
+                    record_id = obj.get("id")
+                    if record_id is not None and not isinstance(record_id, (dict, list)):
+                        at = value.position(record_id)
+                        if at is not None and value[at] is obj:
+                            return key, at
+                found = next(compress(range(len(value)), map(is_, value, repeat(obj))), None)
+                if found is not None:
+                    return key, found
         for key, value in self.accessed.items():
             if isinstance(value, list):
                 for i, row in enumerate(value):
@@ -347,7 +454,7 @@ class CallScope:
             before = self.accessed.get((app, collection), MISSING)
             after = Store.DELETED if value is Store.DELETED else freeze(value)
             if type(after) is FrozenList and type(before) is FrozenList and after is not before:
-                after.extends(before)
+                after.follow(before)
             self.store.put(app, collection, after)
             done[(app, collection)] = (before, MISSING if after is Store.DELETED else after)
         return done

@@ -5,6 +5,11 @@ An `App` declares its state (collections of JSON records) and its tools as metho
 validated, unknown ones rejected) and a `ToolSpec` with JSON schemas of arguments and result.
 Tool bodies raise `ToolError` for domain failures (out of stock, calendar conflict); the engine
 turns those, bad arguments and even bugs into structured `Feedback`, never exceptions.
+
+Search tools over a committed (frozen) list narrow their scan with `App.text_candidates`: a word
+index kept with the list (`TextIndex`) gives the positions whose searched text can hold every
+word of the query; the tool then applies its own test to those records only, so the answer is
+the scan's.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import inspect
 import typing
 import zlib
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -120,6 +126,119 @@ def confirmation_code(seed: str) -> str:
     value = zlib.crc32(seed.encode())
     letters = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
     return "".join(letters[(value >> (5 * i)) % len(letters)] for i in range(6))
+
+
+class TextIndex:
+    """The words of a collection's searched text (lowered, split on whitespace), each with the
+    ascending positions of the records holding it, and all of them in one string (`find` locates
+    the words containing a query word). A query word (no whitespace in it) can only occur in a
+    record's text inside one of its words, so the records of the words containing it are a
+    superset of the records containing it. A re-made list's index is its root's plus the words of
+    the records it changed (`extra`): a position whose record changed may stay among the root's
+    candidates, which the tool's own test then drops."""
+
+    __slots__ = ("_extra", "_joined", "_postings", "_starts")
+
+    def __init__(
+        self,
+        postings: list[list[int]],
+        joined: str,
+        starts: list[int],
+        extra: dict[str, list[int]] | None = None,
+    ) -> None:
+        self._postings = postings
+        self._joined = joined
+        self._starts = starts
+        self._extra = extra or {}
+
+    @staticmethod
+    def builder(text_of: Callable[[Any], str]) -> Callable[[list[Any]], TextIndex]:
+        """A `FrozenList.derived` build: the index of `text_of(record)` over a list."""
+
+        def build(rows: list[Any]) -> TextIndex:
+            words: dict[str, list[int]] = {}
+            for i, row in enumerate(rows):
+                for word in set(text_of(row).split()):
+                    found = words.get(word)
+                    if found is None:
+                        words[word] = [i]
+                    else:
+                        found.append(i)
+            starts: list[int] = []
+            at = 0
+            for word in words:
+                starts.append(at)
+                at += len(word) + 1
+            return TextIndex(list(words.values()), "\n".join(words) + "\n", starts)
+
+        return build
+
+    @staticmethod
+    def patcher(
+        text_of: Callable[[Any], str],
+    ) -> Callable[[TextIndex, list[Any], list[Any], list[int]], TextIndex]:
+        """A `FrozenList.derived` patch: the root's index plus the changed records' words."""
+
+        def patch(root: TextIndex, _rows: list[Any], rows: list[Any], changed: list[int]) -> Any:
+            extra: dict[str, list[int]] = {}
+            for i in changed:
+                for word in set(text_of(rows[i]).split()):
+                    extra.setdefault(word, []).append(i)
+            return TextIndex(root._postings, root._joined, root._starts, extra)
+
+        return patch
+
+    def candidates(self, words: list[str]) -> list[int]:
+        """Ascending positions of the records whose text may hold every one of `words` (each
+        free of whitespace; at least one)."""
+        result: set[int] | None = None
+        for word in sorted(set(words), key=len, reverse=True):  # longer words: fewer hits
+            hits: set[int] = set()
+            joined, starts, postings = self._joined, self._starts, self._postings
+            at = joined.find(word)
+            while at >= 0:
+                w = bisect_right(starts, at) - 1
+                hits.update(postings[w])
+                at = joined.find(word, starts[w + 1]) if w + 1 < len(starts) else -1
+            for token, positions in self._extra.items():
+                if word in token:
+                    hits.update(positions)
+            result = hits if result is None else result & hits
+            if not result:
+                return []
+        return sorted(result or ())
+
+
+def sorted_positions(
+    key_of: Callable[[Any], Any], *, reverse: bool
+) -> tuple[Callable[[list[Any]], list[int]], Callable[..., list[int]]]:
+    """A `FrozenList.derived` build and patch: every position, in the order of Python's stable
+    sort by `key_of` (with `reverse`, largest first; equal keys keep list order), so that a walk
+    of it that filters gives what sorting the filtered records would. The patch takes the changed
+    positions out of the root's order and puts each back where the sort would put it."""
+
+    def build(rows: list[Any]) -> list[int]:
+        return sorted(range(len(rows)), key=lambda i: key_of(rows[i]), reverse=reverse)
+
+    def patch(order: list[int], _root: list[Any], rows: list[Any], changed: list[int]) -> Any:
+        gone = set(changed)
+        kept = [i for i in order if i not in gone]
+        for i in changed:
+            key = key_of(rows[i])
+            lo, hi = 0, len(kept)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                j = kept[mid]
+                other = key_of(rows[j])
+                before = other > key if reverse else other < key
+                if before or (other == key and j < i):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            kept.insert(lo, i)
+        return kept
+
+    return build, patch
 
 
 class World:
@@ -352,6 +471,40 @@ class App:
         wanted = {key: value for key, value in equal.items() if value is not None}
         rows = self.records(collection)
         return [rows[at] for at in self._matching(collection, wanted)]
+
+    def text_candidates(
+        self, collection: str, view: str, text_of: Callable[[Any], str], words: list[str]
+    ) -> list[int] | None:
+        """Ascending positions of the records of a committed list whose `text_of` may contain
+        every one of `words` (lowered query words, no whitespace), by the word index kept with
+        the list under the name `view`; None when the list is not committed, there are no words,
+        or a record is malformed: the tool then scans. The tool still tests each candidate."""
+        rows = self.records(collection)
+        if type(rows) is not FrozenList or not words:
+            return None
+        try:
+            index: TextIndex = rows.derived(
+                ("text", view), TextIndex.builder(text_of), TextIndex.patcher(text_of)
+            )
+        except (AttributeError, KeyError, TypeError):  # a malformed record: the scan says so
+            return None
+        return index.candidates(words)
+
+    def in_order(
+        self, collection: str, view: str, key_of: Callable[[Any], Any], *, reverse: bool
+    ) -> list[int] | None:
+        """The positions of a committed list in the stable sort by `key_of` (`reverse`: largest
+        first), kept with the list under the name `view` (see `sorted_positions`); None when the
+        list is not committed or a record is malformed: the tool then sorts as before."""
+        rows = self.records(collection)
+        if type(rows) is not FrozenList:
+            return None
+        build, patch = sorted_positions(key_of, reverse=reverse)
+        try:
+            order: list[int] = rows.derived(("order", view), build, patch)
+        except (AttributeError, KeyError, TypeError):
+            return None
+        return order
 
     def _matching(self, collection: str, equal: dict[str, Any]) -> list[int]:
         rows = self.records(collection)

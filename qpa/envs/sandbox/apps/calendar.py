@@ -36,6 +36,11 @@ EventId = Annotated[str, Field(min_length=1, description="Event id, e.g. ev_101"
 Response = Literal["accepted", "declined", "tentative"]
 
 
+def _event_text(event: dict[str, Any]) -> str:
+    """What `calendar_search_events` looks in: title, location and notes, lowered."""
+    return " ".join(str(event.get(k, "")) for k in ("title", "location", "notes")).lower()
+
+
 class CalendarInfo(TypedDict):
     id: str
     name: str
@@ -388,10 +393,13 @@ class CalendarApp(App):
         q = query.lower()
         readable = {c["id"] for c in self.records("calendars") if c.get("access") != "free_busy"}
         rows = []
-        for event in self.records("events"):
+        events = self.records("events")
+        # Committed: only the events the word index names for the query's words can hold it.
+        found = self.text_candidates("events", "calendar.search", _event_text, q.split())
+        for event in events if found is None else map(events.__getitem__, found):
             if event.get("calendar_id", "primary") not in readable:
                 continue
-            text = " ".join(str(event.get(k, "")) for k in ("title", "location", "notes")).lower()
+            text = _event_text(event)
             day = str(event.get("start", ""))[:10]
             if q not in text or (date_from and day < date_from) or (date_to and day > date_to):
                 continue

@@ -99,7 +99,12 @@ class ContactsApp(App):
         self, group: str, limit: Limit = 50, offset: Offset = 0
     ) -> list[Contact]:
         """List the contacts in a group such as 'family' or 'work', `limit` from `offset` on."""
-        found = [c for c in self.records("contacts") if group in c.get("groups", [])]
+        found = []
+        for c in self.records("contacts"):
+            if group in c.get("groups", []):
+                found.append(c)
+                if len(found) >= offset + limit:  # the page is complete: stop
+                    break
         return paginate(found, limit, offset)  # type: ignore[arg-type]
 
     @tool()

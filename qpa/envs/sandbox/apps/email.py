@@ -130,15 +130,85 @@ class Unsubscribed(TypedDict):
     time: str
 
 
-def _folder_newest(folder: str) -> Callable[[list[dict[str, Any]]], list[int]]:
-    """The positions of a folder's messages, newest first: the order `_page` sorts into (the
-    same stable sort, so messages of the same time keep their order)."""
+def _in_folder(folder: str | None) -> Callable[[dict[str, Any]], bool]:
+    """Whether a message is in `folder` (None: in any folder but spam and trash)."""
+    if folder is None:
+        return lambda m: m["folder"] not in ("spam", "trash")
+    return lambda m: m["folder"] == folder
+
+
+def _folder_newest(folder: str | None) -> Callable[[list[dict[str, Any]]], list[int]]:
+    """The positions of a folder's messages (None: all but spam and trash), newest first: the
+    order `_page` sorts into (the same stable sort, so messages of the same time keep their
+    order)."""
+    inside = _in_folder(folder)
 
     def build(messages: list[dict[str, Any]]) -> list[int]:
-        mine = [i for i, m in enumerate(messages) if m["folder"] == folder]
+        mine = [i for i, m in enumerate(messages) if inside(m)]
         return sorted(mine, key=lambda i: messages[i]["time"], reverse=True)
 
     return build
+
+
+def _patch_newest(folder: str | None) -> Callable[..., list[int]]:
+    """`_folder_newest`'s order of a re-made list from its root's: the changed positions taken
+    out, then each one whose message is in the folder put back where the sort would put it
+    (newest first, equal times by position)."""
+    inside = _in_folder(folder)
+
+    def patch(
+        order: list[int], _root: list[Any], rows: list[dict[str, Any]], changed: list[int]
+    ) -> list[int]:
+        gone = set(changed)
+        kept = [i for i in order if i not in gone]
+        for i in changed:
+            m = rows[i]
+            if not inside(m):
+                continue
+            time = m["time"]
+            lo, hi = 0, len(kept)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                j = kept[mid]
+                other = rows[j]["time"]
+                if other > time or (other == time and j < i):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            kept.insert(lo, i)
+        return kept
+
+    return patch
+
+
+def _searched_text(m: dict[str, Any]) -> str:
+    """What `email_search`'s query words must appear in: subject and body, lowered."""
+    return f"{m['subject']} {m['body']}".lower()
+
+
+def _counts_unread(m: dict[str, Any]) -> bool:
+    return bool(m["folder"] == "inbox" and not m["read"])
+
+
+def _unread_per_account(messages: list[dict[str, Any]]) -> dict[str, int]:
+    """Unread inbox messages per account (a committed list's view)."""
+    counts: dict[str, int] = {}
+    for m in messages:
+        if _counts_unread(m):
+            counts[m["account"]] = counts.get(m["account"], 0) + 1
+    return counts
+
+
+def _patch_unread(
+    counts: dict[str, int], root: list[Any], rows: list[dict[str, Any]], changed: list[int]
+) -> dict[str, int]:
+    out = dict(counts)
+    for i in changed:
+        if i < len(root) and _counts_unread(root[i]):
+            out[root[i]["account"]] -= 1
+        if _counts_unread(rows[i]):
+            out[rows[i]["account"]] = out.get(rows[i]["account"], 0) + 1
+    return out
 
 
 class EmailApp(App):
@@ -282,13 +352,23 @@ class EmailApp(App):
     def email_list_accounts(self) -> list[Account]:
         """List the email accounts on this phone with their unread inbox counts."""
         active = {r["account"] for r in self.records("auto_replies") if r["enabled"]}
+        messages = self.records("messages")
+        counts: dict[str, int] | None = None
+        if type(messages) is FrozenList:  # committed: the per-account count is kept with it
+            try:
+                counts = messages.derived("email.unread", _unread_per_account, _patch_unread)
+            except (KeyError, TypeError):  # a malformed record: the scan below says so
+                counts = None
         out: list[Account] = []
         for acc in self.records("accounts"):
-            unread = sum(
-                1
-                for m in self.records("messages")
-                if m["account"] == acc["address"] and m["folder"] == "inbox" and not m["read"]
-            )
+            if counts is not None and isinstance(acc["address"], str):
+                unread = counts.get(acc["address"], 0)
+            else:
+                unread = sum(
+                    1
+                    for m in messages
+                    if m["account"] == acc["address"] and m["folder"] == "inbox" and not m["read"]
+                )
             out.append(
                 {
                     "address": acc["address"],
@@ -321,7 +401,9 @@ class EmailApp(App):
             # Committed: walk the folder's messages newest first (a view kept with the list)
             # and stop at the page's end: the cost is the page (plus what the filters skip).
             try:
-                order = messages.derived(("email.folder_newest", folder), _folder_newest(folder))
+                order = messages.derived(
+                    ("email.folder_newest", folder), _folder_newest(folder), _patch_newest(folder)
+                )
             except (KeyError, TypeError):  # a malformed record: the scan below says so as before
                 order = None
         if order is not None:
@@ -367,28 +449,50 @@ class EmailApp(App):
         accounts = {self._account(account)} if account else None
         words = query.lower().split()
         who = sender.lower() if sender else None
-        rows = []
-        for m in self.records("messages"):
+
+        def wanted(m: dict[str, Any]) -> bool:
             if folder is None and m["folder"] in ("spam", "trash"):
-                continue
+                return False
             if folder is not None and m["folder"] != folder:
-                continue
+                return False
             if accounts is not None and m["account"] not in accounts:
-                continue
-            text = f"{m['subject']} {m['body']}".lower()
+                return False
+            text = _searched_text(m)
             if any(w not in text for w in words):
-                continue
+                return False
             if who and who not in m["sender"].lower() and who not in m["sender_name"].lower():
-                continue
+                return False
             if has_attachment is not None and bool(m["attachments"]) != has_attachment:
-                continue
+                return False
             if unread_only and m["read"]:
-                continue
+                return False
             day = m["time"][:10]
-            if (after and day < after) or (before and day > before):
-                continue
-            rows.append(m)
-        return self._page(rows, limit, offset)
+            return not ((after and day < after) or (before and day > before))
+
+        messages = self.records("messages")
+        if type(messages) is FrozenList:
+            # Committed: the query's words narrow the search to the records the word index
+            # names (then sorted newest first as the scan does); with no words, walk the
+            # folder's newest-first order and stop at the page's end.
+            hits = self.text_candidates("messages", "email.search", _searched_text, words)
+            if hits is not None:
+                return self._page([m for m in map(messages.__getitem__, hits) if wanted(m)],
+                                  limit, offset)  # fmt: skip
+            try:
+                order = messages.derived(
+                    ("email.folder_newest", folder), _folder_newest(folder), _patch_newest(folder)
+                )
+            except (KeyError, TypeError):  # a malformed record: the scan below says so
+                order = None
+            if order is not None and not words:
+                found: list[dict[str, Any]] = []
+                for at in order:
+                    if wanted(messages[at]):
+                        found.append(messages[at])
+                        if len(found) >= offset + limit:
+                            break
+                return [self._summary(m) for m in paginate(found, limit, offset)]
+        return self._page([m for m in messages if wanted(m)], limit, offset)
 
     @tool()
     def email_get(self, message_id: str) -> Email:

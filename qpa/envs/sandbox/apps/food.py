@@ -33,6 +33,11 @@ REFUND_WINDOW_HOURS = 48
 CANCELLABLE = ("scheduled", "placed", "preparing")
 
 
+def _dish_name(m: dict[str, Any]) -> str:
+    """What `food_search_menu` looks in: the dish's name, lowered."""
+    return str(m["name"].lower())
+
+
 class Restaurant(TypedDict):
     id: str
     name: str
@@ -386,9 +391,12 @@ class FoodApp(App):
     ) -> list[MenuItem]:
         """Search dishes by name across all restaurants (or one restaurant)."""
         q = query.lower()
+        menu = self.records("menu")
+        # Committed: only the dishes the word index names for the query's words can hold it.
+        found = self.text_candidates("menu", "food.menu", _dish_name, q.split())
         rows = [
             m
-            for m in self.records("menu")
+            for m in (menu if found is None else map(menu.__getitem__, found))
             if q in m["name"].lower()
             and (restaurant_id is None or m["restaurant_id"] == restaurant_id)
             and (dietary is None or dietary in m["dietary"])

@@ -262,12 +262,11 @@ class HotelsApp(App):
     def _rooms(
         self, hotel_id: str, check_in: str, check_out: str, guests: int
     ) -> list[dict[str, Any]]:
-        return [
-            r
-            for r in self.records("rooms")
-            if r["hotel_id"] == hotel_id
-            and r["max_guests"] >= guests
-            and room_free(r, check_in, check_out)
+        rooms = self.records("rooms")
+        return [  # the hotel's rooms by the field index of a committed list (else a scan)
+            rooms[at]
+            for at in self._matching("rooms", {"hotel_id": hotel_id})
+            if (r := rooms[at])["max_guests"] >= guests and room_free(r, check_in, check_out)
         ]
 
     def _reservation(self, reservation_id: str) -> dict[str, Any]:

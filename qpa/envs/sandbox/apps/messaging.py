@@ -55,6 +55,46 @@ def _threads(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(threads.values())
 
 
+def _lowered_text(m: dict[str, Any]) -> str:
+    """What `messaging_search` looks for its text in."""
+    return str(m["text"].lower())
+
+
+def _patch_threads(
+    views: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+    root: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    changed: list[int],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`_thread_views` of a re-made list from its root's: each conversation a changed message
+    was or is in is recomputed from its messages (by the thread index); conversations keep
+    their order of first message, a new one goes last. Built afresh when a change could reorder
+    them (a replaced message that moved to another conversation, or a conversation emptied)."""
+    every, _ = views
+    touched: dict[str, None] = {}
+    for i in changed:
+        if i < len(root):
+            if root[i]["thread"] != rows[i]["thread"]:
+                return _thread_views(rows)
+            touched[root[i]["thread"]] = None
+        touched[rows[i]["thread"]] = None
+    frozen = rows if type(rows) is FrozenList else FrozenList(rows)
+    fresh: dict[str, dict[str, Any]] = {}
+    first: dict[str, int] = {}
+    for thread in touched:
+        found = frozen.positions("thread", thread)
+        if not found:
+            return _thread_views(rows)
+        (entry,) = _threads([rows[i] for i in found])
+        fresh[thread], first[thread] = entry, found[0]
+    out = [fresh.pop(t["thread"], t) for t in every]
+    if fresh:  # new conversations (first message appended): last, in order of first message
+        if any(first[t] < len(root) for t in fresh):
+            return _thread_views(rows)
+        out.extend(sorted(fresh.values(), key=lambda t: first[t["thread"]]))
+    return out, [t for t in out if t["unread"]]
+
+
 def _thread_views(
     messages: list[dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -94,7 +134,7 @@ class MessagingApp(App):
         `limit` from `offset` on."""
         messages = self.records("messages")
         if type(messages) is FrozenList:  # committed: the aggregate is kept with the list
-            rows, unread = messages.derived("messaging.threads", _thread_views)
+            rows, unread = messages.derived("messaging.threads", _thread_views, _patch_threads)
             return [dict(t) for t in paginate(unread if unread_only else rows, limit, offset)]
         rows = _threads(messages)
         return paginate([t for t in rows if t["unread"]] if unread_only else rows, limit, offset)
@@ -121,7 +161,17 @@ class MessagingApp(App):
     ) -> list[Message]:
         """Search all messages for text (case-insensitive), `limit` from `offset` on."""
         q = text.lower()
-        found = [m for m in self.records("messages") if q in m["text"].lower()]
+        messages = self.records("messages")
+        # Committed: only the messages the word index names for the query's words can hold it
+        # (in list order, stopping at the page's end); else, or with no words, a scan.
+        hits = self.text_candidates("messages", "messaging.search", _lowered_text, q.split())
+        source = messages if hits is None else map(messages.__getitem__, hits)
+        found = []
+        for m in source:
+            if q in m["text"].lower():
+                found.append(m)
+                if hits is not None and len(found) >= offset + limit:
+                    break
         return paginate(found, limit, offset)  # type: ignore[arg-type]
 
     @tool("write")

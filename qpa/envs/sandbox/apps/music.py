@@ -7,7 +7,22 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from qpa.envs.sandbox.cow import FrozenList
 from qpa.envs.sandbox.engine import App, Limit, Offset, fail, paginate, tool, updates
+
+
+def _track_text(t: dict[str, Any]) -> str:
+    """What `music_search` matches its words in: title, artist and album, lowered."""
+    return f"{t['title']} {t['artist']} {t['album']}".lower()
+
+
+def _by_artist(catalog: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The catalog's positions per lowered artist name (a committed list's view)."""
+    out: dict[str, list[int]] = {}
+    for i, t in enumerate(catalog):
+        out.setdefault(t["artist"].lower(), []).append(i)
+    return out
+
 
 Genre = Literal["pop", "rock", "jazz", "hip-hop", "electronic", "classical", "folk", "r&b"]
 DeviceKind = Literal["phone", "speaker", "tv", "car"]
@@ -210,11 +225,12 @@ class MusicApp(App):
     ) -> list[Track]:
         """Search the catalog (title, artist, album), most popular first."""
         words = query.lower().split()
+        catalog = self.records("catalog")
+        found = self.text_candidates("catalog", "music.search", _track_text, words)
         hits = [
             t
-            for t in self.records("catalog")
-            if all(w in f"{t['title']} {t['artist']} {t['album']}".lower() for w in words)
-            and (genre is None or t["genre"] == genre)
+            for t in (catalog if found is None else map(catalog.__getitem__, found))
+            if all(w in _track_text(t) for w in words) and (genre is None or t["genre"] == genre)
         ]
         hits.sort(key=lambda t: -t["popularity"])
         return cast(list[Track], paginate(hits, limit, offset))
@@ -231,7 +247,15 @@ class MusicApp(App):
         limit: Annotated[int, Field(ge=1, le=20)] = 5,
     ) -> list[Track]:
         """An artist's most popular tracks, most popular first (all regions)."""
-        rows = [t for t in self.records("catalog") if t["artist"].lower() == artist.lower()]
+        catalog = self.records("catalog")
+        source: Any = catalog
+        if type(catalog) is FrozenList:  # committed: the artist's tracks by a kept index
+            try:
+                positions = catalog.derived("music.by_artist", _by_artist).get(artist.lower(), [])
+                source = map(catalog.__getitem__, positions)
+            except (AttributeError, KeyError, TypeError):  # a malformed record: scan
+                source = catalog
+        rows = [t for t in source if t["artist"].lower() == artist.lower()]
         if not rows:
             raise fail(f"no artist named '{artist}' in the catalog")
         rows.sort(key=lambda t: -t["popularity"])
@@ -390,11 +414,18 @@ class MusicApp(App):
     @tool()
     def music_recently_played(self, limit: Limit = 10) -> list[Played]:
         """Listening history, most recent first."""
-        catalog = {t["id"]: t for t in self.records("catalog")}
+        tracks = self.records("catalog")
+        catalog: dict[Any, Any] | None = None
+        if type(tracks) is not FrozenList or tracks.duplicate_ids() or not tracks.all_keyed():
+            catalog = {t["id"]: t for t in tracks}  # the last of equal ids, as before
         rows = sorted(self.records("history"), key=lambda r: r["played_at"], reverse=True)
         out: list[Played] = []
         for r in rows[:limit]:
-            t = catalog.get(r["track_id"], {})
+            if catalog is None:  # committed, one record per id: the id index
+                at = tracks.position(r["track_id"])  # type: ignore[attr-defined]
+                t = tracks[at] if at is not None else {}
+            else:
+                t = catalog.get(r["track_id"], {})
             out.append(
                 {
                     "track_id": r["track_id"],

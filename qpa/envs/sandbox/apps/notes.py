@@ -19,6 +19,14 @@ FolderName = Annotated[str, Field(min_length=1, max_length=60)]
 ItemText = Annotated[str, Field(min_length=1, max_length=200)]
 
 
+def _note_text(note: dict[str, Any]) -> str:
+    """The text `notes_search` looks in: title, body and checklist items, each lowered as the
+    search lowers them."""
+    title = str(note.get("title", "")).lower()
+    items = " ".join(str(i.get("text", "")) for i in note.get("checklist", [])).lower()
+    return f"{title} {str(note.get('body', '')).lower()} {items}"
+
+
 class ChecklistItem(TypedDict):
     text: str
     done: bool
@@ -196,7 +204,11 @@ class NotesApp(App):
         the query, then bodies and checklist items."""
         q = query.strip().lower()
         ranked: list[tuple[int, int, dict[str, Any]]] = []
-        for pos, note in enumerate(self.records("notes")):
+        notes = self.records("notes")
+        # Committed: only the notes the word index names for the query's words can hold it.
+        found = self.text_candidates("notes", "notes.search", _note_text, q.split())
+        pairs = enumerate(notes) if found is None else ((i, notes[i]) for i in found)
+        for pos, note in pairs:
             if note.get("deleted") or (folder is not None and note.get("folder") != folder):
                 continue
             title = str(note.get("title", "")).lower()

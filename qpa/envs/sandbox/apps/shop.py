@@ -10,6 +10,16 @@ from typing_extensions import TypedDict
 
 from qpa.envs.sandbox.engine import App, Limit, Offset, fail, money, paginate, tool
 
+
+def _product_text(p: dict[str, Any]) -> str:
+    """What `shop_search` matches its words in: title and brand, lowered."""
+    return f"{p['title']} {p['brand']}".lower()
+
+
+def _placed_at(o: dict[str, Any]) -> Any:
+    return o["placed_at"]
+
+
 Category = Literal["shoes", "apparel", "electronics", "home", "toys", "books", "beauty", "sports"]
 OrderStatus = Literal["processing", "shipped", "delivered", "cancelled"]
 Shipping = Literal["standard", "express", "next_day"]
@@ -320,8 +330,14 @@ class ShopApp(App):
         """Search the catalog with filters (price range, rating, brand, size, stock) and sorting."""
         words = query.lower().split()
         rows = []
-        for p in self.records("products"):
-            text = f"{p['title']} {p['brand']}".lower()
+        products = self.records("products")
+        # Committed: only the products the word index names for the words (or, with no words,
+        # those of the category, by its index) are tested; else a scan.
+        found = self.text_candidates("products", "shop.search", _product_text, words)
+        if found is None and category is not None and not words:
+            found = self._matching("products", {"category": category})
+        for p in products if found is None else map(products.__getitem__, found):
+            text = _product_text(p)
             stock = p["stock"]
             if size is not None:
                 if size not in p["sizes"]:
@@ -545,12 +561,23 @@ class ShopApp(App):
     ) -> list[Order]:
         """List orders, newest first, optionally by status or by an item's title."""
         q = query.lower()
-        rows = [
-            o
-            for o in self.records("orders")
-            if (status is None or o["status"] == status)
-            and (not q or any(q in ln["title"].lower() for ln in o["lines"]))
-        ]
+
+        def wanted(o: dict[str, Any]) -> bool:
+            return (status is None or o["status"] == status) and (
+                not q or any(q in ln["title"].lower() for ln in o["lines"])
+            )
+
+        orders = self.records("orders")
+        order = self.in_order("orders", "shop.newest", _placed_at, reverse=True)
+        if order is not None:  # committed: walk newest first, stop at the page's end
+            hits: list[dict[str, Any]] = []
+            for at in order:
+                if wanted(orders[at]):
+                    hits.append(orders[at])
+                    if len(hits) >= offset + limit:
+                        break
+            return cast(list[Order], paginate(hits, limit, offset))
+        rows = [o for o in orders if wanted(o)]
         rows.sort(key=lambda o: o["placed_at"], reverse=True)
         return cast(list[Order], paginate(rows, limit, offset))
 

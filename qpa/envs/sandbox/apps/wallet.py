@@ -35,6 +35,10 @@ Limit = Annotated[int, Field(ge=1, le=100)]
 DISPUTE_WINDOW_DAYS = 60
 
 
+def _tx_time(t: dict[str, Any]) -> Any:
+    return t["time"]
+
+
 class Balance(TypedDict):
     balance: float
     currency: str
@@ -260,16 +264,28 @@ class WalletApp(App):
     ) -> list[Transaction]:
         """Transaction history, newest first, by type, counterparty, amount, date or source."""
         q = counterparty.lower()
-        rows = [
-            t
-            for t in self.records("transactions")
-            if (type is None or t["type"] == type)
-            and q in t["counterparty"].lower()
-            and (min_amount is None or t["amount"] >= min_amount)
-            and (max_amount is None or t["amount"] <= max_amount)
-            and (since is None or t["time"][:10] >= since)
-            and (source is None or t["source"] == source)
-        ]
+
+        def wanted(t: dict[str, Any]) -> bool:
+            return bool(
+                (type is None or t["type"] == type)
+                and q in t["counterparty"].lower()
+                and (min_amount is None or t["amount"] >= min_amount)
+                and (max_amount is None or t["amount"] <= max_amount)
+                and (since is None or t["time"][:10] >= since)
+                and (source is None or t["source"] == source)
+            )
+
+        history = self.records("transactions")
+        order = self.in_order("transactions", "wallet.newest", _tx_time, reverse=True)
+        if order is not None:  # committed: walk newest first, stop at the page's end
+            hits: list[dict[str, Any]] = []
+            for at in order:
+                if wanted(history[at]):
+                    hits.append(history[at])
+                    if len(hits) >= offset + limit:
+                        break
+            return cast(list[Transaction], paginate(hits, limit, offset))
+        rows = [t for t in history if wanted(t)]
         rows.sort(key=lambda t: t["time"], reverse=True)
         return cast(list[Transaction], paginate(rows, limit, offset))
 
