@@ -1,11 +1,11 @@
 """The baselines on every task of a suite at the phone profile: oracle, no-op and greedy_wrong.
 
 Run: `.venv/bin/python benchmarks/phone_oracle.py` (every task of mobilepa, every split; about
-half an hour on a loaded 2-core machine). `--every N` runs every Nth task only, `--limit N` the
-first N of those, `--profile default` the same check on the task's own worlds. Prints the three
-rates, the wall time, and every task where the oracle fails or a baseline succeeds (with the
-failed checks); exits 1 when there is one. `tests/unit/sandbox/test_profiles.py` runs a sampled
-variant of this check in the unit suite.
+250 s of CPU, 10 minutes on a loaded 2-core machine). `--every N` runs every Nth task only,
+`--limit N` the first N of those, `--profile default` the same check on the task's own worlds.
+Prints the three rates, the wall time, and every task where the oracle fails or a baseline
+succeeds (with the failed checks and collateral writes); exits 1 when there is one.
+`tests/unit/sandbox/test_profiles.py` runs a sampled variant of this check in the unit suite.
 
 Each task's phone world is built once (`base_for`, cached) and shared by the three planners'
 episodes, so the cost is one world fill and three episodes a task.
