@@ -113,10 +113,11 @@ def test_phone_maps_places_are_look_alikes_off_the_plans_routes() -> None:
     own = {p["id"] for p in task.world["maps"]["places"]}
     clones = [p for p in places if p["id"] not in own]
     labels = {x["label"]: x["address"] for x in task.world["maps"]["labels"]}
-    directions = next(
-        a for a in task.reference_plan or [] if getattr(a, "tool", "") == "maps_get_directions"
+    args = next(
+        a.arguments
+        for a in task.reference_plan or []
+        if isinstance(a, ToolCall) and a.tool == "maps_get_directions"
     )
-    args = directions.arguments  # type: ignore[union-attr]
     via = route_via(labels.get(args["origin"], args["origin"]), args["destination"])
     assert clones and not [p for p in clones if p["neighborhood"] in via]
     assert len({p["name"] for p in places}) == len(places)
