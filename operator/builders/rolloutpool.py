@@ -27,10 +27,18 @@ For `environment: device` the pods are wired to their DevicePool: they get the b
 pod's own IP, `QPA_ADB_SOURCE_ADDRESS`) and a ServiceAccount bound to the DevicePool's Role
 `<devicepool>-phones` (list the Leases, get and update the pool's phone Leases by name), since a
 device session leases a phone.
+
+For `environment: mcp` the pods get the pool's `mcp` settings as the variables the `mcp` kind
+reads (`qpa.envs.mcp.env`): the server as `QPA_MCP_URL` (its host opened in the egress policy
+like an llm_sim model's) or `QPA_MCP_COMMAND` (a stdio server in the image, shell-quoted), and
+the server-side tool lists `QPA_MCP_CONTROL_TOOLS` (what a task may name as its reset, verifier
+or finish tool; empty: none) and `QPA_MCP_HIDDEN_TOOLS`, comma separated. A pod template cannot
+set them (`QPA_*` is the operator's), so they come from the spec alone.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
@@ -163,6 +171,33 @@ def device_rbac(pool: RolloutPool, defaults: Defaults) -> list[JsonDict]:
     return [with_spec_hash(o) for o in objects]
 
 
+#: The variables an `mcp` pod's environment kind reads (`qpa.envs.mcp.env`).
+MCP_URL_ENV: Final = "QPA_MCP_URL"
+MCP_COMMAND_ENV: Final = "QPA_MCP_COMMAND"
+MCP_CONTROL_TOOLS_ENV: Final = "QPA_MCP_CONTROL_TOOLS"
+MCP_HIDDEN_TOOLS_ENV: Final = "QPA_MCP_HIDDEN_TOOLS"
+
+
+def mcp_parts(pool: RolloutPool) -> PodParts:
+    """An `mcp` pool's server and tool lists as the pods' variables (nothing for other kinds)."""
+    settings = pool.spec.mcp
+    if settings is None:
+        return PodParts()
+    if settings.url is not None:
+        server = env_var(MCP_URL_ENV, settings.url)
+    else:
+        assert settings.command is not None  # the spec's rule: url or command
+        server = env_var(MCP_COMMAND_ENV, shlex.join(settings.command))
+    return PodParts(
+        env=(
+            server,
+            # always set, empty included: the pod's own environment never widens the lists
+            env_var(MCP_CONTROL_TOOLS_ENV, ",".join(settings.control_tools)),
+            env_var(MCP_HIDDEN_TOOLS_ENV, ",".join(settings.hidden_tools)),
+        )
+    )
+
+
 def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
     spec = pool.spec
     extra = PodParts(
@@ -188,7 +223,7 @@ def deployment(pool: RolloutPool, defaults: Defaults) -> JsonDict:
             )
         )
     llm = api_key_parts(spec.llm_sim.api_key_secret_ref if spec.llm_sim else None)
-    parts = combine([extra, device, llm, work_order_parts(pool)])
+    parts = combine([extra, device, llm, mcp_parts(pool), work_order_parts(pool)])
     probe: JsonDict = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
     drain = [
         "qpa",
@@ -328,8 +363,9 @@ def autoscaler(pool: RolloutPool, defaults: Defaults) -> JsonDict:
 
 
 def egress_policy(pool: RolloutPool, defaults: Defaults) -> JsonDict:
-    """Env servers reach DNS only; LLM-simulated apps also their model, device-backed ones
-    their own DevicePool's bridges (adb port) and the API server (phone Leases)."""
+    """Env servers reach DNS only; LLM-simulated apps also their model, MCP-fronting ones their
+    MCP server's URL, device-backed ones their own DevicePool's bridges (adb port) and the API
+    server (phone Leases)."""
     spec = pool.spec
     rules: list[JsonDict] = []
     blocked: list[str] = []
@@ -341,7 +377,10 @@ def egress_policy(pool: RolloutPool, defaults: Defaults) -> JsonDict:
         pool,
         COMPONENT,
         defaults,
-        endpoints=[spec.llm_sim.model_url if spec.llm_sim else None],
+        endpoints=[
+            spec.llm_sim.model_url if spec.llm_sim else None,
+            spec.mcp.url if spec.mcp else None,
+        ],
         rules=rules,
         blocked=blocked,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
@@ -18,9 +18,11 @@ from qpa.api.v1alpha1.base import (
     ResourceRequirements,
     SecretKeySelector,
     UriText,
+    _check_unique,
     _conditions,
     _defaulted,
     _immutable,
+    _list_set,
     _Model,
     _observed_generation,
 )
@@ -78,6 +80,63 @@ class LLMSimSettings(_Model):
     )
 
 
+#: An MCP tool's name as the `mcp` environment kind accepts one (`qpa.envs.mcp.env.TOOL_NAME`).
+MCP_TOOL_NAME: Final = r"^[A-Za-z0-9_.-]{1,128}$"
+MAX_MCP_TOOLS: Final = 64
+MAX_MCP_ARGS: Final = 64
+McpToolName = Annotated[str, Field(min_length=1, max_length=128, pattern=MCP_TOOL_NAME)]
+McpArg = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class McpSettings(_Model):
+    """The MCP server an `mcp` pool's pods front, and which of its tools a task may reach.
+
+    The operator hands these to each pod as `$QPA_MCP_URL` (or `$QPA_MCP_COMMAND`),
+    `$QPA_MCP_CONTROL_TOOLS` and `$QPA_MCP_HIDDEN_TOOLS` (docs/ecosystem.md, "In: environment
+    kind mcp"): a task comes from whichever client resets an episode, so what it may call is
+    said here, never by the task."""
+
+    url: EndpointUrl | None = Field(
+        default=None, description="Streamable HTTP endpoint of the MCP server ($QPA_MCP_URL)."
+    )
+    command: list[McpArg] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MCP_ARGS,
+        description="Or the argv of an MCP server in the image, started over stdio by each "
+        "session ($QPA_MCP_COMMAND).",
+    )
+    control_tools: list[McpToolName] = _list_set(
+        "Tools a task may name as its world._mcp.reset_tool, verifier_tool or finish_tool "
+        "($QPA_MCP_CONTROL_TOOLS); never offered to the planner. Empty: a task names none.",
+        max_length=MAX_MCP_TOOLS,
+    )
+    hidden_tools: list[McpToolName] = _list_set(
+        "Tools never offered to the planner nor called in any role, whatever a task says "
+        "($QPA_MCP_HIDDEN_TOOLS): an admin tool, say.",
+        max_length=MAX_MCP_TOOLS,
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="has(self.url) != has(self.command)",
+            message="mcp: set url (streamable HTTP) or command (stdio), one of them",
+            check=lambda m: (m.url is None) != (m.command is None),
+        ),
+        CrossFieldRule(
+            cel="!has(self.hiddenTools) || !has(self.controlTools) || "
+            "self.hiddenTools.all(t, !(t in self.controlTools))",
+            message="mcp: a tool is a control tool or a hidden one, not both",
+            check=lambda m: not set(m.hidden_tools) & set(m.control_tools),
+        ),
+        CrossFieldRule(
+            cel=None,  # x-kubernetes-list-type: set
+            message="mcp: controlTools and hiddenTools must not repeat a tool",
+            check=_check_unique("control_tools", "hidden_tools"),
+        ),
+    )
+
+
 class RolloutPoolSpec(_Model):
     """A warm pool of environment servers (`qpa env serve`) behind one Service."""
 
@@ -112,6 +171,11 @@ class RolloutPoolSpec(_Model):
     device_pool_ref: LocalObjectReference | None = Field(
         default=None, description="DevicePool whose phones back the sessions (device only)."
     )
+    mcp: McpSettings | None = Field(
+        default=None,
+        description="The MCP server fronted and the tools tasks may reach, for environment mcp "
+        "only.",
+    )
     resources: ResourceRequirements | None = Field(
         default=None, description="Resources of each pod."
     )
@@ -131,6 +195,11 @@ class RolloutPoolSpec(_Model):
             cel="self.environment == 'llm_sim' ? has(self.llmSim) : !has(self.llmSim)",
             message="llmSim is required for environment llm_sim and allowed only there",
             check=lambda m: (m.environment == "llm_sim") == (m.llm_sim is not None),
+        ),
+        CrossFieldRule(
+            cel="self.environment == 'mcp' ? has(self.mcp) : !has(self.mcp)",
+            message="mcp is required for environment mcp and allowed only there",
+            check=lambda m: (m.environment == "mcp") == (m.mcp is not None),
         ),
     )
 
@@ -176,7 +245,7 @@ class RolloutPool(CustomResource):
             label_selector_path=".status.labelSelector",
         ),
         description="RolloutPool keeps a warm pool of environment servers (`qpa env serve`): "
-        "sandbox, LLM-simulated or device-backed.",
+        "sandbox, LLM-simulated, device-backed or fronting an MCP server.",
         printer_columns=(
             PrinterColumn(name="Environment", type="string", json_path=".spec.environment"),
             PHASE_COLUMN,

@@ -284,7 +284,18 @@ def pools() -> list[Any]:
                 "podTemplate": DEVICE_POD_TEMPLATE,
             },
         ),
+        resource("RolloutPool", "notes", {**POOL, "environment": "mcp", "mcp": MCP_URL}),
+        resource("RolloutPool", "notes-stdio", {**POOL, "environment": "mcp", "mcp": MCP_STDIO}),
     ]
+
+
+#: An mcp pool fronting an in-cluster MCP server, and one running a stdio server of its image.
+MCP_URL = {
+    "url": "http://notes-mcp.apps.svc:8000/mcp",
+    "controlTools": ["reset_notes", "check_notes"],
+    "hiddenTools": ["admin_wipe"],
+}
+MCP_STDIO = {"command": ["python", "-m", "notes_mcp"], "controlTools": ["reset_notes"]}
 
 
 def runs() -> list[Any]:
@@ -333,7 +344,7 @@ def _unset(model: BaseModel, path: str) -> Iterator[str]:
     ("variants", "exclusive"),
     [
         (taskbatches, set()),
-        (pools, {"spec.llmSim", "spec.devicePoolRef"}),
+        (pools, {"spec.llmSim", "spec.devicePoolRef", "spec.mcp"}),
         (runs, {"spec.sft", "spec.rl"}),
         (
             release_variants,
@@ -416,8 +427,8 @@ def test_every_pod_but_the_bridge_is_restricted() -> None:
             exceptions.append((kind, child["kind"], child["metadata"]["name"], problems))
     assert [e[:3] for e in exceptions] == [("DevicePool", "DaemonSet", "lab-phones-bridge")]
     checked = [p for p in pods() if "containers" in p[3]]
-    # 2 collectors, 3 pools, 2 rank Jobs, the SFT run's data Job, bridge, Harness, benchmark
-    assert len(checked) == 11
+    # 2 collectors, 5 pools (2 mcp), 2 rank Jobs, the SFT run's data Job, bridge, Harness, benchmark
+    assert len(checked) == 13
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p["metadata"]["name"])
@@ -527,7 +538,7 @@ def test_every_server_has_an_ingress_policy_selecting_exactly_its_pods() -> None
         or any(c.get("ports") for c in pod.get("containers") or [])
     ]
     names = {child["metadata"]["name"] for _, child, _ in servers}
-    assert len(servers) == 3 + 2 + 3 + 1  # env servers, rank Jobs, isvcs, bridge
+    assert len(servers) == 5 + 2 + 3 + 1  # env servers (2 mcp), rank Jobs, isvcs, bridge
     for kind, child, labels in servers:
         chosen = [p for p in ingress if selects(p["spec"]["podSelector"], labels)]
         if kind == "DevicePool" and not chosen:
@@ -646,7 +657,7 @@ def test_llm_sim_pools_and_hf_models_go_out_only_through_the_allowlist() -> None
 
 def test_an_external_host_no_allowlist_covers_is_not_opened_and_is_named() -> None:
     bare = Defaults()  # no allowlist, no API server setting
-    (_, sim, phones) = pools()
+    (_, sim, phones, *_) = pools()
     policy = rolloutpool.egress_policy(sim, bare)
     assert policy["spec"]["egress"] == netpol.dns_rules(bare.network)
     blocked = netpol.blocked_endpoints([policy])
