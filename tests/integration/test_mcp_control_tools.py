@@ -11,12 +11,11 @@ the MCP server's side."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from fakes.mcp_app import NotesServer
+from fakes.mcp_admin_app import ADMIN, CONTROL, SHARE_WORLD, AdminNotesServer, task
 
-from qpa.contract import Finish, Task, ToolCall
+from qpa.contract import Finish, ToolCall
 from qpa.envs.factory import make_env
 from qpa.envs.mcp import McpEnv
 from qpa.harness.planners import OraclePlanner
@@ -24,23 +23,7 @@ from qpa.harness.runner import run_episode
 
 pytestmark = pytest.mark.timeout(120)
 
-CONTROL = ("reset_notes", "check_notes")
-ADMIN = "admin_wipe"
 FIELDS = ("reset_tool", "verifier_tool", "finish_tool")
-
-
-class AdminNotesServer(NotesServer):
-    """The notes server plus `admin_wipe`, which deletes every note and records its call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.admin_calls: list[dict[str, Any]] = []
-
-        @self.app.tool(description="Admin: delete every note of every user.")
-        def admin_wipe(answer: str | None = None) -> dict[str, Any]:
-            self.admin_calls.append({"answer": answer})
-            self.state["notes"].clear()
-            return {"wiped": True, "success": True}
 
 
 @pytest.fixture(scope="module")
@@ -53,40 +36,6 @@ def server() -> Iterator[AdminNotesServer]:
 def _no_server_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("QPA_MCP_CONTROL_TOOLS", "QPA_MCP_HIDDEN_TOOLS", "QPA_MCP_URL"):
         monkeypatch.delenv(name, raising=False)
-
-
-def task(world: dict[str, Any], **changes: Any) -> Task:
-    fields: dict[str, Any] = {
-        "id": "notes.share_groceries.test.001",
-        "suite": "notes",
-        "domain": "notes",
-        "capabilities": ["tool_use"],
-        "instruction": "Share my Groceries note with sam@example.com.",
-        "world": {"_mcp": world},
-        "reference_plan": [
-            ToolCall(tool="search_notes", arguments={"query": "Groceries"}),
-            ToolCall(
-                tool="share_note",
-                arguments={"note_id": "${0.notes.0.id}", "email": "sam@example.com"},
-            ),
-            Finish(answer="Shared."),
-        ],
-    }
-    fields.update(changes)
-    return Task(**fields)
-
-
-SHARE_WORLD = {
-    "reset_tool": "reset_notes",
-    "verifier_tool": "check_notes",
-    "verifier_arguments": {"title": "Groceries", "shared_with": "sam@example.com"},
-}
-
-
-def _untouched(server: AdminNotesServer) -> None:
-    """The admin tool was never called and the notebook still has its notes."""
-    assert server.admin_calls == []
-    assert server.state["notes"], "the notebook was wiped"
 
 
 @pytest.mark.parametrize("field", FIELDS)
@@ -108,7 +57,7 @@ def test_a_task_naming_the_admin_tool_as_machinery_is_refused(
         assert trajectory.error is not None and f"_mcp.{field}" in trajectory.error
     finally:
         env.close()
-    _untouched(server)
+    server.untouched()
 
 
 def test_the_refusal_comes_before_any_call_reaches_the_server() -> None:
@@ -163,7 +112,7 @@ def test_listed_control_tools_run_the_episode_and_stay_hidden_from_the_planner(
             assert called.error == "unknown_tool" and "not available" in called.message
     finally:
         env.close()
-    _untouched(server)
+    server.untouched()
 
 
 def test_the_task_cannot_offer_a_hidden_or_control_tool_to_the_planner(
@@ -183,7 +132,7 @@ def test_the_task_cannot_offer_a_hidden_or_control_tool_to_the_planner(
         assert scoped.status == "ok" and ADMIN not in scoped.observation["tools"]
     finally:
         env.close()
-    _untouched(server)
+    server.untouched()
 
 
 def test_the_settings_come_from_the_environment_and_bad_ones_name_the_field(
@@ -214,7 +163,7 @@ def test_the_settings_come_from_the_environment_and_bad_ones_name_the_field(
     monkeypatch.setenv("QPA_MCP_HIDDEN_TOOLS", "x y")
     with pytest.raises(ValueError, match=r"^\$QPA_MCP_HIDDEN_TOOLS: 'x y' is not an MCP"):
         McpEnv(server.url)
-    _untouched(server)
+    server.untouched()
 
 
 def test_through_qpa_env_serve_a_client_cannot_reach_the_admin_tool(
@@ -241,4 +190,4 @@ def test_through_qpa_env_serve_a_client_cannot_reach_the_admin_tool(
         trajectory = run_episode(remote, task(SHARE_WORLD), OraclePlanner())
     assert trajectory.error is None and trajectory.success, trajectory.error
     assert ADMIN not in {t.name for t in trajectory.tools}
-    _untouched(server)
+    server.untouched()
