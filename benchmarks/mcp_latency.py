@@ -47,6 +47,10 @@ def tasks(count: int) -> list[Task]:
     return select_tasks(chosen, split="test", limit=count)
 
 
+#: qpa's MCP server's machinery, which these tasks name as their verifier and finish tools.
+CONTROL = ("verify", "finish")
+
+
 def through_mcp(task: Task) -> Task:
     world = {**task.world, "_mcp": {"verifier_tool": "verify", "finish_tool": "finish"}}
     return task.model_copy(update={"world": world})
@@ -84,7 +88,7 @@ def main() -> None:
     for task in chosen:
         session = TaskSession(make_env("sandbox"), task)
         with ThreadedMcpServer(session, expose_verify=True) as server:
-            env = McpEnv(server.url)
+            env = McpEnv(server.url, control_tools=CONTROL)
             http.append(run_episode(env, through_mcp(task), OraclePlanner()))
             env.close()
     lines.append(row("mcp-http", http, time.perf_counter() - t0))
@@ -97,7 +101,8 @@ def main() -> None:
             path = Path(tmp) / f"{task.id}.json"
             path.write_text(task.model_dump_json())
             argv = [QPA, "--quiet", "mcp", "serve", "--task-file", str(path)]
-            env = McpEnv(command=argv, timeout=120)  # a loaded machine starts Python slowly
+            # a loaded machine starts Python slowly
+            env = McpEnv(command=argv, timeout=120, control_tools=CONTROL)
             started = time.perf_counter()
             env.reset(through_mcp(task))  # connects: starts the server
             starts.append(time.perf_counter() - started)
