@@ -1,7 +1,10 @@
 """Sandbox cost against world size: copy-on-write worlds against a deep-copy baseline.
 
-Run: `.venv/bin/python benchmarks/env_scaling.py [--quick]` (a few minutes; prints a table and,
-as its last line, a JSON object for the largest world; asserts nothing).
+Run: `.venv/bin/python benchmarks/env_scaling.py [--quick] [--clock cpu] [--per-tool]
+[--factors 10 1000]` (a few minutes; prints a table and, as its last line, a JSON object for the
+largest world; asserts nothing). `--clock cpu` times steps/s in this process's CPU time (the
+machine's other load does not inflate it); `--per-tool` also prints each read tool's steady
+time per call at each size.
 
 The world: one phone with the apps the episode uses (contacts, messaging, email, calendar,
 shop, notes, music), the worlds of the first test task that has each merged: the small world.
@@ -13,8 +16,9 @@ this one run:
 - qpa (`SandboxEnv`): reset on the same task (the world's frozen base is built once, cached;
   its build time is printed apart), verification after an episode of reads and two writes,
   steps/s on read calls (lookups by id, searches, list pages across the apps, with full
-  argument validation), and memory per live session (tracemalloc over 50 live sessions, each
-  reset and run through the episode, divided by 50);
+  argument validation; after one warm round, the median of five timed blocks), and memory
+  per live session (tracemalloc over 50 live sessions, each reset and run through the
+  episode, divided by 50);
 - the baseline, as tau-bench does it: reset = `copy.deepcopy` of the world; the same tool
   methods on that plain copy (argument validation included, apps scanning lists as before);
   verification = replay the episode's actions on a fresh deep copy and compare the two
@@ -133,6 +137,13 @@ def episode(state: dict[str, Any]) -> list[ToolCall]:
     if track:
         calls.append(ToolCall(tool="music_get_track", arguments={"track_id": track["id"]}))
     calls.append(ToolCall(tool="messaging_list_threads", arguments={"limit": 20}))
+    if email:  # text searches: a word of the message's subject, of a text message
+        words = email.get("subject", "").split()
+        if words:
+            calls.append(ToolCall(tool="email_search", arguments={"query": words[0]}))
+    text = first("messaging", "messages").get("text", "")
+    if text.split():
+        calls.append(ToolCall(tool="messaging_search", arguments={"text": text.split()[0]}))
     reads = calls
     writes = [
         ToolCall(tool="messaging_send", arguments={"to": "+1-555-0199", "text": "benchmark run"}),
@@ -213,7 +224,50 @@ def _ms(fn: Any, n: int) -> float:
     return statistics.median(times) * 1000
 
 
-def measure(task: Task, calls: list[ToolCall], quick: bool) -> dict[str, float]:
+def per_tool(task: Task, reads: list[ToolCall], clock: Any, n: int = 50) -> dict[str, float]:
+    """Each read call's steady time (µs, median of `n` after one warm call) in one session."""
+    env = SandboxEnv()
+    env.reset(task)
+    out: dict[str, float] = {}
+    for call in reads:
+        env.step(call)
+        times = []
+        for _ in range(n):
+            env._steps = 0
+            t0 = clock()
+            env.step(call)
+            times.append(clock() - t0)
+        out[call.tool] = statistics.median(times) * 1e6
+    return out
+
+
+def alternating(
+    small: tuple[Task, list[ToolCall]], large: tuple[Task, list[ToolCall]], clock: Any, blocks: int
+) -> tuple[float, float]:
+    """Steps/s on the read calls of the small and the large world, measured in alternating
+    blocks (small, large, small, ...) so that the machine's load weighs on both alike: the
+    median block rate of each."""
+    sessions = []
+    for task, calls in (small, large):
+        env = SandboxEnv()
+        env.reset(task)
+        reads = [c for c in calls if all_tools()[c.tool].spec.side_effect == "read"]
+        for call in reads:  # warm
+            env.step(call)
+        sessions.append((env, reads))
+    rates: list[list[float]] = [[], []]
+    for _ in range(blocks):
+        for k, (env, reads) in enumerate(sessions):
+            t0 = clock()
+            for _ in range(10):
+                for call in reads:
+                    env.step(call)
+                env._steps = 0
+            rates[k].append(10 * len(reads) / (clock() - t0))
+    return statistics.median(rates[0]), statistics.median(rates[1])
+
+
+def measure(task: Task, calls: list[ToolCall], quick: bool, clock: Any) -> dict[str, float]:
     reads = [c for c in calls if all_tools()[c.tool].spec.side_effect == "read"]
     n = 5 if quick else 15
     # qpa
@@ -233,13 +287,19 @@ def measure(task: Task, calls: list[ToolCall], quick: bool) -> dict[str, float]:
     verify_ms = _ms(env.verify, n)
     assert env.verify().success, "the episode must satisfy its check"
     rounds = 20 if quick else 60
+    blocks = 5
     env.reset(task)
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        for call in reads:
-            env.step(call)
-        env._steps = 0  # stay under the step budget: this measures tool calls only
-    steps_per_s = rounds * len(reads) / (time.perf_counter() - t0)
+    for call in reads:  # one warm round: a session's first reads build nothing twice
+        env.step(call)
+    rates = []
+    for _ in range(blocks):
+        t0 = clock()
+        for _ in range(rounds // blocks):
+            for call in reads:
+                env.step(call)
+            env._steps = 0  # stay under the step budget: this measures tool calls only
+        rates.append((rounds // blocks) * len(reads) / (clock() - t0))
+    steps_per_s = statistics.median(rates)
     sessions = 50
     gc.collect()
     tracemalloc.start()
@@ -265,11 +325,11 @@ def measure(task: Task, calls: list[ToolCall], quick: bool) -> dict[str, float]:
     assert base.verify()
     base.reset()
     brounds = max(2, rounds // 10) if len(orjson.dumps(task.world)) > 500_000 else rounds
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(brounds):
         for call in reads:
             base.step(call)
-    b_steps = brounds * len(reads) / (time.perf_counter() - t0)
+    b_steps = brounds * len(reads) / (clock() - t0)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -294,16 +354,38 @@ def measure(task: Task, calls: list[ToolCall], quick: bool) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="steps/s and per-tool times in wall time or in this process's CPU time",
+    )
+    parser.add_argument("--per-tool", action="store_true", help="print each read tool's time")
+    parser.add_argument(
+        "--factors",
+        type=int,
+        nargs="+",
+        default=list(FACTORS),
+        help="world sizes after the small world, as multiples of the median world",
+    )
     args = parser.parse_args()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     small = merged_task()
     rows = []
-    for factor in (0, *FACTORS):
+    worlds = []
+    for factor in (0, *args.factors):
         task = small if factor == 0 else world_at(small, factor)
         calls = usable(task, episode(task.world))
+        worlds.append((task, calls))
         size = len(orjson.dumps(task.world))
         row = {"factor": round(size / MEDIAN_WORLD_BYTES), "world_bytes": size, "calls": len(calls)}
-        row.update(measure(task, calls, args.quick))
+        row.update(measure(task, calls, args.quick, clock))
         rows.append(row)
+        if args.per_tool:
+            reads = [c for c in calls if all_tools()[c.tool].spec.side_effect == "read"]
+            times = per_tool(task, reads, clock)
+            row["per_tool_us"] = times  # type: ignore[assignment]
+            print("       " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()), flush=True)
         print(
             f"{row['factor']:>5}x {row['world_bytes']:>10,} B | qpa reset {row['reset_ms']:.4f} ms "
             f"verify {row['verify_ms']:.3f} ms {row['steps_per_s']:>8,.0f} steps/s "
@@ -315,12 +397,23 @@ def main() -> None:
             flush=True,
         )
     last = rows[-1]
+    small_alt, large_alt = alternating(worlds[0], worlds[-1], clock, 10 if args.quick else 30)
+    print(
+        f"alternating blocks: small world {small_alt:,.0f} steps/s, largest {large_alt:,.0f} "
+        f"steps/s, ratio {small_alt / large_alt:.2f}",
+        flush=True,
+    )
     summary = {
         "world_bytes": last["world_bytes"],
         "reset_ms": round(last["reset_ms"], 4),
         "verify_ms": round(last["verify_ms"], 4),
         "steps_per_s": round(last["steps_per_s"]),
         "small_world_steps_per_s": round(rows[0]["steps_per_s"]),
+        "steps_ratio": round(rows[0]["steps_per_s"] / last["steps_per_s"], 2),
+        "alternating_small_steps_per_s": round(small_alt),
+        "alternating_steps_per_s": round(large_alt),
+        "alternating_steps_ratio": round(small_alt / large_alt, 2),
+        "clock": args.clock,
         "baseline_reset_ms": round(last["baseline_reset_ms"], 3),
         "baseline_verify_ms": round(last["baseline_verify_ms"], 3),
         "baseline_steps_per_s": round(last["baseline_steps_per_s"]),

@@ -215,6 +215,12 @@ class FrozenList(list[Any]):
         except TypeError:
             return None
         index = self._by_field.get(field)
+        if index is None and self._root is not None:  # the root's (built once, shared), patched
+            self._root.positions(field, value)
+            root_index = self._root._by_field.get(field)
+            if root_index is not None:
+                index = _patched_field_index(root_index, field, self._root, self, self._changed)
+                self._by_field[field] = index
         if index is None:
             index = {}
             for i, row in enumerate(self):

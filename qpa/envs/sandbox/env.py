@@ -304,7 +304,11 @@ class SandboxEnv:
         app = self._instances[bound.app.name]
         writes = bound.spec.changes_state
         version = self._store.version() if writes else None
-        replayable = _Replayable(bound, orjson.dumps(arguments), world.now, dict(world._counters))
+        replayable = (
+            _Replayable(bound, orjson.dumps(arguments), world.now, dict(world._counters))
+            if writes
+            else None
+        )
         outcome, done = _run_scoped(
             world, self._store, bound, app, parsed.__dict__, self._hints.setdefault(name, set())
         )
@@ -313,6 +317,7 @@ class SandboxEnv:
         if (
             writes
             and version is not None
+            and replayable is not None
             and self._writes.record(name, version, _views(done, before=True), _views(done))
         ):
             self._replays.append(replayable)
@@ -322,7 +327,7 @@ class SandboxEnv:
             return Feedback.fail(
                 "environment_failure", f"{name} crashed: {type(outcome).__name__}: {outcome}"
             )
-        return Feedback.ok(orjson.loads(orjson.dumps(outcome.value)))
+        return ok_feedback(orjson.loads(orjson.dumps(outcome.value)))
 
     def _replay(self, index: int, state: dict[str, Any]) -> dict[str, Any] | None:
         """Run logged state-changing call `index` again on the state before it, with the
@@ -345,6 +350,24 @@ class SandboxEnv:
         if isinstance(outcome, BaseException):  # any failure means the call needs what was undone
             return None
         return {}
+
+
+_OK_FIELDS = frozenset({"status", "observation", "error", "message", "done"})
+
+
+def ok_feedback(observation: Any) -> Feedback:
+    """`Feedback.ok(observation)` without `model_construct`'s per-field loop (a tool call's
+    fixed cost): the same fields, values and fields-set, made directly (the test compares)."""
+    feedback = object.__new__(Feedback)
+    object.__setattr__(
+        feedback,
+        "__dict__",
+        {"status": "ok", "observation": observation, "error": None, "message": "", "done": False},
+    )
+    object.__setattr__(feedback, "__pydantic_fields_set__", set(_OK_FIELDS))
+    object.__setattr__(feedback, "__pydantic_extra__", None)
+    object.__setattr__(feedback, "__pydantic_private__", None)
+    return feedback
 
 
 @dataclass

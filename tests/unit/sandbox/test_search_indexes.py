@@ -17,10 +17,11 @@ import orjson
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from qpa.contract import Task, ToolCall
+from qpa.contract import Feedback, Task, ToolCall
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.cow import CallScope, FrozenList, Store, freeze, thaw
 from qpa.envs.sandbox.engine import TextIndex, ToolError, World
+from qpa.envs.sandbox.env import ok_feedback
 from qpa.envs.sandbox.registry import all_apps, all_tools
 from qpa.envs.sandbox.suite import generate_suite
 
@@ -360,3 +361,19 @@ def test_text_index_candidates_never_miss_a_match(
     if words:
         want = [i for i, r in enumerate(more) if all(w in r["t"].lower() for w in words)]
         assert set(want) <= set(patched.candidates(words))
+
+
+def test_a_field_index_first_asked_of_a_remade_list_is_its_roots_patched() -> None:
+    store, root = _committed([{"id": i, "thread": f"t{i % 3}"} for i in range(30)])
+    after = _remake(store, lambda rows: rows.append({"id": 30, "thread": "t9"}))
+    assert after._root is root and "thread" not in root._by_field
+    assert after.positions("thread", "t1") == list(range(1, 30, 3))
+    assert after.positions("thread", "t9") == [30]
+    assert "thread" in root._by_field and root.positions("thread", "t9") == []
+
+
+def test_ok_feedback_is_feedback_ok() -> None:
+    made, model = ok_feedback({"rows": [1, 2]}), Feedback.ok({"rows": [1, 2]})
+    assert made == model and made.model_dump_json() == model.model_dump_json()
+    assert made.model_fields_set == model.model_fields_set and repr(made) == repr(model)
+    assert Feedback.model_validate(made.model_dump()) == made

@@ -472,22 +472,24 @@ class EmailApp(App):
         messages = self.records("messages")
         if type(messages) is FrozenList:
             # Committed: the query's words narrow the search to the records the word index
-            # names (then sorted newest first as the scan does); with no words, walk the
-            # folder's newest-first order and stop at the page's end.
+            # names; those are sorted newest first as the scan sorts, or, when they are many
+            # (or there are no words), the folder's newest-first order is walked up to the
+            # page's end.
             hits = self.text_candidates("messages", "email.search", _searched_text, words)
-            if hits is not None:
-                return self._page([m for m in map(messages.__getitem__, hits) if wanted(m)],
-                                  limit, offset)  # fmt: skip
             try:
                 order = messages.derived(
                     ("email.folder_newest", folder), _folder_newest(folder), _patch_newest(folder)
                 )
             except (KeyError, TypeError):  # a malformed record: the scan below says so
                 order = None
-            if order is not None and not words:
-                found: list[dict[str, Any]] = []
+            if hits is not None and (order is None or 4 * len(hits) < len(order)):
+                found = [m for m in map(messages.__getitem__, hits) if wanted(m)]
+                return self._page(found, limit, offset)
+            if order is not None and (hits is not None or not words):
+                among = None if hits is None else set(hits)
+                found = []
                 for at in order:
-                    if wanted(messages[at]):
+                    if (among is None or at in among) and wanted(messages[at]):
                         found.append(messages[at])
                         if len(found) >= offset + limit:
                             break
