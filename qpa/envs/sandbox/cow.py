@@ -129,6 +129,15 @@ class FrozenList(list[Any]):
         self._memo[key] = value
         return value
 
+    def record_memo(self, key: Any) -> dict[int, tuple[Any, Any]]:
+        """A dict kept with this list's root (shared by every list re-made from it) in which a
+        tool memoises a pure function of a committed record: `{id(record): (record, value)}`;
+        holding the record keeps its id from being reused, and a reader checks `entry[0] is
+        record`. Bounded by the records read."""
+        root = self._root if self._root is not None else self
+        memo: dict[int, tuple[Any, Any]] = root.derived(("records", key), lambda _rows: {})
+        return memo
+
     def __reduce__(self) -> Any:
         return (list, (list(self),))
 

@@ -14,6 +14,7 @@ the scan's.
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import typing
 import zlib
@@ -188,25 +189,46 @@ class TextIndex:
 
         return patch
 
+    def _postings_of(self, word: str) -> list[list[int]]:
+        """The position lists of every word (root's and extra) that contains `word`."""
+        found: list[list[int]] = []
+        joined, starts, postings = self._joined, self._starts, self._postings
+        at = joined.find(word)
+        while at >= 0:
+            w = bisect_right(starts, at) - 1
+            found.append(postings[w])
+            at = joined.find(word, starts[w + 1]) if w + 1 < len(starts) else -1
+        found.extend(positions for token, positions in self._extra.items() if word in token)
+        return found
+
     def candidates(self, words: list[str]) -> list[int]:
         """Ascending positions of the records whose text may hold every one of `words` (each
         free of whitespace; at least one)."""
         result: set[int] | None = None
         for word in sorted(set(words), key=len, reverse=True):  # longer words: fewer hits
-            hits: set[int] = set()
-            joined, starts, postings = self._joined, self._starts, self._postings
-            at = joined.find(word)
-            while at >= 0:
-                w = bisect_right(starts, at) - 1
-                hits.update(postings[w])
-                at = joined.find(word, starts[w + 1]) if w + 1 < len(starts) else -1
-            for token, positions in self._extra.items():
-                if word in token:
-                    hits.update(positions)
+            lists = self._postings_of(word)
+            if len(lists) == 1 and result is None and len(set(words)) == 1:
+                return list(lists[0])
+            hits: set[int] = set().union(*lists)
             result = hits if result is None else result & hits
             if not result:
                 return []
         return sorted(result or ())
+
+    def iter_candidates(self, words: list[str]) -> Iterator[int]:
+        """`candidates(words)` one by one, ascending: for one word matched by a few index
+        words, merged lazily (a caller that stops at a page's end pays for the page)."""
+        distinct = set(words)
+        if len(distinct) == 1:
+            lists = self._postings_of(next(iter(distinct)))
+            if len(lists) <= 16:
+                last = -1
+                for at in heapq.merge(*lists):
+                    if at != last:
+                        yield at
+                        last = at
+                return
+        yield from self.candidates(words)
 
 
 def sorted_positions(
@@ -489,6 +511,22 @@ class App:
         except (AttributeError, KeyError, TypeError):  # a malformed record: the scan says so
             return None
         return index.candidates(words)
+
+    def iter_text_candidates(
+        self, collection: str, view: str, text_of: Callable[[Any], str], words: list[str]
+    ) -> Iterator[int] | None:
+        """`text_candidates` one by one (see `TextIndex.iter_candidates`), for a tool that
+        stops at its page's end."""
+        rows = self.records(collection)
+        if type(rows) is not FrozenList or not words:
+            return None
+        try:
+            index: TextIndex = rows.derived(
+                ("text", view), TextIndex.builder(text_of), TextIndex.patcher(text_of)
+            )
+        except (AttributeError, KeyError, TypeError):  # a malformed record: the scan says so
+            return None
+        return index.iter_candidates(words)
 
     def in_order(
         self, collection: str, view: str, key_of: Callable[[Any], Any], *, reverse: bool

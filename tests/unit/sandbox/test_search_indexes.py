@@ -216,6 +216,12 @@ def _read(env: SandboxEnv, family: str, draw: st.DrawFn) -> ToolCall:
         if draw(st.booleans()):
             args["type"] = r["type"]
         return ToolCall(tool="wallet_list_transactions", arguments=args)
+    if family == "contacts" and draw(st.booleans()):
+        text = draw(st.sampled_from([r["name"], r["phone"], r["email"]])) or r["name"]
+        query = _piece(text, draw, words=False)
+        return ToolCall(
+            tool="contacts_search", arguments={"query": query.upper() if flip else query}
+        )
     if family == "contacts":
         groups = sorted({g for c in rows for g in c.get("groups", [])}) or ["family"]
         return ToolCall(
@@ -361,6 +367,9 @@ def test_text_index_candidates_never_miss_a_match(
     if words:
         want = [i for i, r in enumerate(more) if all(w in r["t"].lower() for w in words)]
         assert set(want) <= set(patched.candidates(words))
+        for made in (index, patched):  # one by one: the same positions, ascending, once each
+            assert list(made.iter_candidates(words)) == made.candidates(words)
+            assert made.candidates(words) == sorted(set(made.candidates(words)))
 
 
 def test_a_field_index_first_asked_of_a_remade_list_is_its_roots_patched() -> None:

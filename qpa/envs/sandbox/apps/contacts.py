@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import accumulate
 from typing import Annotated, Any
 
 from pydantic import Field
@@ -25,20 +26,38 @@ class Contact(TypedDict):
 _SEP = "\x00"  # between fields and records of the search text (a query holding it is scanned)
 
 
-def _search_text(contacts: list[dict[str, Any]]) -> tuple[str, list[int]]:
+def _part(c: dict[str, Any]) -> str:
+    if not isinstance(c["phone"], str):
+        raise TypeError("phone")
+    return f"{c['name'].lower()}{_SEP}{c['phone']}{_SEP}{c['email'].lower()}{_SEP}"
+
+
+def _joined(parts: list[str]) -> tuple[str, list[int], list[str]]:
+    starts = list(accumulate(map(len, parts), initial=0))[:-1]
+    return "".join(parts), starts, parts
+
+
+def _search_text(contacts: list[dict[str, Any]]) -> tuple[str, list[int], list[str]]:
     """What `contacts_search` matches, as one string: per contact its lowered name, phone and
-    lowered email, each followed by `_SEP`; and where each contact's part starts."""
-    parts: list[str] = []
-    starts: list[int] = []
-    at = 0
-    for c in contacts:
-        part = f"{c['name'].lower()}{_SEP}{c['phone']}{_SEP}{c['email'].lower()}{_SEP}"
-        if not isinstance(c["phone"], str):
-            raise TypeError("phone")
-        starts.append(at)
-        parts.append(part)
-        at += len(part)
-    return "".join(parts), starts
+    lowered email, each followed by `_SEP`; where each contact's part starts; the parts."""
+    return _joined([_part(c) for c in contacts])
+
+
+def _patch_search_text(
+    view: tuple[str, list[int], list[str]],
+    _root: list[Any],
+    contacts: list[dict[str, Any]],
+    changed: list[int],
+) -> tuple[str, list[int], list[str]]:
+    """`_search_text` of a re-made list from its root's parts: the changed contacts' parts
+    remade, the rest reused, joined again (string and list work, no per-contact Python)."""
+    parts = list(view[2])
+    for i in changed:
+        if i < len(parts):
+            parts[i] = _part(contacts[i])
+        else:
+            parts.append(_part(contacts[i]))
+    return _joined(parts)
 
 
 class ContactsApp(App):
@@ -68,7 +87,9 @@ class ContactsApp(App):
         contacts = self.records("contacts")
         if type(contacts) is FrozenList and _SEP not in q:
             try:
-                text, starts = contacts.derived("contacts.search_text", _search_text)
+                text, starts, _ = contacts.derived(
+                    "contacts.search_text", _search_text, _patch_search_text
+                )
             except (AttributeError, KeyError, TypeError):  # a malformed record: scan as before
                 text = None
             if text is not None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.cow import FrozenList
+from qpa.envs.sandbox.cow import FrozenDict, FrozenList
 from qpa.envs.sandbox.engine import (
     EMAIL,
     ISO_DATE,
@@ -281,7 +281,26 @@ class EmailApp(App):
     def _message(self, message_id: str) -> dict[str, Any]:
         return self.find("messages", message_id, what="message")
 
-    def _summary(self, m: dict[str, Any]) -> EmailSummary:
+    def _summaries(self, rows: list[dict[str, Any]]) -> list[EmailSummary]:
+        """The messages' summaries; a committed message's is made once and kept with its list
+        (the env hands out a detached copy of every result)."""
+        messages = self.records("messages")
+        if type(messages) is not FrozenList:
+            return [self._make_summary(m) for m in rows]
+        memo = messages.record_memo("email.summary")
+        out: list[EmailSummary] = []
+        for m in rows:
+            hit = memo.get(id(m))
+            if hit is not None and hit[0] is m:
+                out.append(hit[1])
+                continue
+            summary = self._make_summary(m)
+            if type(m) is FrozenDict:
+                memo[id(m)] = (m, summary)
+            out.append(summary)
+        return out
+
+    def _make_summary(self, m: dict[str, Any]) -> EmailSummary:
         body = " ".join(m["body"].split())
         return {
             "id": m["id"],
@@ -345,7 +364,7 @@ class EmailApp(App):
 
     def _page(self, rows: list[dict[str, Any]], limit: int, offset: int) -> list[EmailSummary]:
         rows = sorted(rows, key=lambda m: m["time"], reverse=True)
-        return [self._summary(m) for m in paginate(rows, limit, offset)]
+        return self._summaries(paginate(rows, limit, offset))
 
     # ------------------------------------------------------------------ reading
     @tool()
@@ -418,7 +437,7 @@ class EmailApp(App):
                     found.append(m)
                     if len(found) >= offset + limit:
                         break
-            return [self._summary(m) for m in paginate(found, limit, offset)]
+            return self._summaries(paginate(found, limit, offset))
         rows = [
             m
             for m in messages
@@ -493,7 +512,7 @@ class EmailApp(App):
                         found.append(messages[at])
                         if len(found) >= offset + limit:
                             break
-                return [self._summary(m) for m in paginate(found, limit, offset)]
+                return self._summaries(paginate(found, limit, offset))
         return self._page([m for m in messages if wanted(m)], limit, offset)
 
     @tool()

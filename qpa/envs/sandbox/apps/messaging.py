@@ -164,7 +164,7 @@ class MessagingApp(App):
         messages = self.records("messages")
         # Committed: only the messages the word index names for the query's words can hold it
         # (in list order, stopping at the page's end); else, or with no words, a scan.
-        hits = self.text_candidates("messages", "messaging.search", _lowered_text, q.split())
+        hits = self.iter_text_candidates("messages", "messaging.search", _lowered_text, q.split())
         source = messages if hits is None else map(messages.__getitem__, hits)
         found = []
         for m in source:
