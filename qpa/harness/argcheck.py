@@ -116,11 +116,16 @@ def compile_schema(schema: Any) -> Check | None:
     if "enum" in schema:
         options = schema["enum"]
         if not isinstance(options, list) or not all(
-            isinstance(o, str) and o for o in options
+            (isinstance(o, str) and o) or type(o) is int for o in options
         ):  # equality of other JSON values (1 == 1.0 == True) is jsonschema's to judge
             return None
-        allowed = frozenset(options)
-        checks.append(lambda v: isinstance(v, str) and v in allowed)
+        texts = frozenset(o for o in options if isinstance(o, str))
+        # an integer option matches an integer argument only (a float or a bool goes to
+        # jsonschema, which equates 1 with 1.0 but not with True)
+        numbers = frozenset(o for o in options if type(o) is int)
+        checks.append(
+            lambda v: (isinstance(v, str) and v in texts) or (type(v) is int and v in numbers)
+        )
     for word in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         if word in schema:
             bound = schema[word]

@@ -80,6 +80,12 @@ def test_the_fast_yes_agrees_with_jsonschema(
         ({"type": "string", "maxLength": 2}, "ab", True),
         ({"type": "string", "maxLength": 2}, "abc", False),
         ({"enum": ["a", "b"]}, "c", False),
+        ({"type": "integer", "enum": [5, 10]}, 10, True),  # clock_create_alarm's snooze_min
+        ({"type": "integer", "enum": [5, 10]}, 7, False),
+        ({"type": "integer", "enum": [5, 10]}, 10.0, False),  # 10.0 == 10: jsonschema's call
+        ({"enum": [1, "a"]}, True, False),  # True is not 1 to jsonschema: never a fast yes
+        ({"enum": [1, "a"]}, "a", True),
+        ({"enum": [1.5]}, 1.5, None),  # float options: jsonschema's
         ({"type": "object", "required": ["x"]}, {}, False),
         ({"type": "object", "additionalProperties": False}, {"y": 1}, False),
         ({"type": "array", "items": {"type": "string"}}, ["a", 1], False),
