@@ -372,6 +372,8 @@ def kinds() -> list[KindWalk]:
             rolloutpool.children,
             fills={
                 "spec.llmSim": LLM_SIM,
+                "spec.mcp.command": MCP_STDIO,  # before spec.mcp: url and command exclude
+                "spec.mcp": MCP_URL,
                 "spec.resources": {"spec.resources": {"requests": {"cpu": "1"}}},
                 "spec.podTemplate": {"spec.podTemplate": POD_TEMPLATE},
                 "spec.replicas.metric": {"spec.replicas.metric": "cpu"},
@@ -495,6 +497,20 @@ LLM_SIM: dict[str, Any] = {
         "model": "sim",
         "apiKeySecretRef": {"name": "sim-key", "key": "apiKey"},
     },
+}
+
+#: An mcp pool fronting an MCP server by URL (both tool lists set), and one running a stdio one.
+MCP_URL: dict[str, Any] = {
+    "spec.environment": "mcp",
+    "spec.mcp": {
+        "url": "http://notes-mcp.apps.svc:8000/mcp",
+        "controlTools": ["reset_notes", "check_notes"],
+        "hiddenTools": ["admin_wipe"],
+    },
+}
+MCP_STDIO: dict[str, Any] = {
+    "spec.environment": "mcp",
+    "spec.mcp": {"command": ["python", "-m", "notes_mcp"]},
 }
 
 #: A vLLM rollout server (TrainingRun `spec.rl.generation`) with every field set.
