@@ -156,6 +156,9 @@ def _read(env: SandboxEnv, family: str, draw: st.DrawFn) -> ToolCall:
             args["unread_only"] = True
         if draw(st.booleans()):
             args["has_attachment"] = draw(st.booleans())
+        if draw(st.booleans()):
+            who = draw(st.sampled_from([r["sender"], r.get("sender_name") or r["sender"]]))
+            args["sender"] = _piece(who, draw, words=False)
         return ToolCall(tool=tool, arguments=args)
     if family == "messaging":
         if draw(st.booleans()):

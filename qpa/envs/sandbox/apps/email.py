@@ -186,6 +186,11 @@ def _searched_text(m: dict[str, Any]) -> str:
     return f"{m['subject']} {m['body']}".lower()
 
 
+def _sender_text(m: dict[str, Any]) -> str:
+    """Where `email_search`'s sender must appear: the address and the name, each lowered."""
+    return f"{m['sender'].lower()} {m['sender_name'].lower()}"
+
+
 def _counts_unread(m: dict[str, Any]) -> bool:
     return bool(m["folder"] == "inbox" and not m["read"])
 
@@ -495,6 +500,13 @@ class EmailApp(App):
             # (or there are no words), the folder's newest-first order is walked up to the
             # page's end.
             hits = self.text_candidates("messages", "email.search", _searched_text, words)
+            if who and who.split() and (hits is not None or not words):
+                # the sender's words narrow it too (by a word index of sender and name)
+                senders = self.text_candidates(
+                    "messages", "email.sender", _sender_text, who.split()
+                )
+                if senders is not None:
+                    hits = senders if hits is None else sorted(set(hits).intersection(senders))
             try:
                 order = messages.derived(
                     ("email.folder_newest", folder), _folder_newest(folder), _patch_newest(folder)

@@ -17,11 +17,15 @@ def _track_text(t: dict[str, Any]) -> str:
 
 
 def _by_artist(catalog: list[dict[str, Any]]) -> dict[str, list[int]]:
-    """The catalog's positions per lowered artist name (a committed list's view)."""
+    """The catalog's positions per lowered artist name, most popular first (the stable sort
+    `music_artist_top_tracks` does, so equal popularity keeps catalog order): a committed
+    list's view."""
     out: dict[str, list[int]] = {}
     for i, t in enumerate(catalog):
         out.setdefault(t["artist"].lower(), []).append(i)
-    return out
+    return {
+        name: sorted(found, key=lambda i: -catalog[i]["popularity"]) for name, found in out.items()
+    }
 
 
 Genre = Literal["pop", "rock", "jazz", "hip-hop", "electronic", "classical", "folk", "r&b"]
@@ -252,7 +256,7 @@ class MusicApp(App):
         if type(catalog) is FrozenList:  # committed: the artist's tracks by a kept index
             try:
                 positions = catalog.derived("music.by_artist", _by_artist).get(artist.lower(), [])
-                source = map(catalog.__getitem__, positions)
+                source = map(catalog.__getitem__, positions[:limit])  # already most popular first
             except (AttributeError, KeyError, TypeError):  # a malformed record: scan
                 source = catalog
         rows = [t for t in source if t["artist"].lower() == artist.lower()]

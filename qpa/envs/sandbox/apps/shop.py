@@ -355,6 +355,8 @@ class ShopApp(App):
                 and (not in_stock_only or in_stock)
             ):
                 rows.append(p)
+                if sort == "relevance" and len(rows) >= offset + limit:
+                    break  # catalog order: the page is complete
         if sort == "price_asc":
             rows.sort(key=lambda p: p["price"])
         elif sort == "price_desc":
