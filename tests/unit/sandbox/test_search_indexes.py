@@ -212,6 +212,8 @@ def _read(env: SandboxEnv, family: str, draw: st.DrawFn) -> ToolCall:
             tool="food_search_menu",
             arguments={"query": query, "limit": limit, "offset": offset, "sort": "price_asc"},
         )
+    if family == "wallet" and draw(st.booleans()):
+        return ToolCall(tool="wallet_get_balance", arguments={})
     if family == "wallet":
         args = {"limit": limit, "offset": offset}
         if draw(st.booleans()):

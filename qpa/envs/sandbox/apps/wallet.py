@@ -171,10 +171,22 @@ class WalletApp(App):
 
     def _sent_today(self) -> float:
         today = self.world.iso_now()[:10]
+        history = self.records("transactions")
+        source: Any = history
+        order = self.in_order("transactions", "wallet.newest", _tx_time, reverse=True)
+        if order is not None:  # committed: today's are among the newest; summed in list order
+            todays = []
+            for at in order:
+                day = history[at]["time"][:10]
+                if day < today:
+                    break
+                if day == today:
+                    todays.append(at)
+            source = map(history.__getitem__, sorted(todays))
         return money(
             sum(
                 t["amount"]
-                for t in self.records("transactions")
+                for t in source
                 if t["type"] in ("transfer_out", "request_payment") and t["time"][:10] == today
             )
         )
