@@ -116,10 +116,11 @@ def todays_harness() -> Iterator[None]:
 
     estimate = adapter_module.estimate_tokens
     registry_skills = agent_module._registry_skills
-    core, side_effects, leaf_key = (
+    core, side_effects, leaf_key, facts = (
         memory_module._core,
         memory_module._side_effects,
         provenance._leaf_key,
+        provenance._facts,
     )
     parsing._validator = jsonschema_only  # type: ignore[assignment]
     # the whole exposure text re-counted; the Skill library built per planner
@@ -134,6 +135,8 @@ def todays_harness() -> Iterator[None]:
         else dict(memory_module._registry_side_effects.__wrapped__())
     )
     provenance._leaf_key = leaf_key.__wrapped__  # type: ignore[assignment]
+    # the ledger reads each tool string's facts afresh (no memo per distinct string)
+    provenance._facts = provenance.value_facts
     try:
         yield
     finally:
@@ -143,11 +146,13 @@ def todays_harness() -> Iterator[None]:
         memory_module._core = core  # type: ignore[assignment]
         memory_module._side_effects = side_effects  # type: ignore[assignment]
         provenance._leaf_key = leaf_key  # type: ignore[assignment]
+        provenance._facts = facts
 
 
 def forget_adapter_caches() -> None:
     for cache in (adapter_module._RENDERED, adapter_module._SKILLS_RENDERED,
-                  adapter_module._INDICES, adapter_module._SKILL_INDICES):  # fmt: skip
+                  adapter_module._INDICES, adapter_module._SKILL_INDICES,
+                  adapter_module._SELECTIONS, adapter_module._RELEVANCE):  # fmt: skip
         cache.clear()
 
 

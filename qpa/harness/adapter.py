@@ -33,6 +33,7 @@ import hashlib
 import json
 import math
 import re
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
@@ -119,18 +120,28 @@ class BM25:
             df.update(doc.keys())
         n = len(self.docs)
         self.idf = {t: math.log(1.0 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
+        # per term: (document, that document's share of the score per unit of idf), in document
+        # order; a document's score adds its terms' shares in the query's order
+        norms = [
+            self.k1 * (1 - self.b + self.b * (length / self.avg if self.avg else 0.0))
+            for length in self.lengths
+        ]
+        self._postings: dict[str, list[tuple[int, int, float]]] = {}
+        for i, (doc, norm) in enumerate(zip(self.docs, norms, strict=True)):
+            for t, tf in doc.items():
+                if tf:
+                    self._postings.setdefault(t, []).append((i, tf, norm))
 
     def scores(self, query: Iterable[str]) -> list[float]:
-        q = set(query)
-        out: list[float] = []
-        for doc, length in zip(self.docs, self.lengths, strict=True):
-            norm = self.k1 * (1 - self.b + self.b * (length / self.avg if self.avg else 0.0))
-            total = 0.0
-            for t in q:
-                tf = doc.get(t, 0)
-                if tf:
-                    total += self.idf[t] * tf * (self.k1 + 1) / (tf + norm)
-            out.append(total)
+        out = [0.0] * len(self.docs)
+        k1 = self.k1
+        for t in set(query):
+            postings = self._postings.get(t)
+            if postings is None:
+                continue
+            idf = self.idf[t]
+            for i, tf, norm in postings:
+                out[i] += idf * tf * (k1 + 1) / (tf + norm)
         return out
 
 
@@ -290,6 +301,11 @@ _RENDERED: dict[tuple[Any, ...], tuple[str, str, int, int]] = {}
 _SKILLS_RENDERED: dict[tuple[Any, ...], tuple[str, int]] = {}
 _INDICES: dict[tuple[Any, ...], tuple[BM25, BM25]] = {}
 _SKILL_INDICES: dict[tuple[tuple[str, str, str], ...], BM25] = {}
+#: what `select` and `relevance` decided for a tool set and a query (the instruction's terms),
+#: under an adapter's settings: the same task's samples, and any instruction with the same
+#: terms, are ranked and rendered once. An answer is copied out, never handed over.
+_SELECTIONS: dict[tuple[Any, ...], Exposure] = {}
+_RELEVANCE: dict[tuple[Any, ...], tuple[dict[str, float], dict[str, float]]] = {}
 
 
 def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
@@ -298,11 +314,50 @@ def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
     cache[key] = value
 
 
+def _tool_key(spec: ToolSpec) -> tuple[str, str, str, bytes]:
+    """What a tool's ranking and rendering depend on (part of the shared caches' keys)."""
+    return (spec.name, spec.description, spec.app, _params(spec))
+
+
+def _fresh(exposure: Exposure, specs: dict[str, ToolSpec]) -> Exposure:
+    """A copy of a remembered exposure for this call: its own lists, and the tools it was
+    given (the same content under the same names; the remembered one holds an earlier call's)."""
+    return exposure.model_copy(
+        update={
+            "tools": [specs[t.name] for t in exposure.tools],
+            "tool_scores": dict(exposure.tool_scores),
+            "schemas": list(exposure.schemas),
+            "schema_truncated": list(exposure.schema_truncated),
+            "tools_dropped": list(exposure.tools_dropped),
+            "skills": [s.model_copy() for s in exposure.skills],
+            "skills_truncated": list(exposure.skills_truncated),
+            "skills_withheld": list(exposure.skills_withheld),
+        }
+    )
+
+
 def _library_key(skills: SkillLibrary) -> str:
     """What a library's content is (its version and every Skill and description), as a digest."""
     return hashlib.sha256(
         orjson.dumps(skills.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
     ).hexdigest()
+
+
+#: `_library_key` per library object (a `SkillLibrary` is immutable: frozen, and revised only
+#: into a new library), held by weak reference so a dropped library's id cannot be mistaken
+#: for a new one's: id -> (reference, digest)
+_LIBRARY_KEYS: dict[int, tuple[weakref.ref[SkillLibrary], str]] = {}
+
+
+def _library_digest(skills: SkillLibrary) -> str:
+    known = _LIBRARY_KEYS.get(id(skills))
+    if known is not None and known[0]() is skills:
+        return known[1]
+    digest = _library_key(skills)
+    if len(_LIBRARY_KEYS) >= _SHARED_MAX:
+        _LIBRARY_KEYS.clear()
+    _LIBRARY_KEYS[id(skills)] = (weakref.ref(skills), digest)
+    return digest
 
 
 class ScenarioAdapter:
@@ -350,11 +405,23 @@ class ScenarioAdapter:
         for spec in tools:
             unique.setdefault(spec.name, spec)
         specs = list(unique.values())
+        keys = [_tool_key(s) for s in specs]
+        settings = (self.count_tokens, self.token_budget, self.max_tools, self.drop_skills)
+        memo = (self._library_digest(), *settings, tuple(query), *keys)
+        remembered = _SELECTIONS.get(memo)
+        if remembered is None:
+            remembered = self._select(query, specs, keys)
+            _remember(_SELECTIONS, memo, remembered)
+        return _fresh(remembered, unique)
+
+    def _select(
+        self, query: list[str], specs: list[ToolSpec], keys: list[tuple[str, str, str, bytes]]
+    ) -> Exposure:
         apps_of = {s.name: self.app_of(s) for s in specs}
         apps = list(dict.fromkeys(a for a in apps_of.values() if a))
 
         # relevance: tools, apps (all their docs), skills; app relevance lifts tools and skills
-        app_index, tool_index = self._indices(specs, apps_of, apps)
+        app_index, tool_index = self._indices(specs, apps_of, apps, keys)
         app_score = dict(zip(apps, app_index.scores(query), strict=True)) if apps else {}
         raw_tool = tool_index.scores(query) if specs else []
         tool_score = {
@@ -379,7 +446,10 @@ class ScenarioAdapter:
         }
         ranked_skills = sorted(candidates, key=lambda s: -skill_score[s.id])
 
-        return self._budget(ranked, tool_score, dropped, ranked_skills, skill_score, withheld)
+        tool_keys = {s.name: k for s, k in zip(specs, keys, strict=True)}
+        return self._budget(
+            ranked, tool_score, dropped, ranked_skills, skill_score, withheld, tool_keys
+        )
 
     def relevance(
         self, task_instruction: str, tools: list[ToolSpec]
@@ -387,23 +457,37 @@ class ScenarioAdapter:
         """BM25 relevance of each app (its docs, tools and Skills) and of each tool alone (no
         app lift) to the instruction: what the Harness's guard reads as the request's scope."""
         unique = list({spec.name: spec for spec in tools}.values())
-        apps_of = {s.name: self.app_of(s) for s in unique}
-        apps = list(dict.fromkeys(a for a in apps_of.values() if a))
         if not unique:
             return {}, {}
-        app_index, tool_index = self._indices(unique, apps_of, apps)
+        keys = [_tool_key(s) for s in unique]
         query = terms(task_instruction)
-        app_score = dict(zip(apps, app_index.scores(query), strict=True)) if apps else {}
-        tool_score = dict(zip([s.name for s in unique], tool_index.scores(query), strict=True))
-        return app_score, tool_score
+        memo = (self._library_digest(), tuple(query), *keys)
+        remembered = _RELEVANCE.get(memo)
+        if remembered is None:
+            apps_of = {s.name: self.app_of(s) for s in unique}
+            apps = list(dict.fromkeys(a for a in apps_of.values() if a))
+            app_index, tool_index = self._indices(unique, apps_of, apps, keys)
+            app_score = dict(zip(apps, app_index.scores(query), strict=True)) if apps else {}
+            names = [s.name for s in unique]
+            remembered = (app_score, dict(zip(names, tool_index.scores(query), strict=True)))
+            _remember(_RELEVANCE, memo, remembered)
+        return dict(remembered[0]), dict(remembered[1])
+
+    def _library_digest(self) -> str:
+        if self._library is None:
+            self._library = _library_digest(self.skills)
+        return self._library
 
     def _indices(
-        self, specs: list[ToolSpec], apps_of: dict[str, str], apps: list[str]
+        self,
+        specs: list[ToolSpec],
+        apps_of: dict[str, str],
+        apps: list[str],
+        keys: list[tuple[str, str, str, bytes]],
     ) -> tuple[BM25, BM25]:
-        """BM25 indices of the apps and tools on offer; the same tool set reuses its indices."""
-        if self._library is None:
-            self._library = _library_key(self.skills)
-        key = (self._library, *((s.name, s.description, s.app, _params(s)) for s in specs))
+        """BM25 indices of the apps and tools on offer (`keys`: their `_tool_key`s); the same
+        tool set reuses its indices."""
+        key = (self._library_digest(), *keys)
         cached = _INDICES.get(key)
         if cached is not None:
             return cached
@@ -433,9 +517,12 @@ class ScenarioAdapter:
             _remember(_SKILL_INDICES, key, index)
         return index
 
-    def _rendered(self, spec: ToolSpec) -> tuple[str, str, int, int]:
-        """Compact and full renderings of a tool with their token counts (memoised by content)."""
-        key = (self.count_tokens, spec.name, spec.description, spec.app, _params(spec))
+    def _rendered(
+        self, spec: ToolSpec, tool_key: tuple[str, str, str, bytes] | None = None
+    ) -> tuple[str, str, int, int]:
+        """Compact and full renderings of a tool with their token counts (memoised by content;
+        `tool_key`: its `_tool_key`, when the caller has it)."""
+        key = (self.count_tokens, *(tool_key or _tool_key(spec)))
         hit = _RENDERED.get(key)
         if hit is None:
             compact, full = render_compact(spec), render_full(spec)
@@ -460,9 +547,10 @@ class ScenarioAdapter:
         ranked_skills: list[Skill],
         skill_score: dict[str, float],
         withheld: list[str],
+        tool_keys: dict[str, tuple[str, str, str, bytes]],
     ) -> Exposure:
         count = self.count_tokens
-        rendered = {s.name: self._rendered(s) for s in ranked}
+        rendered = {s.name: self._rendered(s, tool_keys[s.name]) for s in ranked}
         compact = {name: r[0] for name, r in rendered.items()}
         full = {name: r[1] for name, r in rendered.items()}
         skills_rendered = {s.id: self._skill_rendered(s) for s in ranked_skills}

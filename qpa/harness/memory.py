@@ -494,12 +494,25 @@ class MemoryStore:
 
         asked = set(terms(trajectory.task.instruction))
         wanted = [k for k in known if set(terms(" ".join(_core(k.rpartition(".")[2])))) & asked]
-        for key in wanted:
-            seen: list[str] = []
+        # each call's output fields by their core words, read once for every wanted key: a key
+        # matches a field of the same core (`key_matches`), in the order the fields come
+        by_core: list[tuple[str, dict[tuple[str, ...], list[Any]]]] = []
+        if wanted:
             for call, observation in calls:
+                cores: dict[tuple[str, ...], list[Any]] = {}
                 for field, raw in _fields(observation):
-                    if not key_matches(key, field, tool=call.tool):
-                        continue
+                    core = _core(field)
+                    if core:
+                        cores.setdefault(core, []).append(raw)
+                by_core.append((call.tool, cores))
+        for key in wanted:
+            scope, _, bare = key.rpartition(".")
+            core = _core(bare)
+            seen: list[str] = []
+            for tool, cores in by_core:
+                if scope and not (tool and (tool == scope or tool.startswith(f"{scope}_"))):
+                    continue  # a scoped key matches its own app's tools only
+                for raw in cores.get(core, ()):
                     value = _as_text(raw)
                     if value is not None and not any(_same(value, s) for s in seen):
                         seen.append(value)

@@ -24,6 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
+import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -189,7 +190,8 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FINISH = re.compile(r"<finish\s*/>|<finish>(.*?)(?:</finish>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
 _ACTION_TYPES = {"tool_call", "ui", "message_user", "delegate", "finish"}
-_VALIDATORS: dict[str, tuple[Draft202012Validator | None, Check | None]] = {}
+_VALIDATORS: dict[tuple[str, bytes], tuple[Draft202012Validator | None, Check | None]] = {}
+_CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS  # a schema's content, as a key
 
 
 def _strip_thinking(text: str) -> str:
@@ -247,8 +249,7 @@ def parse_completion(
     When a completion carries several tool calls, the first is taken (one action per turn).
     `validate_arguments` checks arguments against each tool's JSON schema.
     """
-    raw = _raw_of(completion)
-    parser = _Parser(tools, raw, validate_arguments)
+    parser = _Parser(tools, completion, validate_arguments)
     if not isinstance(completion, str) and completion.tool_calls:
         call = completion.tool_calls[0]
         arguments = _decode_arguments(call.arguments)
@@ -279,10 +280,18 @@ def _decode_arguments(value: Any) -> dict[str, Any] | str:
 
 
 class _Parser:
-    def __init__(self, tools: Sequence[ToolSpec], raw: str, validate: bool) -> None:
+    def __init__(
+        self, tools: Sequence[ToolSpec], completion: Completion | str, validate: bool
+    ) -> None:
         self.tools = {t.name: t for t in tools}
-        self.raw = raw
+        self.completion = completion
         self.validate = validate
+
+    @property
+    def raw(self) -> str:
+        """The model's output as text (`_raw_of`): only a failure quotes it, so only a
+        failure renders it."""
+        return _raw_of(self.completion)
 
     def fail(
         self,
@@ -422,7 +431,11 @@ class _Parser:
 
 
 def _validator(spec: ToolSpec) -> tuple[Draft202012Validator | None, Check | None]:
-    key = spec.name + "\x00" + json.dumps(spec.parameters, sort_keys=True, default=str)
+    try:
+        content = orjson.dumps(spec.parameters, default=str, option=_CANONICAL)
+    except orjson.JSONEncodeError:  # what orjson cannot write (a huge integer): the slow way
+        content = json.dumps(spec.parameters, sort_keys=True, default=str).encode()
+    key = (spec.name, content)
     if key not in _VALIDATORS:
         try:
             Draft202012Validator.check_schema(spec.parameters)

@@ -637,6 +637,18 @@ def _nests(value: Any) -> bool:
     )
 
 
+def _is_flat(record: dict[str, Any]) -> bool:
+    """No value of the record nests (`_nests`): one loop, no call per value."""
+    for value in record.values():
+        if isinstance(value, dict):
+            return False
+        if isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict):
+                    return False
+    return True
+
+
 def _collect_records(observation: Any, path: str, out: list[tuple[str, dict[str, Any]]]) -> None:
     if isinstance(observation, list):
         for i, item in enumerate(observation):
@@ -646,7 +658,7 @@ def _collect_records(observation: Any, path: str, out: list[tuple[str, dict[str,
         if isinstance(observation, str):
             out.append((path, {"value": observation}))
         return
-    if not any(map(_nests, observation.values())):
+    if _is_flat(observation):
         if observation:
             out.append((path, observation))
         return

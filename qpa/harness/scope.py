@@ -27,6 +27,7 @@ so) and `change` (everything else: create, add, set, update, move...). The reque
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -90,14 +91,20 @@ def unquoted(text: str) -> str:
 
 def effect_of(spec: ToolSpec, app: str = "") -> Effect:
     """The effect class of a tool (read, send, delete, change or payment)."""
-    if spec.side_effect == "read":
+    return _effect(spec.side_effect, spec.name, app or spec.app)
+
+
+@functools.lru_cache(maxsize=8192)
+def _effect(side_effect: str, name: str, app: str) -> Effect:
+    """`effect_of` from the strings it reads (memoised: a pure function of them)."""
+    if side_effect == "read":
         return "read"
-    if spec.side_effect == "payment":
+    if side_effect == "payment":
         return "payment"
-    prefix = f"{app or spec.app}_"
-    action = spec.name[len(prefix) :] if spec.name.startswith(prefix) else spec.name
+    prefix = f"{app}_"
+    action = name[len(prefix) :] if name.startswith(prefix) else name
     verb = action.split("_", 1)[0]
-    if spec.name in SEND_TOOLS or verb in SEND_VERBS:
+    if name in SEND_TOOLS or verb in SEND_VERBS:
         return "send"
     if verb in DELETE_VERBS:
         return "delete"
