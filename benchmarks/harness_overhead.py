@@ -12,11 +12,19 @@ contacts, thousands of messages: large JSON tool results), three ways:
   write-back splits every field name afresh at each comparison and gathers the registry's side
   effects per episode, and the provenance ledger splits each value's path afresh;
 - now: the full Harness with the shared adapter caches, the fast argument check
-  (`qpa.harness.argcheck`), and the cached name splitting of write-back and the ledger.
+  (`qpa.harness.argcheck`), the cached name splitting of write-back and the ledger, the
+  adapter's remembered selections and relevance per (tool set, query terms, settings), and the
+  ledger's facts (canonical form, digits) memoised per distinct string, a tool's effect class
+  memoised.
 
-Not reverted in `today` (inlined, so both runs have them): the ledger computing a tool value's
-canonical form once instead of three times, precompiled digit patterns, write-back matching a
-field's name before reading its value.
+`today` reverts every cache and memo above: it empties the adapter's before each episode (so
+the "now" round after it starts with none, and its remembered selections, being per task, never
+hit here: each task runs once per round) and reads each tool string's facts afresh. Not
+reverted (inlined, so both runs have them): the ledger computing a tool value's canonical form
+once instead of three times, precompiled digit patterns, write-back matching a field's name
+before reading its value and reading each call's fields once, the ledger building a string's
+`Origin` only when a trace returns one, BM25 scoring from postings, the raw model output
+rendered only for a parse failure.
 
 Both Harness runs drive a model backend that replays the plan (`OracleBackend`), whose own time
 is measured and subtracted, as is the environment's. The two alternate in rounds, so machine
@@ -44,6 +52,7 @@ from qpa.harness import adapter as adapter_module
 from qpa.harness import agent as agent_module
 from qpa.harness import memory as memory_module
 from qpa.harness import parsing, provenance
+from qpa.harness import scope as scope_module
 from qpa.harness.agent import HarnessPlanner
 from qpa.harness.backends.base import ChatMessage, Completion
 from qpa.harness.backends.scripted import OracleBackend
@@ -135,8 +144,11 @@ def todays_harness() -> Iterator[None]:
         else dict(memory_module._registry_side_effects.__wrapped__())
     )
     provenance._leaf_key = leaf_key.__wrapped__  # type: ignore[assignment]
-    # the ledger reads each tool string's facts afresh (no memo per distinct string)
+    # the ledger reads each tool string's facts afresh (no memo per distinct string), and a
+    # tool's effect class is worked out at every question
     provenance._facts = provenance.value_facts
+    effect = scope_module._effect
+    scope_module._effect = effect.__wrapped__  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -147,6 +159,7 @@ def todays_harness() -> Iterator[None]:
         memory_module._side_effects = side_effects  # type: ignore[assignment]
         provenance._leaf_key = leaf_key  # type: ignore[assignment]
         provenance._facts = facts
+        scope_module._effect = effect  # type: ignore[assignment]
 
 
 def forget_adapter_caches() -> None:
