@@ -12,7 +12,9 @@
         app: notes                       # the tools' app (default: the server's name)
 
 Everything is optional: with no verifier tool the task's rubric (`verifier.kind: rubric`) is
-judged by a model instead (`fidelity: llm_judged`).
+judged by a model instead (`fidelity: llm_judged`). The reset, verifier and finish tools must be
+control tools of the server side (`McpEnv(control_tools=...)`, `$QPA_MCP_CONTROL_TOOLS`, a
+RolloutPool's `mcp.controlTools`; none by default): a task cannot pick what it calls.
 
 A verifier tool answers a `VerifierReport` as its structured content (or as JSON text): success,
 optionally progress, and named checks; what it says is the verification, `fidelity:
