@@ -159,6 +159,10 @@ def test_the_settings_come_from_the_environment_and_bad_ones_name_the_field(
         McpEnv(server.url, control_tools=["a,b"])
     with pytest.raises(ValueError, match=r"^hidden_tools: 'check_notes' also listed as control"):
         McpEnv(server.url, control_tools=CONTROL, hidden_tools=["check_notes"])
+    monkeypatch.setenv("QPA_MCP_CONTROL_TOOLS", "check_notes")
+    monkeypatch.setenv("QPA_MCP_HIDDEN_TOOLS", "check_notes")
+    with pytest.raises(ValueError, match=r"^\$QPA_MCP_HIDDEN_TOOLS: 'check_notes' also listed"):
+        McpEnv(server.url)
     monkeypatch.setenv("QPA_MCP_CONTROL_TOOLS", "")
     monkeypatch.setenv("QPA_MCP_HIDDEN_TOOLS", "x y")
     with pytest.raises(ValueError, match=r"^\$QPA_MCP_HIDDEN_TOOLS: 'x y' is not an MCP"):

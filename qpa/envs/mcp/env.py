@@ -225,14 +225,15 @@ class McpEnv:
             control = parse_tool_names(os.environ.get(CONTROL_TOOLS_ENV), f"${CONTROL_TOOLS_ENV}")
         else:
             control = parse_tool_names(control_tools, "control_tools")
+        hidden_field = "hidden_tools" if hidden_tools is not None else f"${HIDDEN_TOOLS_ENV}"
         if hidden_tools is None:
-            hidden = parse_tool_names(os.environ.get(HIDDEN_TOOLS_ENV), f"${HIDDEN_TOOLS_ENV}")
+            hidden = parse_tool_names(os.environ.get(HIDDEN_TOOLS_ENV), hidden_field)
         else:
-            hidden = parse_tool_names(hidden_tools, "hidden_tools")
+            hidden = parse_tool_names(hidden_tools, hidden_field)
         both = sorted(control & hidden)
         if both:
             raise ValueError(
-                f"hidden_tools: {', '.join(map(repr, both))} also listed as control tools; a "
+                f"{hidden_field}: {', '.join(map(repr, both))} also listed as control tools; a "
                 "hidden tool is never called, a control tool is called as a task's machinery"
             )
         #: What a task may name as `_mcp.reset_tool` / `verifier_tool` / `finish_tool`.
