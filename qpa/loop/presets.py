@@ -36,7 +36,8 @@ Four presets ship:
     sizes up to the revision's caps, so the revised Harness's prompt is not new to the model.
   * **Every template trained**: round 1 generates `generated_per_template` tasks for each
     template (`plan_per_template`), not per coverage cell.
-  * A 2-layer, hidden-128 Qwen3 (8 heads), bf16 autocast on CPU, greedy decoding.
+  * A 2-layer, hidden-128 Qwen3 (8 heads), bf16 autocast where the CPU has native bf16
+    (fp32 elsewhere), greedy decoding.
 
 - `local-long` (`qpa loop --preset local-long`): `local` with a longer RL stage (48 steps of
   8 tasks x 8 samples, two refill rounds of zero-variance groups), at most 60 minutes on 2
@@ -112,6 +113,9 @@ class WarmupSettings(_Settings):
     )
     spaced_share: float = Field(
         default=0.4, ge=0.0, le=1.0, description="rows of random words between spaces"
+    )
+    bf16: bool | Literal["auto"] = Field(
+        default="auto", description="bf16 autocast; auto: where the device has it natively"
     )
 
 
@@ -210,7 +214,9 @@ class SFTSettings(_Settings):
     warmup: float = Field(default=0.05, ge=0)
     max_length: int = Field(default=2048, ge=64)
     bf16: bool | Literal["auto"] = Field(
-        default=True, description="bf16 autocast (on CPU too: AMX/AVX-512 make it ~2x faster)"
+        default="auto",
+        description="bf16 autocast; auto: where the device computes bf16 natively (CUDA, "
+        "AMX/AVX-512 BF16 CPUs: ~2x faster), fp32 elsewhere (emulated bf16 is ~9x slower)",
     )
     checkpoint_every: int = Field(default=100, ge=1, description="resumable every N steps")
 

@@ -885,11 +885,14 @@ def stage_sft(ctx: StageContext) -> dict[str, Any]:
     import torch
 
     from qpa.train.config import CheckpointSettings, MetricsSettings, SFTConfig
+    from qpa.train.precision import resolve_bf16
     from qpa.train.sft import train_sft
 
     settings = ctx.preset.sft
     trl: dict[str, Any] = {}
-    if not torch.cuda.is_available():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    bf16 = resolve_bf16(settings.bf16, device)
+    if device == "cpu":
         trl["use_cpu"] = True  # bf16 autocast on CPU needs it
     config = SFTConfig(
         name="loop-sft",
@@ -903,7 +906,7 @@ def stage_sft(ctx: StageContext) -> dict[str, Any]:
         warmup_steps=settings.warmup,
         max_steps=settings.max_steps,
         seed=ctx.seed,
-        bf16=settings.bf16,
+        bf16=bf16,
         metrics=MetricsSettings(logging_steps=10),
         checkpoint=CheckpointSettings(
             every_steps=settings.checkpoint_every, keep_last=1, resume="auto"
@@ -915,7 +918,7 @@ def stage_sft(ctx: StageContext) -> dict[str, Any]:
         raise StageError("sft: no final model was saved")
     ctx.log(
         f"sft: {result.global_step} steps, loss {result.train_loss:.3f}, "
-        f"{result.tokens_per_second:.0f} tokens/s"
+        f"{result.tokens_per_second:.0f} tokens/s, {'bf16' if bf16 else 'fp32'}"
     )
     return {
         "checkpoint": ctx.rel(Path(result.final_dir)),
@@ -923,6 +926,7 @@ def stage_sft(ctx: StageContext) -> dict[str, Any]:
         "train_loss": result.train_loss,
         "tokens": result.tokens,
         "tokens_per_second": round(result.tokens_per_second, 1),
+        "bf16": bf16,
         "resumed_from": result.resumed_from,
         "metrics": ctx.rel(Path(result.metrics_path)) if result.metrics_path else None,
         "last_loss": _last_loss(Path(result.metrics_path)) if result.metrics_path else None,

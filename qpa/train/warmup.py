@@ -29,6 +29,7 @@ from qpa.envs.factory import make_env
 from qpa.harness.agent import HarnessConfig
 from qpa.harness.planners import OraclePlanner
 from qpa.harness.runner import run_episode
+from qpa.train.precision import resolve_bf16
 from qpa.train.tiny import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -244,7 +245,8 @@ def induction_warmup(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Teach a random model to copy from its context (see `WarmupSettings`): a token span,
-    filler, the span again, next-token loss on the repeat, AdamW, bf16 autocast on CPU. A share
+    filler, the span again, next-token loss on the repeat, AdamW, bf16 autocast where the device
+    has native bf16 (`settings.bf16`, `qpa.train.precision`). A share
     `settings.text_share` of the rows are windows of `passages` (tokenized corpus text), the
     others random tokens of `[token_low, token_high)`."""
     if settings.steps <= 0:
@@ -257,6 +259,7 @@ def induction_warmup(
     if high - low < 2:
         raise WarmupError(f"warm-up token range [{low}, {high}) is empty")
     device = next(iter(model.parameters())).device
+    bf16 = resolve_bf16(getattr(settings, "bf16", "auto"), device.type)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
     model.train()
     clock = time.perf_counter()
@@ -298,7 +301,7 @@ def induction_warmup(
         labels = torch.tensor(
             [target + [-100] * (width - len(target)) for _, target in batch], device=device
         )
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cpu"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -313,6 +316,7 @@ def induction_warmup(
         "first_loss": round(first, 4),
         "final_loss": round(last, 4),
         "seconds": round(time.perf_counter() - clock, 1),
+        "bf16": bf16,
     }
     log(f"tiny: induction warm-up {settings.steps} steps, copy loss {first:.2f} -> {last:.3f}")
     return summary
