@@ -50,7 +50,9 @@ HTTP_URL = r"^https?://\S+$"
 # IPv6 literal), which the pods' StoreConfig accepts.
 S3_ENDPOINT = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?/?$"
 IMAGE = r"^\S+$"
-CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
+# ConfigMap and Secret keys as Kubernetes checks them (IsConfigMapKey): [-._a-zA-Z0-9]+, but
+# not "." or ".." and never starting with "..": a key is also a file name in a mounted volume.
+CONFIG_KEY = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 CONDITION_TYPE = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"

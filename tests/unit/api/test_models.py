@@ -296,3 +296,16 @@ def test_the_api_package_imports_only_pydantic() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True
     )
     assert result.stdout.strip() == "[] []", result.stdout
+
+
+@pytest.mark.parametrize("key", [".", "..", "...", "..hidden", "a/b", "a b", ""])
+def test_config_map_keys_kubernetes_refuses_are_refused_naming_the_field(key: str) -> None:
+    # a key is a file name in the mounted volume: "." would mount onto the folder itself
+    with pytest.raises(ValidationError) as caught:
+        api.ConfigMapKeySelector(name="harness", key=key)
+    assert caught.value.errors()[0]["loc"] == ("key",)
+
+
+@pytest.mark.parametrize("key", ["harness.yaml", ".hidden", "a..b", "-x", "A_1"])
+def test_config_map_keys_kubernetes_accepts_are_accepted(key: str) -> None:
+    assert api.ConfigMapKeySelector(name="harness", key=key).key == key
