@@ -501,22 +501,20 @@ class App:
         every one of `words` (lowered query words, no whitespace), by the word index kept with
         the list under the name `view`; None when the list is not committed, there are no words,
         or a record is malformed: the tool then scans. The tool still tests each candidate."""
-        rows = self.records(collection)
-        if type(rows) is not FrozenList or not words:
-            return None
-        try:
-            index: TextIndex = rows.derived(
-                ("text", view), TextIndex.builder(text_of), TextIndex.patcher(text_of)
-            )
-        except (AttributeError, KeyError, TypeError):  # a malformed record: the scan says so
-            return None
-        return index.candidates(words)
+        index = self._text_index(collection, view, text_of, words)
+        return None if index is None else index.candidates(words)
 
     def iter_text_candidates(
         self, collection: str, view: str, text_of: Callable[[Any], str], words: list[str]
     ) -> Iterator[int] | None:
         """`text_candidates` one by one (see `TextIndex.iter_candidates`), for a tool that
         stops at its page's end."""
+        index = self._text_index(collection, view, text_of, words)
+        return None if index is None else index.iter_candidates(words)
+
+    def _text_index(
+        self, collection: str, view: str, text_of: Callable[[Any], str], words: list[str]
+    ) -> TextIndex | None:
         rows = self.records(collection)
         if type(rows) is not FrozenList or not words:
             return None
@@ -526,7 +524,7 @@ class App:
             )
         except (AttributeError, KeyError, TypeError):  # a malformed record: the scan says so
             return None
-        return index.iter_candidates(words)
+        return index
 
     def in_order(
         self, collection: str, view: str, key_of: Callable[[Any], Any], *, reverse: bool
@@ -543,6 +541,33 @@ class App:
         except (AttributeError, KeyError, TypeError):
             return None
         return order
+
+    def page_in_order(
+        self,
+        collection: str,
+        view: str,
+        key_of: Callable[[Any], Any],
+        wanted: Callable[[Any], bool],
+        *,
+        reverse: bool,
+        limit: int,
+        offset: int,
+    ) -> list[Any]:
+        """The page (`offset`, `limit`) of the records `wanted` accepts, in the stable sort by
+        `key_of`: a committed list walks its kept order (`in_order`) and stops at the page's
+        end; any other list is filtered and sorted whole."""
+        rows = self.records(collection)
+        order = self.in_order(collection, view, key_of, reverse=reverse)
+        if order is None:
+            everything = sorted(filter(wanted, rows), key=key_of, reverse=reverse)
+            return paginate(everything, limit, offset)
+        hits: list[Any] = []
+        for at in order:
+            if wanted(rows[at]):
+                hits.append(rows[at])
+                if len(hits) >= offset + limit:
+                    break
+        return paginate(hits, limit, offset)
 
     def _matching(self, collection: str, equal: dict[str, Any]) -> list[int]:
         rows = self.records(collection)

@@ -569,19 +569,10 @@ class ShopApp(App):
                 not q or any(q in ln["title"].lower() for ln in o["lines"])
             )
 
-        orders = self.records("orders")
-        order = self.in_order("orders", "shop.newest", _placed_at, reverse=True)
-        if order is not None:  # committed: walk newest first, stop at the page's end
-            hits: list[dict[str, Any]] = []
-            for at in order:
-                if wanted(orders[at]):
-                    hits.append(orders[at])
-                    if len(hits) >= offset + limit:
-                        break
-            return cast(list[Order], paginate(hits, limit, offset))
-        rows = [o for o in orders if wanted(o)]
-        rows.sort(key=lambda o: o["placed_at"], reverse=True)
-        return cast(list[Order], paginate(rows, limit, offset))
+        page = self.page_in_order(
+            "orders", "shop.newest", _placed_at, wanted, reverse=True, limit=limit, offset=offset
+        )
+        return cast(list[Order], page)
 
     @tool()
     def shop_get_order(self, order_id: OrderId) -> Order:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from qpa.envs.sandbox.engine import ISO_DATE, PHONE, App, Offset, fail, money, paginate, tool
+from qpa.envs.sandbox.engine import ISO_DATE, PHONE, App, Offset, fail, money, tool
 
 TxType = Literal[
     "transfer_out", "transfer_in", "card_payment", "top_up", "bill_payment", "request_payment"
@@ -287,19 +287,11 @@ class WalletApp(App):
                 and (source is None or t["source"] == source)
             )
 
-        history = self.records("transactions")
-        order = self.in_order("transactions", "wallet.newest", _tx_time, reverse=True)
-        if order is not None:  # committed: walk newest first, stop at the page's end
-            hits: list[dict[str, Any]] = []
-            for at in order:
-                if wanted(history[at]):
-                    hits.append(history[at])
-                    if len(hits) >= offset + limit:
-                        break
-            return cast(list[Transaction], paginate(hits, limit, offset))
-        rows = [t for t in history if wanted(t)]
-        rows.sort(key=lambda t: t["time"], reverse=True)
-        return cast(list[Transaction], paginate(rows, limit, offset))
+        page = self.page_in_order(
+            "transactions", "wallet.newest", _tx_time, wanted, reverse=True,
+            limit=limit, offset=offset,
+        )  # fmt: skip
+        return cast(list[Transaction], page)
 
     @tool()
     def wallet_get_transaction(
