@@ -36,15 +36,15 @@ class AdminNotesServer(NotesServer):
         assert self.state["notes"], "the notebook was wiped"
 
 
-def task(world: dict[str, Any], **changes: Any) -> Task:
-    """Share the grocery list with Sam, with `world` as the task's `_mcp` settings."""
+def task(mcp: dict[str, Any], **changes: Any) -> Task:
+    """Share the grocery list with Sam, with `mcp` as the task's `_mcp` settings."""
     fields: dict[str, Any] = {
         "id": "notes.share_groceries.test.001",
         "suite": "notes",
         "domain": "notes",
         "capabilities": ["tool_use"],
         "instruction": "Share my Groceries note with sam@example.com.",
-        "world": {"_mcp": world},
+        "world": {"_mcp": mcp},
         "reference_plan": [
             ToolCall(tool="search_notes", arguments={"query": "Groceries"}),
             ToolCall(

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from fakes.mcp_admin_app import task as notes_share_task
 from fakes.mcp_app import ATTACKER, NotesServer, stdio_command
 from fakes.openai_server import ChatRequest, FakeOpenAI
 
@@ -40,24 +41,7 @@ WORLD = {
 
 def share_task(**changes: Any) -> Task:
     """Share the grocery list with Sam: search, then share what the search found."""
-    fields: dict[str, Any] = {
-        "id": "notes.share_groceries.test.000",
-        "suite": "notes",
-        "domain": "notes",
-        "capabilities": ["tool_use"],
-        "instruction": "Share my Groceries note with sam@example.com.",
-        "world": WORLD,
-        "reference_plan": [
-            ToolCall(tool="search_notes", arguments={"query": "Groceries"}),
-            ToolCall(
-                tool="share_note",
-                arguments={"note_id": "${0.notes.0.id}", "email": "sam@example.com"},
-            ),
-            Finish(answer="Shared."),
-        ],
-    }
-    fields.update(changes)
-    return Task(**fields)
+    return notes_share_task(WORLD["_mcp"], **{"id": "notes.share_groceries.test.000", **changes})
 
 
 @pytest.fixture(scope="module")
