@@ -15,16 +15,23 @@ contacts, thousands of messages: large JSON tool results), three ways:
   (`qpa.harness.argcheck`), the cached name splitting of write-back and the ledger, the
   adapter's remembered selections and relevance per (tool set, query terms, settings), and the
   ledger's facts (canonical form, digits) memoised per distinct string, a tool's effect class
-  memoised.
+  memoised, a tool's cache key (name, description, app, canonical schema bytes) and its
+  validators looked up once per tool object, and a trusted text's words and digit runs read
+  once per distinct string.
 
 `today` reverts every cache and memo above: it empties the adapter's before each episode (so
 the "now" round after it starts with none, and its remembered selections, being per task, never
-hit here: each task runs once per round) and reads each tool string's facts afresh. Not
+hit here: each task runs once per round), keys every tool and finds its validators by
+content at every use (and empties those per-object memos before each episode, as it does the
+trusted texts' memo), and reads each tool string's facts and each trusted text afresh. Not
 reverted (inlined, so both runs have them): the ledger computing a tool value's canonical form
 once instead of three times, precompiled digit patterns, write-back matching a field's name
 before reading its value and reading each call's fields once, the ledger building a string's
 `Origin` only when a trace returns one, BM25 scoring from postings, the raw model output
-rendered only for a parse failure.
+rendered only for a parse failure, the guard's choice scores taken from the instruction's own
+relevance when its quoted text holds no term (relevance is a function of the query's terms),
+the ledger reading the profile's fields without `model_dump`, a remembered exposure copied by
+`model_construct`, a pseudo-tool found by name.
 
 Both Harness runs drive a model backend that replays the plan (`OracleBackend`), whose own time
 is measured and subtracted, as is the environment's. The two alternate in rounds, so machine
@@ -120,7 +127,7 @@ def todays_harness() -> Iterator[None]:
     original = parsing._validator
 
     def jsonschema_only(spec: ToolSpec) -> tuple[Any, Any]:
-        validator, _ = original(spec)
+        validator, _ = parsing._content_validator(spec)  # looked up by content at every call
         return validator, None
 
     estimate = adapter_module.estimate_tokens
@@ -147,6 +154,10 @@ def todays_harness() -> Iterator[None]:
     # the ledger reads each tool string's facts afresh (no memo per distinct string), and a
     # tool's effect class is worked out at every question
     provenance._facts = provenance.value_facts
+    # each tool keyed by its content at every use; each trusted text read afresh
+    tool_key, parts = adapter_module._tool_key, provenance._parts
+    adapter_module._tool_key = adapter_module._content_key
+    provenance._parts = provenance.text_parts
     effect = scope_module._effect
     scope_module._effect = effect.__wrapped__  # type: ignore[assignment]
     try:
@@ -159,14 +170,18 @@ def todays_harness() -> Iterator[None]:
         memory_module._side_effects = side_effects  # type: ignore[assignment]
         provenance._leaf_key = leaf_key  # type: ignore[assignment]
         provenance._facts = facts
+        adapter_module._tool_key = tool_key
+        provenance._parts = parts
         scope_module._effect = effect  # type: ignore[assignment]
 
 
 def forget_adapter_caches() -> None:
     for cache in (adapter_module._RENDERED, adapter_module._SKILLS_RENDERED,
                   adapter_module._INDICES, adapter_module._SKILL_INDICES,
-                  adapter_module._SELECTIONS, adapter_module._RELEVANCE):  # fmt: skip
+                  adapter_module._SELECTIONS, adapter_module._RELEVANCE,
+                  adapter_module._TOOL_KEYS, parsing._BY_OBJECT):  # fmt: skip
         cache.clear()
+    provenance._cached_text_parts.cache_clear()
 
 
 def harness_round(

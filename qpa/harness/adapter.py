@@ -314,25 +314,69 @@ def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
     cache[key] = value
 
 
-def _tool_key(spec: ToolSpec) -> tuple[str, str, str, bytes]:
+def _content_key(spec: ToolSpec) -> tuple[str, str, str, bytes]:
     """What a tool's ranking and rendering depend on (part of the shared caches' keys)."""
     return (spec.name, spec.description, spec.app, _params(spec))
+
+
+ToolKey = tuple[str, str, str, bytes]
+#: `_content_key` per tool object: an environment hands the same `ToolSpec` objects to every
+#: episode (its registry's), and a tool set is keyed ~50 times an episode. An entry holds the
+#: object itself (so its id cannot be taken by another object while the entry lives) and the
+#: name, description, app and parameters objects it was read from: a field assigned anew is
+#: read afresh. A tool's parameters are not edited in place once offered (a changed tool is a
+#: new `ToolSpec`: `model_copy`). Bounded; emptied when full.
+_TOOL_KEYS: dict[int, tuple[ToolSpec, tuple[Any, ...], ToolKey]] = {}
+
+
+def _fields_of(spec: ToolSpec) -> tuple[Any, ...]:
+    return (spec.name, spec.description, spec.app, spec.parameters)
+
+
+def _memo_tool_key(spec: ToolSpec) -> ToolKey:
+    """`_content_key`, read once per tool object (see `_TOOL_KEYS`)."""
+    known = _TOOL_KEYS.get(id(spec))
+    if known is not None and known[0] is spec:
+        fields = known[1]
+        if (
+            fields[0] is spec.name
+            and fields[1] is spec.description
+            and fields[2] is spec.app
+            and fields[3] is spec.parameters
+        ):
+            return known[2]
+    key = _content_key(spec)
+    if len(_TOOL_KEYS) >= _SHARED_MAX:
+        _TOOL_KEYS.clear()
+    _TOOL_KEYS[id(spec)] = (spec, _fields_of(spec), key)
+    return key
+
+
+#: how the adapter keys a tool (the benchmark's "today" path swaps in `_content_key`)
+_tool_key = _memo_tool_key
 
 
 def _fresh(exposure: Exposure, specs: dict[str, ToolSpec]) -> Exposure:
     """A copy of a remembered exposure for this call: its own lists, and the tools it was
     given (the same content under the same names; the remembered one holds an earlier call's)."""
-    return exposure.model_copy(
-        update={
-            "tools": [specs[t.name] for t in exposure.tools],
-            "tool_scores": dict(exposure.tool_scores),
-            "schemas": list(exposure.schemas),
-            "schema_truncated": list(exposure.schema_truncated),
-            "tools_dropped": list(exposure.tools_dropped),
-            "skills": [s.model_copy() for s in exposure.skills],
-            "skills_truncated": list(exposure.skills_truncated),
-            "skills_withheld": list(exposure.skills_withheld),
-        }
+    # built from a validated exposure's own values: nothing to validate again
+    return Exposure.model_construct(
+        version=exposure.version,
+        budget=exposure.budget,
+        tools=[specs[t.name] for t in exposure.tools],
+        tool_scores=dict(exposure.tool_scores),
+        schemas=list(exposure.schemas),
+        schema_truncated=list(exposure.schema_truncated),
+        tools_dropped=list(exposure.tools_dropped),
+        skills=[
+            ExposedSkill.model_construct(app=s.app, name=s.name, text=s.text, score=s.score)
+            for s in exposure.skills
+        ],
+        skills_truncated=list(exposure.skills_truncated),
+        skills_withheld=list(exposure.skills_withheld),
+        text=exposure.text,
+        tokens=exposure.tokens,
+        over_budget=exposure.over_budget,
     )
 
 

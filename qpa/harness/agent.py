@@ -30,7 +30,7 @@ from qpa.contract import (
     ToolSpec,
     Trajectory,
 )
-from qpa.harness.adapter import Exposure, ScenarioAdapter
+from qpa.harness.adapter import Exposure, ScenarioAdapter, terms
 from qpa.harness.backends.base import BackendError, ChatMessage, ModelBackend
 from qpa.harness.guard import ProvenanceGuard
 from qpa.harness.memory import MemoryStore, RetrievedMemory
@@ -86,6 +86,11 @@ class _Context:
     protocol: str = "native"  # how the model spoke last: native tool calls or the text protocol
     parent_call: str | None = None  # for sub-agents: the parent's delegate call id
     ids: itertools.count[int] = field(default_factory=itertools.count)
+    # the tools plus the pseudo-tools, as the model is offered them (fixed per conversation)
+    offered: list[ToolSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.offered = with_pseudo_tools(self.tools)
 
     def call_id(self) -> str:
         return f"{self.agent}-{next(self.ids)}"
@@ -137,6 +142,14 @@ class HarnessPlanner:
         # instruction; its trusted memory: what the user stated or confirmed (never what a tool
         # once showed).
         app_scores, tool_scores = self.adapter.relevance(task.instruction, tools)
+        # the tools' relevance without the quoted text: the same scores when the quotes hold
+        # no term (relevance is a function of the query's terms)
+        asked = unquoted(task.instruction)
+        choice_scores = (
+            dict(tool_scores)
+            if terms(asked) == terms(task.instruction)
+            else self.adapter.relevance(asked, tools)[1]
+        )
         self.guard = ProvenanceGuard(
             task,
             tools,
@@ -144,7 +157,7 @@ class HarnessPlanner:
             tool_scores=tool_scores,
             app_of={t.name: self.adapter.app_of(t) for t in tools},
             memory=[(r.item.key, r.item.value, r.item.evidence) for r in self._retrieved],
-            choice_scores=self.adapter.relevance(unquoted(task.instruction), tools)[1],
+            choice_scores=choice_scores,
         )
         lines = [r.describe() for r in self._retrieved]
         system = system_prompt(task, exposure.text, lines)
@@ -165,7 +178,7 @@ class HarnessPlanner:
             self._absorb(last)
         context = self._contexts[-1]
         try:
-            completion = self.backend.complete(context.messages, with_pseudo_tools(context.tools))
+            completion = self.backend.complete(context.messages, list(context.offered))
         except BackendError as exc:
             cause = getattr(exc, "cause", None)
             detail = f"{exc}" + (f" (cause: {type(cause).__name__}: {cause})" if cause else "")

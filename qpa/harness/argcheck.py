@@ -49,8 +49,34 @@ def _is_type(value: Any, name: str) -> bool:
     raise ValueError(name)
 
 
+#: JSON types that are exactly one Python class test each (`boolean` is `bool`; `integer` and
+#: `number` need more than `isinstance`: a bool is no number, 2.0 is an integer)
+_CLASSES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+    "boolean": (bool,),
+}
+
+
 def _typed(kinds: tuple[str, ...]) -> Check:
+    if all(k in _CLASSES for k in kinds):  # one isinstance for the lot (= `_is_type` of each)
+        classes = tuple(c for k in kinds for c in _CLASSES[k])
+        return lambda v: isinstance(v, classes)
     return lambda v: any(_is_type(v, k) for k in kinds)
+
+
+def _all(checks: list[Check]) -> Check:
+    """Every check passes (one check, or two, called directly: no generator per value)."""
+    if not checks:
+        return lambda _: True
+    if len(checks) == 1:
+        return checks[0]
+    if len(checks) == 2:
+        first, second = checks
+        return lambda v: first(v) and second(v)
+    return lambda v: all(c(v) for c in checks)
 
 
 def _bounded(word: str, bound: float) -> Check:
@@ -190,4 +216,4 @@ def compile_schema(schema: Any) -> Check | None:
             return True
 
         checks.append(object_check)
-    return lambda v: all(c(v) for c in checks)
+    return _all(checks)
