@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from qpa.bench.gate import load_report
 from qpa.bench.scoring import Report
 from qpa.contract import CAPABILITIES, Trajectory
+from qpa.data.augment import swap_values
 from qpa.data.curate import CURATION, FAILURES_KEY, SUCCESSES_KEY
 from qpa.data.generate import check_capabilities, template_of_ids
 from qpa.data.render import Renderer, RenderError
@@ -142,6 +143,7 @@ class MixConfig(BaseModel):
     review_rows: false        # also sample the mix's rows into its own review queue
     harness: {}               # the Harness version the rows are rendered for
     harness_variants: []      # more Harness versions; each trajectory is rendered for one
+    value_swaps: 0            # value-swapped copies of each row (qpa.data.augment)
     ```
 
     The mixture's review gate is that of its inputs (curated samples, and through them the
@@ -167,6 +169,14 @@ class MixConfig(BaseModel):
         description="other Harness versions (tool caps, budgets, Skills): each drawn trajectory "
         "is rendered for one of `harness` + these, picked by a stable hash of its id, so the "
         "model learns prompts of every version it will be served with",
+    )
+    value_swaps: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="value-swapped copies of each row (`qpa.data.augment`): the values its "
+        "calls copy from the context exchanged for others the same argument takes, so a model "
+        "trained from scratch learns to copy rather than the frequent values",
     )
 
     @field_validator("input_weights")
@@ -559,6 +569,8 @@ def mix(
     )
     if not rows:
         raise DataError("the mixture is empty: no drawn trajectory has a trainable turn")
+    swapped = swap_values(rows, config.value_swaps, seed=config.seed)
+    rows += swapped
     dataset = to_dataset(rows, config.seed)
     start_batch(store)
     for stale in store.list(f"{DATASET_DIR}/"):
@@ -590,6 +602,7 @@ def mix(
         "trajectories": len(trajectories),
         "drawn": len(drawn),
         "copies": sum(i.copies for i in drawn),
+        "rows.value_swapped": len(swapped),
     }
     for cap in CAPABILITIES:
         counts[f"rows.capability.{cap}"] = sum(1 for r in rows if cap in r["capabilities"])

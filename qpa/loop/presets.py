@@ -200,6 +200,13 @@ class MixSettings(_Settings):
         description="render part of the trajectories for the widest Harness the revision can "
         "reach, so the model reads every prompt size it will be served with",
     )
+    value_swaps: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="value-swapped copies of each row (`qpa.data.augment`): copying, not "
+        "the mixture's frequent values",
+    )
     capability_weights: dict[str, float] = Field(default_factory=dict)
     difficulty_weights: dict[int, float] = Field(default_factory=dict)
     source_weights: dict[str, float] = Field(default_factory=dict)

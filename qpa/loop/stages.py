@@ -716,6 +716,7 @@ def _mix(
         include_failures=include_failures,
         harness=harness,
         harness_variants=list(harness_variants),
+        value_swaps=settings.value_swaps,
     )
     store = open_store(out)
     result = mix(

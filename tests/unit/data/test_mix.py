@@ -324,3 +324,14 @@ def test_cli_input_weights_name_the_problem(tmp_path: Path, curated_batch: str) 
             app, ["data", "mix", curated_batch, "--out", out, "--input-weight", item]
         )
         assert bad.exit_code == 2 and message in " ".join(bad.output.split()), bad.output
+
+
+def test_the_mixture_adds_swapped_rows_and_counts_them(tmp_path: Path, curated_batch: str) -> None:
+    plain = mix(open_batch(tmp_path / "plain"), [curated_batch], MixConfig(target_size=40))
+    out = tmp_path / "swapped"
+    swapped = mix(open_batch(out), [curated_batch], MixConfig(target_size=40, value_swaps=2))
+    counts = read_manifest(open_batch(out)).counts
+    assert counts["rows.value_swapped"] > 0
+    assert swapped.rows == plain.rows + counts["rows.value_swapped"]
+    ids = load_dataset_from_store(open_batch(out))["trajectory_id"]
+    assert sum("~swap" in i for i in ids) == counts["rows.value_swapped"]
