@@ -37,6 +37,13 @@ Both Harness runs drive a model backend that replays the plan (`OracleBackend`),
 is measured and subtracted, as is the environment's. The two alternate in rounds, so machine
 load falls on both alike. Aim: at most 0.5 ms per turn median.
 
+The garbage collector's time is summed as it runs (`gc.callbacks`): a collection runs inside
+whatever code allocates when a threshold is crossed, so the Harness is charged for collections
+of what the environment allocated (a phone-profile world is rebuilt at reset when it fell out
+of the environment's cache). The collector's time inside environment and backend calls goes
+with them; "less GC" is the Harness's overhead without the collections that ran inside it, and
+"GC in the Harness" those collections per turn.
+
     .venv/bin/python benchmarks/harness_overhead.py [--limit N] [--profile phone|default]
         [--clock wall|cpu]
 """
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -73,19 +81,40 @@ from qpa.harness.skills import SkillLibrary
 CLOCK = time.perf_counter
 
 
+class GcClock:
+    """The time spent in Python's garbage collector (by `CLOCK`), summed as it runs: a
+    collection runs inside whatever code allocates when a threshold is crossed, so part of
+    what the Harness is charged is collecting what the environment's worlds allocated."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = CLOCK()
+        else:
+            self.seconds += CLOCK() - self._started
+
+
+GC = GcClock()
+
+
 class TimedBackend:
     """Wraps a backend and accumulates the time spent inside it (the 'model time')."""
 
     def __init__(self, inner: OracleBackend) -> None:
         self.inner = inner
         self.seconds = 0.0
+        self.gc_seconds = 0.0  # of `seconds`, in the garbage collector
 
     def complete(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Completion:
-        t0 = CLOCK()
+        t0, gc0 = CLOCK(), GC.seconds
         try:
             return self.inner.complete(messages, tools)
         finally:
             self.seconds += CLOCK() - t0
+            self.gc_seconds += GC.seconds - gc0
 
 
 class TimedEnv:
@@ -96,13 +125,15 @@ class TimedEnv:
         self.inner = inner
         self.kind = inner.kind
         self.seconds = 0.0
+        self.gc_seconds = 0.0  # of `seconds`, in the garbage collector
 
     def _timed(self, name: str, *args: Any) -> Any:
-        t0 = CLOCK()
+        t0, gc0 = CLOCK(), GC.seconds
         try:
             return getattr(self.inner, name)(*args)
         finally:
             self.seconds += CLOCK() - t0
+            self.gc_seconds += GC.seconds - gc0
 
     def reset(self, task: Task) -> Any:
         return self._timed("reset", task)
@@ -184,12 +215,18 @@ def forget_adapter_caches() -> None:
     provenance._cached_text_parts.cache_clear()
 
 
+Round = tuple[list[float], float, int, int, list[float], float]
+
+
 def harness_round(
     sandbox: SandboxEnv, tasks: list[Task], memory: MemoryStore, *, today: bool
-) -> tuple[list[float], float, int, int]:
-    """Per-episode overhead per turn, total overhead seconds, turns and successes."""
+) -> Round:
+    """Per-episode overhead per turn, total overhead seconds, turns and successes; then the
+    per-episode overhead per turn less the garbage collector's time in it, and the collector's
+    total seconds in the Harness."""
     per_turn: list[float] = []
-    overhead_s, turns, successes = 0.0, 0, 0
+    per_turn_less_gc: list[float] = []
+    overhead_s, turns, successes, gc_s = 0.0, 0, 0, 0.0
     with todays_harness() if today else contextlib.nullcontext():
         for task in tasks:
             if today:
@@ -197,16 +234,19 @@ def harness_round(
             backend = TimedBackend(OracleBackend(task))
             planner = HarnessPlanner(backend, memory=memory)
             env = TimedEnv(sandbox)
-            t1 = CLOCK()
+            t1, gc1 = CLOCK(), GC.seconds
             trajectory = run_episode(env, task, planner)  # type: ignore[arg-type]
             elapsed = CLOCK() - t1
             overhead = elapsed - backend.seconds - env.seconds
+            collected = GC.seconds - gc1 - backend.gc_seconds - env.gc_seconds
             n = max(1, trajectory.totals.turns)
             turns += trajectory.totals.turns
             overhead_s += overhead
+            gc_s += collected
             successes += bool(trajectory.success)
             per_turn.append(overhead / n)
-    return per_turn, overhead_s, turns, successes
+            per_turn_less_gc.append((overhead - collected) / n)
+    return per_turn, overhead_s, turns, successes, per_turn_less_gc, gc_s
 
 
 def result_sizes(env: SandboxEnv, tasks: list[Task]) -> list[int]:
@@ -243,12 +283,13 @@ def main() -> None:
     base_s = CLOCK() - t0 - timed.seconds
 
     harness_round(env, tasks[:20], memory, today=False)  # warm imports and the registries
-    runs: dict[str, list[tuple[list[float], float, int, int]]] = {"today": [], "now": []}
+    gc.callbacks.append(GC)
+    runs: dict[str, list[Round]] = {"today": [], "now": []}
     for _ in range(args.rounds):
         for mode in ("today", "now"):
             runs[mode].append(harness_round(env, tasks, memory, today=mode == "today"))
 
-    def best(mode: str) -> tuple[list[float], float, int, int]:
+    def best(mode: str) -> Round:
         return min(runs[mode], key=lambda r: statistics.median(r[0]))
 
     print(
@@ -263,6 +304,8 @@ def main() -> None:
         ("Harness overhead (median episode)", lambda r: statistics.median(r[0])),
         ("Harness overhead (p95 episode)", lambda r: statistics.quantiles(r[0], n=20)[-1]),
         ("Harness overhead (mean)", lambda r: r[1] / max(1, r[2])),
+        ("  less GC (median episode)", lambda r: statistics.median(r[4])),
+        ("  GC in the Harness (mean)", lambda r: r[5] / max(1, r[2])),
     ):
         print(f"{label:36}{pick(today) * 1e3:>9.3f} ms{pick(now) * 1e3:>9.3f} ms")
     print(f"{'Harness successes':36}{today[3]:>12}{now[3]:>12}")

@@ -202,7 +202,7 @@ class HarnessPlanner:
                 feedback = Feedback.fail("malformed_action", parsed.message)
             return Decision(action, completion.usage, annotations, feedback=feedback)
         if isinstance(parsed, ToolCall):
-            used = MemoryStore.used_by(self._retrieved, parsed)
+            used = MemoryStore.used_by(self._retrieved, parsed) if self._retrieved else []
             if used:
                 annotations["memory_used"] = used
             if self.config.guard:
