@@ -125,6 +125,10 @@ async def test_an_evicted_rank_restarts_the_gang_without_using_up_the_backoff_li
     with operator(timeout=120), reported(kubelet):
         kubectl("apply", "-f", str(path))
         victim = await kubelet.eventually(lambda: rank_pod(kube_api, f"{SFT}-r0", 0), timeout=60)
+        # the rank's pod can run before the status patch that records the admission lands
+        await kube_api.eventually(
+            lambda: conditions(kube_api, SFT).get("Admitted", {}).get("status") == "True"
+        )
         admitted = conditions(kube_api, SFT)["Admitted"]
         assert admitted["status"] == "True" and admitted["message"].startswith(
             "all 1 ranks (cpu=500m, ephemeral-storage=2Gi, memory=1Gi each) fit on 1 matching"
