@@ -424,8 +424,9 @@ def local_preset() -> LoopPreset:
             mistake_rate=0.5,
             transient_error_rate=0.5,
         ),
-        mix=MixSettings(target_size=1600),
-        sft=SFTSettings(max_steps=600, batch_size=8, learning_rate=1e-3),
+        # value swaps and 3e-3: chosen on validation (docs/closed-loop.md, "SFT variants")
+        mix=MixSettings(target_size=1600, value_swaps=2),
+        sft=SFTSettings(max_steps=600, batch_size=8, learning_rate=3e-3),
         round2=Round2Settings(count=120, target_size=240),
         rl=RLSettings(steps=24, tasks_per_step=8, samples_per_task=4, learning_rate=1e-4),
     )
