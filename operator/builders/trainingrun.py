@@ -101,6 +101,9 @@ DATA_CONTAINER: Final = "data"
 REFUSAL_PREFIX: Final = "error:"
 WORK_DIR: Final = "/work"
 ATTEMPT_LABEL: Final = "qpa.ai/attempt"
+#: why the operator admitted a Job, written with the patch that un-suspends it, so every
+#: status refresh (whichever handler's lands last) reports the same admission message
+ADMITTED_ANNOTATION: Final = "qpa.ai/admitted"
 COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 EPHEMERAL_STORAGE: Final = "ephemeral-storage"
@@ -773,8 +776,10 @@ def trainingrun_status(
             observed_generation=generation, now=now,
         )  # fmt: skip
     elif state.exists and not state.finished:
+        recorded = ((job or {}).get("metadata") or {}).get("annotations") or {}
         admitted = (
             verdict.message if verdict is not None and verdict.admitted
+            else str(recorded[ADMITTED_ANNOTATION]) if recorded.get(ADMITTED_ANNOTATION)
             else previous.message if previous is not None and previous.status == "True"
             else f"all {tr.spec.nodes} ranks admitted at once"
         )  # fmt: skip

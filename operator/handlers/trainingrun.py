@@ -173,7 +173,14 @@ async def _admit(
         if not verdict.admitted:
             return verdict, None
         patched = await rt.client.patch(
-            "batch/v1", "jobs", key[0], key[1], {"spec": {"suspend": False}}
+            "batch/v1",
+            "jobs",
+            key[0],
+            key[1],
+            {
+                "metadata": {"annotations": {builder.ADMITTED_ANNOTATION: verdict.message}},
+                "spec": {"suspend": False},
+            },
         )
     return verdict, patched
 

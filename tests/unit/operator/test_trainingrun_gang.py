@@ -368,3 +368,19 @@ def test_pod_request_counts_limits_only_containers_and_init_containers_at_their_
     assert {k: str(v) for k, v in request.items()} == {
         "cpu": "4", GPU: "2", "memory": str(1024**3), "pods": "1",
     }  # fmt: skip
+
+
+def test_the_admission_message_is_the_jobs_whichever_refresh_lands_last() -> None:
+    tr = run()
+    job = ranks_job(tr)
+    job["spec"]["suspend"] = False
+    why = "all 4 ranks (gpu=8 each) fit on 4 matching nodes"
+    job["metadata"].setdefault("annotations", {})[trainingrun.ADMITTED_ANNOTATION] = why
+    # a refresh that did not make the check itself (a Job or pod event) still says why
+    refreshed = conditions(status_of(tr, job))["Admitted"]
+    assert (refreshed.status, refreshed.message) == ("True", why)
+    # and a stale generic message from an earlier refresh does not stick
+    generic = status_of(tr, {**job, "metadata": {**job["metadata"], "annotations": {}}})
+    assert conditions(generic)["Admitted"].message == "all 4 ranks admitted at once"
+    later = tr.model_copy(update={"status": generic})
+    assert conditions(status_of(later, job))["Admitted"].message == why
