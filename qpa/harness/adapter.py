@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qpa.contract import ToolSpec
 from qpa.harness.skills import Skill, SkillLibrary
+from qpa.harness.toolmemo import ToolObjectMemo
 
 __all__ = [
     "ADAPTER_VERSION",
@@ -320,36 +321,15 @@ def _content_key(spec: ToolSpec) -> tuple[str, str, str, bytes]:
 
 
 ToolKey = tuple[str, str, str, bytes]
-#: `_content_key` per tool object: an environment hands the same `ToolSpec` objects to every
-#: episode (its registry's), and a tool set is keyed ~50 times an episode. An entry holds the
-#: object itself (so its id cannot be taken by another object while the entry lives) and the
-#: name, description, app and parameters objects it was read from: a field assigned anew is
-#: read afresh. A tool's parameters are not edited in place once offered (a changed tool is a
-#: new `ToolSpec`: `model_copy`). Bounded; emptied when full.
-_TOOL_KEYS: dict[int, tuple[ToolSpec, tuple[Any, ...], ToolKey]] = {}
-
-
-def _fields_of(spec: ToolSpec) -> tuple[Any, ...]:
-    return (spec.name, spec.description, spec.app, spec.parameters)
-
-
-def _memo_tool_key(spec: ToolSpec) -> ToolKey:
-    """`_content_key`, read once per tool object (see `_TOOL_KEYS`)."""
-    known = _TOOL_KEYS.get(id(spec))
-    if known is not None and known[0] is spec:
-        fields = known[1]
-        if (
-            fields[0] is spec.name
-            and fields[1] is spec.description
-            and fields[2] is spec.app
-            and fields[3] is spec.parameters
-        ):
-            return known[2]
-    key = _content_key(spec)
-    if len(_TOOL_KEYS) >= _SHARED_MAX:
-        _TOOL_KEYS.clear()
-    _TOOL_KEYS[id(spec)] = (spec, _fields_of(spec), key)
-    return key
+#: `_content_key` per tool object (`qpa.harness.toolmemo`): a tool set is keyed ~50 times an
+#: episode, and an environment offers the same `ToolSpec` objects to every episode
+_TOOL_KEY_MEMO: ToolObjectMemo[ToolKey] = ToolObjectMemo(
+    _content_key,
+    lambda spec: (spec.name, spec.description, spec.app, spec.parameters),
+    limit=_SHARED_MAX,
+)
+_TOOL_KEYS = _TOOL_KEY_MEMO.entries
+_memo_tool_key = _TOOL_KEY_MEMO
 
 
 #: how the adapter keys a tool (the benchmark's "today" path swaps in `_content_key`)

@@ -41,6 +41,7 @@ from qpa.contract import (
     ToolSpec,
 )
 from qpa.harness.argcheck import Check, compile_schema
+from qpa.harness.toolmemo import ToolObjectMemo
 
 if TYPE_CHECKING:  # parsing sits below the backends: no runtime import of them
     from qpa.harness.backends.base import Completion
@@ -432,28 +433,6 @@ class _Parser:
 
 
 Validators = tuple[Draft202012Validator | None, Check | None]
-#: `_content_validator` per tool object (a tool set is offered to every turn of an episode, and
-#: an environment's registry offers the same objects to every episode): an entry holds the
-#: object and its name and parameters objects (a name or schema assigned anew is looked up
-#: afresh; a schema is not edited in place once offered). Bounded; emptied when full.
-_BY_OBJECT: dict[int, tuple[ToolSpec, str, dict[str, Any], Validators]] = {}
-
-
-def _memo_validator(spec: ToolSpec) -> Validators:
-    """`_content_validator`, looked up once per tool object (see `_BY_OBJECT`)."""
-    known = _BY_OBJECT.get(id(spec))
-    if (
-        known is not None
-        and known[0] is spec
-        and known[1] is spec.name
-        and known[2] is spec.parameters
-    ):
-        return known[3]
-    found = _content_validator(spec)
-    if len(_BY_OBJECT) >= 4096:
-        _BY_OBJECT.clear()
-    _BY_OBJECT[id(spec)] = (spec, spec.name, spec.parameters, found)
-    return found
 
 
 def _content_validator(spec: ToolSpec) -> Validators:
@@ -475,6 +454,13 @@ def _content_validator(spec: ToolSpec) -> Validators:
     return _VALIDATORS[key]
 
 
+#: `_content_validator` per tool object (`qpa.harness.toolmemo`): a tool set is offered to every
+#: turn of an episode, and an environment offers the same objects to every episode
+_VALIDATOR_MEMO: ToolObjectMemo[Validators] = ToolObjectMemo(
+    _content_validator, lambda spec: (spec.name, spec.parameters)
+)
+_BY_OBJECT = _VALIDATOR_MEMO.entries
+_memo_validator = _VALIDATOR_MEMO
 #: how the parser finds a tool's validators (the benchmark's "today" path swaps in
 #: `_content_validator`)
 _validator = _memo_validator
