@@ -125,6 +125,9 @@ class Decision:
     wake_at: datetime | None = None
     #: The override annotation was acted on (or was invalid): the handler removes it.
     consume_override: bool = False
+    #: The annotation's value this decision saw: only that value is removed, so a person's
+    #: newer override written meanwhile is not swallowed by a late reconcile of the old one.
+    override_seen: str | None = None
 
 
 @dataclass(frozen=True)
@@ -890,4 +893,5 @@ def next_step(hr: HarnessRelease, observed: Observed, defaults: Defaults) -> Dec
         events=tuple(machine.events),
         wake_at=machine.wake_at,
         consume_override=machine.consume,
+        override_seen=hr.metadata.annotations.get(OVERRIDE_ANNOTATION),
     )

@@ -234,17 +234,37 @@ def post(obj: Mapping[str, Any], event: release.Event) -> None:
         logger.info("HarnessRelease %s %s: %s", meta.get("name"), event.reason, event.message)
 
 
-async def remove_override(obj: Mapping[str, Any]) -> None:
+async def remove_override(obj: Mapping[str, Any], seen: str | None, attempts: int = 4) -> None:
+    """Remove `qpa.ai/override` if it still holds `seen`, the value the decision acted on.
+
+    The patch is guarded by the resourceVersion it read: a reconcile of an older body (the
+    status write of `abort` wakes one) must not delete a `promote` annotated since, whose own
+    watch event could then coalesce with the removal and never be acted on.
+    """
     rt = await runtime()
     meta = obj.get("metadata") or {}
-    patch = {"metadata": {"annotations": {OVERRIDE_ANNOTATION: None}}}
-    try:
-        await rt.client.patch(
-            API_VERSION, PLURAL, meta.get("namespace"), str(meta.get("name")), patch
-        )
-    except ApiError as exc:
-        if not exc.not_found:
-            raise
+    namespace, name = meta.get("namespace"), str(meta.get("name"))
+    current: Mapping[str, Any] | None = obj
+    for _ in range(attempts):
+        annotations = ((current or {}).get("metadata") or {}).get("annotations") or {}
+        if current is None or annotations.get(OVERRIDE_ANNOTATION) != seen:
+            return  # gone, or a newer override: its own event acts on it
+        version = (current.get("metadata") or {}).get("resourceVersion")
+        patch = {
+            "metadata": {"resourceVersion": version, "annotations": {OVERRIDE_ANNOTATION: None}}
+        }
+        try:
+            await rt.client.patch(
+                API_VERSION, PLURAL, namespace, name, patch, retry_conflicts=False
+            )
+            return
+        except ApiError as exc:
+            if exc.not_found:
+                return
+            if not exc.conflict:
+                raise
+        current = await rt.client.get(API_VERSION, PLURAL, namespace, name)
+    raise kopf.TemporaryError("the override annotation kept changing", delay=retry_delay(1))
 
 
 async def apply_children(
@@ -324,7 +344,7 @@ async def _reconcile(obj: Mapping[str, Any], views: Views, key: tuple[str, str])
         for event in decision.events:
             post(written, event)
     if decision.consume_override:
-        await remove_override(written)
+        await remove_override(written, decision.override_seen)
     latest = parse(written, HarnessRelease) or resource
     desired = release.children(latest, decision.status, rt.defaults, observed.bench, storage)
     policies = await apply_children(latest, desired, views)

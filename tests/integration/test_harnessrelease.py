@@ -425,3 +425,41 @@ async def test_reports_are_read_from_s3(
         done = await phase(kube_api, "qhr", NAME, "Promoted")
         assert done["stable"]["reportUri"] == folder + "report.json"
         assert done["scores"]["overall"] == 0.8
+
+
+async def test_a_late_reconcile_of_an_old_override_leaves_a_newer_one(
+    kube_api: KubeAPIServer, reports: Reports
+) -> None:
+    # The race CI once lost: the status write of `abort` wakes a second reconcile of the body
+    # that still says abort; by the time it removes "its" annotation a person has written
+    # `promote`. The removal must leave `promote` (its own event acts on it) and only remove
+    # the value it acted on.
+    from qpa_operator.builders.common import Defaults
+    from qpa_operator.handlers.harnessrelease import remove_override
+    from qpa_operator.handlers.runtime import STATE, Runtime
+    from qpa_operator.kube import KubeClient
+
+    body = release_body(reports.uri, store=reports.store)
+    body["metadata"]["annotations"] = {"qpa.ai/override": "abort"}
+    stale = kube_api.create(body)
+    kube_api.patch("qhr", NS, NAME, {"metadata": {"annotations": {"qpa.ai/override": "promote"}}})
+
+    def annotation() -> str | None:
+        live = kube_api.get("qhr", NS, NAME) or {}
+        return live["metadata"].get("annotations", {}).get("qpa.ai/override")
+
+    client = KubeClient(kube_api.url, retries=0)
+    STATE.runtime = Runtime(client, Defaults())
+    try:
+        await remove_override(stale, "abort")
+        assert annotation() == "promote"
+        # Acted on `promote` with an older version in hand: a 409, a re-read, still promote.
+        older = {
+            **stale,
+            "metadata": {**stale["metadata"], "annotations": {"qpa.ai/override": "promote"}},
+        }
+        await remove_override(older, "promote")
+        assert annotation() is None
+    finally:
+        STATE.runtime = None
+        await client.close()
