@@ -185,6 +185,8 @@ def todays_harness() -> Iterator[None]:
     # the ledger reads each tool string's facts afresh (no memo per distinct string), and a
     # tool's effect class is worked out at every question
     provenance._facts = provenance.value_facts
+    # the ledger indexes every tool result as it is recorded and searches each for every value
+    provenance._lazy_results = False
     # each tool keyed by its content at every use; each trusted text read afresh
     tool_key, parts = adapter_module._tool_key, provenance._parts
     adapter_module._tool_key = adapter_module._content_key
@@ -201,6 +203,7 @@ def todays_harness() -> Iterator[None]:
         memory_module._side_effects = side_effects  # type: ignore[assignment]
         provenance._leaf_key = leaf_key  # type: ignore[assignment]
         provenance._facts = facts
+        provenance._lazy_results = True
         adapter_module._tool_key = tool_key
         provenance._parts = parts
         scope_module._effect = effect  # type: ignore[assignment]

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+import orjson
+
 from qpa.contract import Task, ToolCall
 from qpa.harness.adapter import terms
 from qpa.harness.scope import unquoted
@@ -266,6 +268,10 @@ def _cached_facts(value: str) -> ValueFacts:
 #: `value_facts`)
 _facts = _cached_facts
 
+#: whether a tool result is indexed only when a trace may find something in it (`_Result`);
+#: the benchmark's "today" path sets it False: every result indexed as it is recorded
+_lazy_results = True
+
 
 @dataclass(frozen=True)
 class Origin:
@@ -371,6 +377,130 @@ class _Found:
 _Where = _Given | _Found  # what a ledger entry's origin is read from
 
 
+class _Index:
+    """What tracing searches in one tool result (or in the values the agent authored)."""
+
+    __slots__ = ("atoms", "free", "phones", "prose")
+
+    def __init__(self) -> None:
+        # values by squashed form, phone-like values by digits: (where, path in its record)
+        self.atoms: dict[str, list[tuple[_Where, str]]] = {}
+        self.phones: list[tuple[str, _Where, str]] = []
+        # every tool string: (squashed text, digits, record, path)
+        self.free: list[tuple[str, str, _Found, str]] = []
+        # prose fields of the records the request's words found: (squashed text, record, path)
+        self.prose: list[tuple[str, _Found, str]] = []
+
+
+class _Values(_Index):
+    """Values the agent authored, recorded between two tool results: always searched."""
+
+    __slots__ = ()
+
+    def index(self) -> _Index:
+        return self
+
+    def may_hold(self, squashed: str) -> bool:
+        return True
+
+    def may_hold_digits(self, digits: str) -> bool:
+        return True
+
+
+# Bytes of a result's JSON text: an escape sequence (whose letters and digits are no text's),
+# what is no ASCII letter or digit, what is no ASCII digit; the UTF-8 of the only characters
+# whose lower case holds an ASCII letter (`İ`, the Kelvin sign), which the bytes' filter misses.
+_ESCAPE = re.compile(rb"\\(?:u[0-9a-fA-F]{4}|.)")
+_ALNUM_BYTES = b"abcdefghijklmnopqrstuvwxyz0123456789"
+_LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
+_NOT_ALNUM_BYTES = bytes(b for b in range(256) if b not in _ALNUM_BYTES + _ALNUM_BYTES.upper())
+_NOT_DIGIT_BYTES = bytes(b for b in range(256) if not 0x30 <= b <= 0x39)
+_LOWERS_TO_ASCII = ("\u0130".encode(), "\u212a".encode())
+_JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
+
+
+class _Result:
+    """One recorded tool result, indexed only when a trace may find something in it.
+
+    Most results are never searched for most values: a string of the result can match a value
+    only when the value's canonical form (or a run of its number's digits) occurs in that
+    string's, and so in the result's JSON text squashed the same way (lower-case ASCII letters
+    and digits, escape sequences dropped) or in the text's digits. Every string of the result
+    is contiguous in that text, so this filter, searched at C speed, never hides a match: the
+    traced origins are those of indexing every result as it is recorded. The result is walked
+    and indexed (once) when the filter first lets a value through, as it was when recorded: an
+    observation whose JSON has changed since is indexed from the JSON it had. A result the
+    filter cannot read (what orjson cannot write, or text holding one of the two characters
+    whose lower case is an ASCII letter) is indexed at once and searched by every trace."""
+
+    __slots__ = (
+        "_digits",
+        "_index",
+        "_json",
+        "_ledger",
+        "_squashed",
+        "observation",
+        "picked",
+        "pointed",
+        "prefix",
+        "selected",
+        "wrote",
+    )
+
+    def __init__(
+        self,
+        ledger: ProvenanceLedger,
+        observation: Any,
+        prefix: str,
+        selected: bool,
+        picked: bool,
+        wrote: bool,
+        pointed: bool,
+        *,
+        lazy: bool,
+    ) -> None:
+        self._ledger: ProvenanceLedger | None = ledger
+        self.observation = observation
+        self.prefix = prefix
+        self.selected, self.picked, self.wrote, self.pointed = selected, picked, wrote, pointed
+        self._index: _Index | None = None
+        # the filter: None (no filter: every value searched) or the squashed text and digits
+        self._squashed: str | None = None
+        self._digits = ""
+        self._json: bytes | None = _json_of(observation) if lazy else None
+        if self._json is None or any(c in self._json for c in _LOWERS_TO_ASCII):
+            self.index()  # indexed now, and searched by every trace
+            return
+        data = _ESCAPE.sub(b"", self._json) if b"\\" in self._json else self._json
+        self._squashed = data.translate(_LOWER, _NOT_ALNUM_BYTES).decode("ascii")
+        self._digits = data.translate(None, _NOT_DIGIT_BYTES).decode("ascii")
+
+    def index(self) -> _Index:
+        if self._index is None:
+            assert self._ledger is not None
+            if self._json is not None and _json_of(self.observation) != self._json:
+                self.observation = orjson.loads(self._json)  # changed since: as it was
+            self._index = self._ledger._index(self)
+            self._ledger = None  # indexed: nothing more to read
+        return self._index
+
+    def may_hold(self, squashed: str) -> bool:
+        """Whether a string of the result may hold `squashed` (a canonical form) in its own."""
+        return self._squashed is None or squashed in self._squashed
+
+    def may_hold_digits(self, digits: str) -> bool:
+        """Whether a string of the result may hold the run of digits `digits` in its digits."""
+        return self._squashed is None or not digits.isascii() or digits in self._digits
+
+
+def _json_of(observation: Any) -> bytes | None:
+    """A result's JSON text (None when orjson cannot write it)."""
+    try:
+        return orjson.dumps(observation, default=str, option=_JSON_OPTIONS)
+    except (TypeError, ValueError):
+        return None
+
+
 class ProvenanceLedger:
     """Per-episode record of trusted text and of every tool value with its origin."""
 
@@ -386,13 +516,9 @@ class ProvenanceLedger:
         self.pointed_reads = frozenset(pointed_reads)
         self.instruction_terms = frozenset(terms(task.instruction))
         self._texts: list[_Text] = []
-        # values by squashed form, phone-like values by digits: (where, path in its record)
-        self._atoms: dict[str, list[tuple[_Where, str]]] = {}
-        self._phones: list[tuple[str, _Where, str]] = []
-        # every tool string: (squashed text, digits, record, path)
-        self._free: list[tuple[str, str, _Found, str]] = []
-        # prose fields of the records the request's words found: (squashed text, record, path)
-        self._prose: list[tuple[str, _Found, str]] = []
+        # what was recorded besides trusted text, in recording order: the values the agent
+        # authored and each tool result (indexed when a trace may find something in it)
+        self._segments: list[_Values | _Result] = []
         self.add_trusted(task.instruction, Origin("instruction", ""))
         for tool in task.confirmations:
             self.add_trusted(tool, Origin("confirmed", tool))
@@ -423,12 +549,17 @@ class ProvenanceLedger:
 
     def add_value(self, value: str, origin: Origin) -> None:
         given = _Given(origin)
+        last = self._segments[-1] if self._segments else None
+        values = last if isinstance(last, _Values) else None
+        if values is None:
+            values = _Values()
+            self._segments.append(values)
         digits = phone_digits(value)
         if digits:
-            self._phones.append((digits, given, ""))
+            values.phones.append((digits, given, ""))
         key = squash(value)
         if key:
-            self._atoms.setdefault(key, []).append((given, ""))
+            values.atoms.setdefault(key, []).append((given, ""))
 
     def record_result(self, step: int, call: ToolCall, observation: Any, *, wrote: bool) -> None:
         """Record what a successful call returned, with the selection its arguments earned.
@@ -448,9 +579,20 @@ class ProvenanceLedger:
                 self.add_value(value, authored)
         prefix = f"step {step} {call.tool} → "
         pointed = wrote or call.tool in self.pointed_reads
-        free, prose, phones, atoms = self._free, self._prose, self._phones, self._atoms
+        self._segments.append(
+            _Result(self, observation, prefix, selected, picked, wrote, pointed, lazy=_lazy_results)
+        )
+
+    def _index(self, result: _Result) -> _Index:
+        """Index a recorded tool result: every string of each of its records as text a value may
+        be cut from, short non-prose fields as values (by canonical form and phone digits), and
+        the prose of records the request's words found."""
+        index = _Index()
+        free, prose, phones, atoms = index.free, index.prose, index.phones, index.atoms
+        selected, picked, wrote = result.selected, result.picked, result.wrote
+        prefix, pointed = result.prefix, result.pointed
         facts_of = _facts
-        for record_path, record in _records(observation):
+        for record_path, record in _records(result.observation):
             fields = _record_strings(record)
             record_picked = picked or (selected and self._matches_request(record, fields))
             named = wrote or picked or (selected and self._titled_by_request(record))
@@ -473,6 +615,7 @@ class ProvenanceLedger:
                     phones.append((phone, found, path))
                 if squashed:
                     atoms.setdefault(squashed, []).append((found, path))
+        return index
 
     def read_selection(self, call: ToolCall) -> tuple[bool, bool]:
         """(selected, picked) for the records a read returns, from its arguments' origins: an
@@ -558,11 +701,16 @@ class ProvenanceLedger:
             if found:
                 yield text.origin
         if digits:
-            for known, where, path in self._phones:
-                if same_digits(digits, known):
+            tail = digits[-MIN_PHONE_DIGITS:]
+            for segment in self._segments:
+                if segment.may_hold_digits(tail):
+                    for known, where, path in segment.index().phones:
+                        if same_digits(digits, known):
+                            yield where.value(path)
+        for segment in self._segments:
+            if segment.may_hold(key):
+                for where, path in segment.index().atoms.get(key, ()):
                     yield where.value(path)
-        for where, path in self._atoms.get(key, ()):
-            yield where.value(path)
 
     def related_to_free_text(self, value: str) -> Origin | None:
         """The tool prose `value` is taken from, whole, reformatted or in pieces (digit runs of
@@ -572,15 +720,27 @@ class ProvenanceLedger:
         if len(key) < 3:
             return None
         domain = _domain(value)
-        for text, text_digits, found, path in self._free:
+        # what a result must hold to relate to the value: the last digits of its number or a
+        # run of 3 of them; else its canonical form or its domain
+        tail = digits[-MIN_PHONE_DIGITS:] if digits else ""
+        grams = {digits[i : i + 3] for i in range(len(digits) - 2)} if digits else set()
+        for segment in self._segments:
+            if not isinstance(segment, _Result):
+                continue  # authored values are no tool prose
             if digits:
-                if digits[-MIN_PHONE_DIGITS:] in text_digits:
+                if not (segment.may_hold_digits(tail) or any(segment.may_hold(g) for g in grams)):
+                    continue
+            elif not (segment.may_hold(key) or (domain and segment.may_hold(domain))):
+                continue
+            for text, text_digits, found, path in segment.index().free:
+                if digits:
+                    if tail in text_digits:
+                        return found.text(path)
+                    runs = _DIGITS.findall(text)
+                    if any(len(r) >= 3 and r in digits for r in runs):
+                        return found.text(path)
+                elif key in text or (domain and domain in text):
                     return found.text(path)
-                runs = _DIGITS.findall(text)
-                if any(len(r) >= 3 and r in digits for r in runs):
-                    return found.text(path)
-            elif key in text or (domain and domain in text):
-                return found.text(path)
         return None
 
     def asks_for(self, option: str) -> bool:
@@ -592,9 +752,13 @@ class ProvenanceLedger:
         """The prose field of a record the user's words found that `text` copies whole and that
         holds `destination` ("send Hiro what's in my note": the note's link goes with it)."""
         key, whole = squash(destination), squash(text)
-        for prose, found, path in self._prose:
-            if key and key in prose and prose in whole:
-                return found.prose(path)
+        if not key:
+            return None
+        for segment in self._segments:
+            if isinstance(segment, _Result) and segment.may_hold(key):
+                for prose, found, path in segment.index().prose:
+                    if key in prose and prose in whole:
+                        return found.prose(path)
         return None
 
     def mentioned_in_free_text(self, value: str) -> Origin | None:
