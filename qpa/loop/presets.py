@@ -279,6 +279,12 @@ class RLSettings(_Settings):
     """Online RL with CARE (`qpa.train.rl`) from the SFT checkpoint, through the revised Harness."""
 
     steps: int = Field(default=12, ge=1)
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        description="the RL stage's own seed (None: the loop's): RL seeds from one SFT "
+        "checkpoint (benchmarks/rl_seeds.py)",
+    )
     tasks_per_step: int = Field(default=8, ge=1)
     samples_per_task: int = Field(default=4, ge=2)
     learning_rate: float = Field(default=1e-4, gt=0)
@@ -349,11 +355,23 @@ class LoopPreset(_Settings):
         """The named settings as plain JSON data (what a stage's hash covers), with the
         removed settings of `REMOVED_SETTINGS` at their last default."""
         data = json.loads(self.model_dump_json())
-        return {name: _with_removed(name, data[name]) for name in names}
+        return {name: _with_removed(name, _without_unset(name, data[name])) for name in names}
 
     def fingerprint(self) -> str:
         """A short hash of every setting."""
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+
+OPTIONAL_SETTINGS: dict[str, tuple[str, ...]] = {"rl": ("seed",)}
+"""Settings added later with a default of None, hashed only when set, so the stages of a run
+made before keep their hash and are reused."""
+
+
+def _without_unset(section: str, data: Any) -> Any:
+    optional = OPTIONAL_SETTINGS.get(section, ())
+    if not optional or not isinstance(data, dict):
+        return data
+    return {k: v for k, v in data.items() if not (k in optional and v is None)}
 
 
 REMOVED_SETTINGS: dict[str, dict[str, Any]] = {

@@ -93,6 +93,8 @@ class StageContext:
 
     @property
     def seed(self) -> int:
+        if self.name == "rl" and self.preset.rl.seed is not None:
+            return stage_seed(self.preset.rl.seed, self.name)
         return stage_seed(self.preset.seed, self.name)
 
     def path(self, relative: str) -> Path:

@@ -172,6 +172,54 @@ def test_changed_setting_reruns_downstream_only(first_run: LoopRun) -> None:
     assert stale == ["eval_rl", "rl"]
     reseeded = {stage.name: now for stage, now in plan(preset.with_seed(1), run.out)}
     assert all(s != "skip (done)" for s in reseeded.values())
+    # The RL stage's own seed: only RL and its evaluation are stale; unset, nothing is.
+    rl_seeded = preset.model_copy(update={"rl": preset.rl.model_copy(update={"seed": 5})})
+    status = {stage.name: now for stage, now in plan(rl_seeded, run.out)}
+    assert sorted(n for n, s in status.items() if s != "skip (done)") == ["eval_rl", "rl"]
+    unset = preset.model_copy(update={"rl": preset.rl.model_copy(update={"seed": None})})
+    assert all(now == "skip (done)" for _, now in plan(unset, run.out))
+
+
+def test_rl_seeds_reruns_only_rl_and_pools_the_seeds(
+    first_run: LoopRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import rl_seeds
+
+    assert (
+        rl_seeds.main(["--loop", str(first_run.out), "--out", str(tmp_path), "--seeds", "0", "7"])
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    sft = _greedy_outcomes(first_run.out, first_run.results["eval_harness"].outputs)
+    assert result["tasks"] == len(sft) and result["sft_solved"] == sum(sft.values())
+    own_rl = _greedy_outcomes(first_run.out, first_run.results["eval_rl"].outputs)
+    for entry, seed in zip(result["seeds"], (0, 7), strict=True):
+        folder = tmp_path / f"seed-{seed}"
+        rl = _greedy_outcomes(
+            folder, json.loads((folder / "stages/eval_rl/done.json").read_text())["outputs"]
+        )
+        tasks = sorted(sft)
+        test = mcnemar_exact([sft[t] for t in tasks], [rl[t] for t in tasks])
+        assert (entry["seed"], entry["solved"], entry["b"], entry["c"]) == (
+            seed,
+            sum(rl.values()),
+            test.b,
+            test.c,
+        )
+        if seed == 0:  # the loop's own RL seed: the same run again
+            assert rl == own_rl
+        # every stage before RL was reused, not recomputed
+        for stage in ("sft", "eval_harness", "round2"):
+            assert (folder / "stages" / stage / "done.json").read_text() == (
+                first_run.out / "stages" / stage / "done.json"
+            ).read_text()
+    assert 0 < result["p_value"] <= 1
+    low, high = result["difference_ci"]
+    assert low <= result["difference"] <= high
 
 
 def _crd_schemas() -> dict[str, Any]:
