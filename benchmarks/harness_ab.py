@@ -13,7 +13,8 @@ written back by an episode is what later episodes retrieve), and writes, per epi
 - the guard's verdict (its refusal message, or none) on write calls of the episode's tools whose
   target arguments carry probe values;
 
-and, per profile, the memory written back (every user's items). Run it once per tree and compare
+and, per profile, the memory written back (every user's items; compared without the time each
+was written, which write-back takes from the clock). Run it once per tree and compare
 the two outputs (`--compare A B`): identical files mean the same behaviour on these episodes.
 
     PYTHONPATH=<tree> .venv/bin/python benchmarks/harness_ab.py --out A.json [--limit 200]
@@ -150,6 +151,14 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
+def _untimed(memory: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Memory items without the time they were written (write-back stamps the clock's)."""
+    return {
+        u: [{k: v for k, v in i.items() if k != "time"} for i in items]
+        for u, items in memory.items()
+    }
+
+
 def compare(a_path: str, b_path: str) -> int:
     a, b = (orjson.loads(Path(p).read_bytes()) for p in (a_path, b_path))
     differences = 0
@@ -168,7 +177,7 @@ def compare(a_path: str, b_path: str) -> int:
             "verdicts": sum(len(e.get("verdicts", ())) for e in ea),
             "refusals": sum(1 for e in ea for v in e.get("verdicts", ()) if v[3]),
         }
-        memory_same = _digest(pa["memory"]) == _digest(pb["memory"])
+        memory_same = _digest(_untimed(pa["memory"])) == _digest(_untimed(pb["memory"]))
         print(
             f"{profile}: {same}/{max(len(ea), len(eb))} episodes identical; memory written back "
             f"{'identical' if memory_same else 'DIFFERS'}; compared {counts}"

@@ -65,6 +65,7 @@ from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.harness import adapter as adapter_module
 from qpa.harness import agent as agent_module
+from qpa.harness import guard as guard_module
 from qpa.harness import memory as memory_module
 from qpa.harness import parsing, provenance
 from qpa.harness import scope as scope_module
@@ -187,6 +188,8 @@ def todays_harness() -> Iterator[None]:
     provenance._facts = provenance.value_facts
     # the ledger indexes every tool result as it is recorded and searches each for every value
     provenance._lazy_results = False
+    # the guard works out the request's scope and option words at the start of each episode
+    guard_module._lazy_checks = False
     # each tool keyed by its content at every use; each trusted text read afresh
     tool_key, parts = adapter_module._tool_key, provenance._parts
     adapter_module._tool_key = adapter_module._content_key
@@ -204,6 +207,7 @@ def todays_harness() -> Iterator[None]:
         provenance._leaf_key = leaf_key  # type: ignore[assignment]
         provenance._facts = facts
         provenance._lazy_results = True
+        guard_module._lazy_checks = True
         adapter_module._tool_key = tool_key
         provenance._parts = parts
         scope_module._effect = effect  # type: ignore[assignment]

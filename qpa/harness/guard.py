@@ -37,6 +37,7 @@ sub-agents: a sub-agent's goal is the main agent's text, not the user's, and add
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,6 +64,9 @@ __all__ = ["NAME_SHARE", "ProvenanceGuard"]
 NAME_SHARE = 0.4
 # Verbs that say nothing about what is configured ("set", "create", "make"...).
 GENERIC_VERBS = frozenset(terms("set create update add make get change"))
+#: whether the scope and option words only a state-changing call's check reads are worked
+#: out at the first such check (the benchmark's "today" path sets it False: at the start)
+_lazy_checks = True
 
 
 class ProvenanceGuard:
@@ -88,47 +92,70 @@ class ProvenanceGuard:
             extra_memory=list(memory),
             pointed_reads=[t.name for t in tools if t.side_effect == "read" and scores.get(t.name)],
         )
-        self.scope = RequestScope.of(
-            task,
+        # what only a state-changing call's check reads is worked out at the first one (a
+        # read-only episode never needs it): the request's scope and the option words
+        self._tool_list = list(tools)
+        self._app_scores = app_scores or {}
+        self._tool_scores = scores
+        self._choice = choice_scores if choice_scores is not None else scores
+        # (effect class, argument) -> the distinct targets acted on so far in the episode
+        self._targets: dict[tuple[str, str], set[str]] = {}
+        self._steps = 0
+        if not _lazy_checks:  # the benchmark's "today" path: worked out here, as before
+            _ = (self.scope, self._named_terms, self._strong_terms, self._top_app_tools)
+
+    @functools.cached_property
+    def scope(self) -> RequestScope:
+        """The request's scope (`RequestScope`): which apps, tools and effects it is about."""
+        tools = self._tool_list
+        return RequestScope.of(
+            self.task,
             [(t, self.app_of.get(t.name, t.app)) for t in tools],
-            app_scores or {},
-            tool_scores or {},
+            self._app_scores,
+            self._tool_scores,
         )
-        # option words of the tools the request's words touch ("connect my headphones" names
-        # the Bluetooth tools), measured without the instruction's quoted text: "my 'Guest
-        # Wi-Fi' note" names no Wi-Fi tool
-        choice = choice_scores if choice_scores is not None else scores
-        self._named_terms = frozenset(
+
+    @functools.cached_property
+    def _named_terms(self) -> frozenset[str]:
+        """Option words of the tools the request's words touch ("connect my headphones" names
+        the Bluetooth tools), measured without the instruction's quoted text: "my 'Guest
+        Wi-Fi' note" names no Wi-Fi tool."""
+        return frozenset(
             t
-            for name, score in choice.items()
+            for name, score in self._choice.items()
             if score > 0
             for t in terms(_action(name, self.app_of.get(name, "")))
         )
-        # option words of the tools the request's words point at clearly (at least
-        # `NAME_SHARE` of the best tool of their app): only these name a configuration
-        # ("connect my headphones" names Bluetooth; "set up my rent payment" names no Wi-Fi)
+
+    @functools.cached_property
+    def _strong_terms(self) -> frozenset[str]:
+        """Option words of the tools the request's words point at clearly (at least
+        `NAME_SHARE` of the best tool of their app): only these name a configuration ("connect
+        my headphones" names Bluetooth; "set up my rent payment" names no Wi-Fi)."""
+        choice = self._choice
         best: dict[str, float] = {}
         for name, score in choice.items():
             app = self.app_of.get(name, "")
             best[app] = max(best.get(app, 0.0), score)
-        self._strong_terms = frozenset(
+        return frozenset(
             t
             for name, score in choice.items()
             if score > 0 and score >= NAME_SHARE * best[self.app_of.get(name, "")]
             for t in terms(_action(name, self.app_of.get(name, "")))
         )
-        # the tools of the app the request is about (its top app): only they may change a
-        # record the request merely listed ("cancel my Masala House order" makes no wallet
-        # change, though refunds make the wallet relevant)
-        top = max((app_scores or {}).values(), default=0.0)
-        self._top_app_tools = frozenset(
+
+    @functools.cached_property
+    def _top_app_tools(self) -> frozenset[str]:
+        """The tools of the app the request is about (its top app): only they may change a
+        record the request merely listed ("cancel my Masala House order" makes no wallet
+        change, though refunds make the wallet relevant)."""
+        app_scores = self._app_scores
+        top = max(app_scores.values(), default=0.0)
+        return frozenset(
             t.name
-            for t in tools
-            if top <= 0 or (app_scores or {}).get(self.app_of.get(t.name, ""), 0.0) >= top
+            for t in self._tool_list
+            if top <= 0 or app_scores.get(self.app_of.get(t.name, ""), 0.0) >= top
         )
-        # (effect class, argument) -> the distinct targets acted on so far in the episode
-        self._targets: dict[tuple[str, str], set[str]] = {}
-        self._steps = 0
 
     # ------------------------------------------------------------------ recording
     def record(self, call: ToolCall, feedback: Feedback) -> None:

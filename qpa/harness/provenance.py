@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -397,14 +397,8 @@ class _Values(_Index):
 
     __slots__ = ()
 
-    def index(self) -> _Index:
-        return self
-
-    def may_hold(self, squashed: str) -> bool:
-        return True
-
-    def may_hold_digits(self, digits: str) -> bool:
-        return True
+    def indices(self, wanted: Callable[[_Filter], bool]) -> Iterator[_Index]:
+        yield self
 
 
 # Bytes of a result's JSON text: an escape sequence (whose letters and digits are no text's),
@@ -419,26 +413,79 @@ _LOWERS_TO_ASCII = ("\u0130".encode(), "\u212a".encode())
 _JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
-class _Result:
-    """One recorded tool result, indexed only when a trace may find something in it.
+class _Filter:
+    """What a string of a tool result (or of one of its records) can match: the JSON text
+    squashed like `squash` (lower-case ASCII letters and digits, escape sequences dropped) and
+    its ASCII digits, read from the JSON when first searched. Every string in the JSON is
+    contiguous in both, so a value whose canonical form (or a run of whose number's digits) is
+    not there matches no string of it. `open`: no filter (every value searched). `checked`: the
+    text is known to hold neither character whose lower case is an ASCII letter."""
 
-    Most results are never searched for most values: a string of the result can match a value
-    only when the value's canonical form (or a run of its number's digits) occurs in that
-    string's, and so in the result's JSON text squashed the same way (lower-case ASCII letters
-    and digits, escape sequences dropped) or in the text's digits. Every string of the result
-    is contiguous in that text, so this filter, searched at C speed, never hides a match: the
-    traced origins are those of indexing every result as it is recorded. The result is walked
-    and indexed (once) when the filter first lets a value through, as it was when recorded: an
-    observation whose JSON has changed since is indexed from the JSON it had. A result the
-    filter cannot read (what orjson cannot write, or text holding one of the two characters
-    whose lower case is an ASCII letter) is indexed at once and searched by every trace."""
+    __slots__ = ("_data", "_digits", "_squashed", "open")
+
+    def __init__(self, data: bytes | None, *, checked: bool = False) -> None:
+        self.open = data is None or (
+            not checked and not data.isascii() and any(c in data for c in _LOWERS_TO_ASCII)
+        )
+        self._data = data or b""
+        self._squashed: str | None = None
+        self._digits = ""
+
+    def _read(self) -> str:
+        data = self._data
+        if b"\\" in data:
+            data = _ESCAPE.sub(b"", data)
+        self._digits = data.translate(None, _NOT_DIGIT_BYTES).decode("ascii")
+        self._squashed = data.translate(_LOWER, _NOT_ALNUM_BYTES).decode("ascii")
+        return self._squashed
+
+    def may_hold(self, squashed: str) -> bool:
+        """Whether a string may hold `squashed` (a canonical form) in its own."""
+        if self.open:
+            return True
+        return squashed in (self._squashed if self._squashed is not None else self._read())
+
+    def may_hold_digits(self, digits: str) -> bool:
+        """Whether a string may hold the run of digits `digits` in its digits."""
+        if self.open or not digits.isascii():
+            return True
+        if self._squashed is None:
+            self._read()
+        return digits in self._digits
+
+
+_OPEN = _Filter(None)
+
+
+class _Record:
+    """One record of a recorded tool result: its filter, and its index once built."""
+
+    __slots__ = ("filter", "index", "path", "record")
+
+    def __init__(self, path: str, record: dict[str, Any], lazy: bool) -> None:
+        self.path, self.record = path, record
+        self.filter = _Filter(_json_of(record), checked=True) if lazy else _OPEN
+        self.index: _Index | None = None
+
+
+class _Result:
+    """One recorded tool result, whose records are indexed only when a trace may find something
+    in them.
+
+    Most records are never searched for most values: a string can match a value only when the
+    value's canonical form (or a run of its number's digits) occurs in that string's, and so in
+    the `_Filter` of the result's JSON text, and in its record's. Those filters are searched at
+    C speed; a record is walked and indexed (once) only when its filter lets a value through,
+    so the traced origins are those of indexing every result as it is recorded. The result is
+    read as it was when recorded: one whose JSON has changed since is read from the JSON it had.
+    A result the filter cannot read (what orjson cannot write, or text holding one of the two
+    characters whose lower case is an ASCII letter) is indexed at once and searched always."""
 
     __slots__ = (
-        "_digits",
-        "_index",
         "_json",
         "_ledger",
-        "_squashed",
+        "_records",
+        "filter",
         "observation",
         "picked",
         "pointed",
@@ -459,44 +506,45 @@ class _Result:
         *,
         lazy: bool,
     ) -> None:
-        self._ledger: ProvenanceLedger | None = ledger
+        self._ledger = ledger
         self.observation = observation
         self.prefix = prefix
         self.selected, self.picked, self.wrote, self.pointed = selected, picked, wrote, pointed
-        self._index: _Index | None = None
-        # the filter: None (no filter: every value searched) or the squashed text and digits
-        self._squashed: str | None = None
-        self._digits = ""
-        self._json: bytes | None = _json_of(observation) if lazy else None
-        if self._json is None or any(c in self._json for c in _LOWERS_TO_ASCII):
-            self.index()  # indexed now, and searched by every trace
-            return
-        data = _ESCAPE.sub(b"", self._json) if b"\\" in self._json else self._json
-        self._squashed = data.translate(_LOWER, _NOT_ALNUM_BYTES).decode("ascii")
-        self._digits = data.translate(None, _NOT_DIGIT_BYTES).decode("ascii")
+        self._json = _json_of(observation) if lazy else None
+        self.filter = _Filter(self._json) if lazy else _OPEN
+        self._records: list[_Record] | None = None
+        if self.filter.open:
+            for record in self.records():  # indexed now, and searched by every trace
+                self._index(record)
 
-    def index(self) -> _Index:
-        if self._index is None:
-            assert self._ledger is not None
-            if self._json is not None and _json_of(self.observation) != self._json:
+    def records(self) -> list[_Record]:
+        """The result's records (`_records`), as it was when recorded."""
+        if self._records is None:
+            lazy = not self.filter.open
+            if lazy and _json_of(self.observation) != self._json:
+                assert self._json is not None
                 self.observation = orjson.loads(self._json)  # changed since: as it was
-            self._index = self._ledger._index(self)
-            self._ledger = None  # indexed: nothing more to read
-        return self._index
+            self._records = [_Record(p, r, lazy) for p, r in _records(self.observation)]
+        return self._records
 
-    def may_hold(self, squashed: str) -> bool:
-        """Whether a string of the result may hold `squashed` (a canonical form) in its own."""
-        return self._squashed is None or squashed in self._squashed
+    def _index(self, record: _Record) -> _Index:
+        if record.index is None:
+            record.index = self._ledger._index(self, record.path, record.record)
+        return record.index
 
-    def may_hold_digits(self, digits: str) -> bool:
-        """Whether a string of the result may hold the run of digits `digits` in its digits."""
-        return self._squashed is None or not digits.isascii() or digits in self._digits
+    def indices(self, wanted: Callable[[_Filter], bool]) -> Iterator[_Index]:
+        """The indices of the records whose filter `wanted` lets through, in order."""
+        if not wanted(self.filter):
+            return
+        for record in self.records():
+            if wanted(record.filter):
+                yield self._index(record)
 
 
-def _json_of(observation: Any) -> bytes | None:
-    """A result's JSON text (None when orjson cannot write it)."""
+def _json_of(value: Any) -> bytes | None:
+    """A result's (or a record's) JSON text (None when orjson cannot write it)."""
     try:
-        return orjson.dumps(observation, default=str, option=_JSON_OPTIONS)
+        return orjson.dumps(value, default=str, option=_JSON_OPTIONS)
     except (TypeError, ValueError):
         return None
 
@@ -583,38 +631,37 @@ class ProvenanceLedger:
             _Result(self, observation, prefix, selected, picked, wrote, pointed, lazy=_lazy_results)
         )
 
-    def _index(self, result: _Result) -> _Index:
-        """Index a recorded tool result: every string of each of its records as text a value may
+    def _index(self, result: _Result, record_path: str, record: dict[str, Any]) -> _Index:
+        """Index one record of a recorded tool result: each of its strings as text a value may
         be cut from, short non-prose fields as values (by canonical form and phone digits), and
-        the prose of records the request's words found."""
+        the prose of a record the request's words found."""
         index = _Index()
         free, prose, phones, atoms = index.free, index.prose, index.phones, index.atoms
         selected, picked, wrote = result.selected, result.picked, result.wrote
-        prefix, pointed = result.prefix, result.pointed
+        fields = _record_strings(record)
+        record_picked = picked or (selected and self._matches_request(record, fields))
+        named = wrote or picked or (selected and self._titled_by_request(record))
+        pointed = result.pointed
+        flags = (selected, selected and record_picked, selected and named, selected and pointed)
+        keep_prose = selected and named
+        record_leaf = _leaf_key(record_path)
+        found = _Found(result.prefix, record_path, flags)
         facts_of = _facts
-        for record_path, record in _records(result.observation):
-            fields = _record_strings(record)
-            record_picked = picked or (selected and self._matches_request(record, fields))
-            named = wrote or picked or (selected and self._titled_by_request(record))
-            flags = (selected, selected and record_picked, selected and named, selected and pointed)
-            keep_prose = selected and named
-            record_leaf = _leaf_key(record_path)
-            found = _Found(prefix, record_path, flags)
-            for path, value in fields:
-                key = _leaf_key(path) or record_leaf  # = the full path's leaf
-                squashed, digits, phone, wordy = facts_of(value)
-                # every tool string is text a value may be cut or reformatted from; only a
-                # short, non-prose field's whole value is a value in its own right
-                free.append((squashed, digits, found, path))
-                free_text = wordy or key in FREE_TEXT_KEYS  # = is_free_text(key, value)
-                if free_text:
-                    if keep_prose and squashed:
-                        prose.append((squashed, found, path))
-                    continue
-                if phone:
-                    phones.append((phone, found, path))
-                if squashed:
-                    atoms.setdefault(squashed, []).append((found, path))
+        for path, value in fields:
+            key = _leaf_key(path) or record_leaf  # = the full path's leaf
+            squashed, digits, phone, wordy = facts_of(value)
+            # every tool string is text a value may be cut or reformatted from; only a short,
+            # non-prose field's whole value is a value in its own right
+            free.append((squashed, digits, found, path))
+            free_text = wordy or key in FREE_TEXT_KEYS  # = is_free_text(key, value)
+            if free_text:
+                if keep_prose and squashed:
+                    prose.append((squashed, found, path))
+                continue
+            if phone:
+                phones.append((phone, found, path))
+            if squashed:
+                atoms.setdefault(squashed, []).append((found, path))
         return index
 
     def read_selection(self, call: ToolCall) -> tuple[bool, bool]:
@@ -702,14 +749,22 @@ class ProvenanceLedger:
                 yield text.origin
         if digits:
             tail = digits[-MIN_PHONE_DIGITS:]
+
+            def with_tail(f: _Filter) -> bool:
+                return f.may_hold_digits(tail)
+
             for segment in self._segments:
-                if segment.may_hold_digits(tail):
-                    for known, where, path in segment.index().phones:
+                for index in segment.indices(with_tail):
+                    for known, where, path in index.phones:
                         if same_digits(digits, known):
                             yield where.value(path)
+
+        def with_key(f: _Filter) -> bool:
+            return f.may_hold(key)
+
         for segment in self._segments:
-            if segment.may_hold(key):
-                for where, path in segment.index().atoms.get(key, ()):
+            for index in segment.indices(with_key):
+                for where, path in index.atoms.get(key, ()):
                     yield where.value(path)
 
     def related_to_free_text(self, value: str) -> Origin | None:
@@ -724,15 +779,19 @@ class ProvenanceLedger:
         # run of 3 of them; else its canonical form or its domain
         tail = digits[-MIN_PHONE_DIGITS:] if digits else ""
         grams = {digits[i : i + 3] for i in range(len(digits) - 2)} if digits else set()
-        for segment in self._segments:
-            if not isinstance(segment, _Result):
-                continue  # authored values are no tool prose
+
+        def related(f: _Filter) -> bool:
             if digits:
-                if not (segment.may_hold_digits(tail) or any(segment.may_hold(g) for g in grams)):
-                    continue
-            elif not (segment.may_hold(key) or (domain and segment.may_hold(domain))):
-                continue
-            for text, text_digits, found, path in segment.index().free:
+                return f.may_hold_digits(tail) or any(f.may_hold(g) for g in grams)
+            return f.may_hold(key) or bool(domain and f.may_hold(domain))
+
+        for index in (
+            index
+            for segment in self._segments
+            if isinstance(segment, _Result)  # authored values are no tool prose
+            for index in segment.indices(related)
+        ):
+            for text, text_digits, found, path in index.free:
                 if digits:
                     if tail in text_digits:
                         return found.text(path)
@@ -754,11 +813,16 @@ class ProvenanceLedger:
         key, whole = squash(destination), squash(text)
         if not key:
             return None
+
+        def with_key(f: _Filter) -> bool:
+            return f.may_hold(key)
+
         for segment in self._segments:
-            if isinstance(segment, _Result) and segment.may_hold(key):
-                for prose, found, path in segment.index().prose:
-                    if key in prose and prose in whole:
-                        return found.prose(path)
+            if isinstance(segment, _Result):
+                for index in segment.indices(with_key):
+                    for prose, found, path in index.prose:
+                        if key in prose and prose in whole:
+                            return found.prose(path)
         return None
 
     def mentioned_in_free_text(self, value: str) -> Origin | None:

@@ -6,8 +6,8 @@ a run of its number's digits, occurs there. These tests check that this changes 
 random results (nested records, phone numbers, addresses, prose, escapes, non-ASCII letters and
 digits, the two characters whose lower case is an ASCII letter) a lazy ledger traces every
 probe as an eager one does; that a value only an early result holds is still traced to it
-after many later results; that a result unsearched so far is not walked; and that the guard
-refuses what it refused before, with the same message.
+after many later results; that results and records that cannot hold a value are not walked;
+and that the guard refuses what it refused before, with the same message.
 """
 
 from __future__ import annotations
@@ -161,8 +161,21 @@ def test_a_value_only_an_early_result_holds_is_still_traced_to_it() -> None:
     assert text is not None and text.detail == "text of step 1 contacts_get → phone"
     # the later results hold no such value: none of them was walked to find it
     results = [s for s in ledger._segments if isinstance(s, provenance._Result)]
-    assert results[0]._index is not None
-    assert all(r._index is None for r in results[1:])
+    assert [r.index is not None for r in results[0].records()] == [True]
+    assert all(r._records is None for r in results[1:])
+
+
+def test_only_the_records_that_may_hold_a_value_are_indexed() -> None:
+    ledger = ProvenanceLedger(_task("Call the plumber back"))
+    contacts = [
+        {"id": f"c_{i}", "name": f"Person {i}", "phone": f"555-01{i:02d}777"} for i in range(20)
+    ]
+    ledger.record_result(1, ToolCall(tool="contacts_list", arguments={}), contacts, wrote=False)
+    origin = ledger.trace("555 0107 777")
+    assert origin is not None and origin.detail == "step 1 contacts_list → 7.phone"
+    (result,) = ledger._segments
+    assert isinstance(result, provenance._Result)
+    assert [i for i, r in enumerate(result.records()) if r.index is not None] == [7]
 
 
 def test_a_result_changed_after_it_was_recorded_is_indexed_as_it_was() -> None:
@@ -180,7 +193,8 @@ def test_a_result_the_filter_cannot_read_is_searched_for_every_value() -> None:
     huge = {"id": "c_1", "name": "Maya Chen", "phone": "555-0142777", "n": 2**70}
     ledger.record_result(1, ToolCall(tool="contacts_get", arguments={}), huge, wrote=False)
     (result,) = ledger._segments
-    assert isinstance(result, provenance._Result) and result._index is not None
+    assert isinstance(result, provenance._Result)
+    assert result.filter.open and all(r.index is not None for r in result.records())
     origin = ledger.trace("555 0142 777")
     assert origin is not None and origin.detail == "step 1 contacts_get → phone"
 
