@@ -217,7 +217,8 @@ def forget_adapter_caches() -> None:
     for cache in (adapter_module._RENDERED, adapter_module._SKILLS_RENDERED,
                   adapter_module._INDICES, adapter_module._SKILL_INDICES,
                   adapter_module._SELECTIONS, adapter_module._RELEVANCE,
-                  adapter_module._TOOL_KEYS, parsing._BY_OBJECT):  # fmt: skip
+                  adapter_module._TOOL_KEYS, parsing._BY_OBJECT,
+                  adapter_module._SET_RENDERED, adapter_module._HEADER_TOKENS):  # fmt: skip
         cache.clear()
     provenance._cached_text_parts.cache_clear()
 

@@ -306,6 +306,10 @@ _SKILL_INDICES: dict[tuple[tuple[str, str, str], ...], BM25] = {}
 #: under an adapter's settings: the same task's samples, and any instruction with the same
 #: terms, are ranked and rendered once. An answer is copied out, never handed over.
 _SELECTIONS: dict[tuple[Any, ...], Exposure] = {}
+#: a tool set's renderings and token counts by tool name (`_rendered` of each), and a token
+#: counter's count of the two section headers: per tool set, not per task
+_SET_RENDERED: dict[tuple[Any, ...], dict[str, tuple[str, str, int, int]]] = {}
+_HEADER_TOKENS: dict[Any, tuple[int, int]] = {}
 _RELEVANCE: dict[tuple[Any, ...], tuple[dict[str, float], dict[str, float]]] = {}
 
 
@@ -470,9 +474,8 @@ class ScenarioAdapter:
         }
         ranked_skills = sorted(candidates, key=lambda s: -skill_score[s.id])
 
-        tool_keys = {s.name: k for s, k in zip(specs, keys, strict=True)}
         return self._budget(
-            ranked, tool_score, dropped, ranked_skills, skill_score, withheld, tool_keys
+            ranked, tool_score, dropped, ranked_skills, skill_score, withheld, specs, keys
         )
 
     def relevance(
@@ -554,6 +557,17 @@ class ScenarioAdapter:
             _remember(_RENDERED, key, hit)
         return hit
 
+    def _set_rendered(
+        self, specs: list[ToolSpec], keys: list[tuple[str, str, str, bytes]]
+    ) -> dict[str, tuple[str, str, int, int]]:
+        """`_rendered` of each tool of a set by name (memoised by the set's content)."""
+        key = (self.count_tokens, *keys)
+        hit = _SET_RENDERED.get(key)
+        if hit is None:
+            hit = {s.name: self._rendered(s, k) for s, k in zip(specs, keys, strict=True)}
+            _remember(_SET_RENDERED, key, hit)
+        return hit
+
     def _skill_rendered(self, skill: Skill) -> tuple[str, int]:
         key = (self.count_tokens, skill.id, skill.app, skill.name, skill.text)
         hit = _SKILLS_RENDERED.get(key)
@@ -571,21 +585,27 @@ class ScenarioAdapter:
         ranked_skills: list[Skill],
         skill_score: dict[str, float],
         withheld: list[str],
-        tool_keys: dict[str, tuple[str, str, str, bytes]],
+        specs: list[ToolSpec],
+        keys: list[tuple[str, str, str, bytes]],
     ) -> Exposure:
         count = self.count_tokens
-        rendered = {s.name: self._rendered(s, tool_keys[s.name]) for s in ranked}
+        of_set = self._set_rendered(specs, keys)
+        rendered = {s.name: of_set[s.name] for s in ranked}
         compact = {name: r[0] for name, r in rendered.items()}
         full = {name: r[1] for name, r in rendered.items()}
         skills_rendered = {s.id: self._skill_rendered(s) for s in ranked_skills}
         skill_text = {sid: r[0] for sid, r in skills_rendered.items()}
-        used = (count(TOOLS_HEADER) if ranked else 0) + sum(r[2] for r in rendered.values())
+        headers = _HEADER_TOKENS.get(count)
+        if headers is None:
+            headers = (count(TOOLS_HEADER), count(SKILLS_HEADER))
+            _remember(_HEADER_TOKENS, count, headers)
+        tools_header, skills_header = headers
+        used = (tools_header if ranked else 0) + sum(r[2] for r in rendered.values())
         over = used > self.token_budget
 
         with_schema: list[str] = []  # order of upgrade, for trimming from the end
         chosen_skills: list[str] = []
         added: list[tuple[str, str]] = []  # ("schema"|"skill", id) in spending order
-        skills_header = count(SKILLS_HEADER)
 
         def try_schema(name: str) -> None:
             nonlocal used
@@ -633,9 +653,7 @@ class ScenarioAdapter:
             piece spans a newline), so the parts' known counts add up to the same number."""
             if count is not estimate_tokens:
                 return count(text)
-            tokens = (count(TOOLS_HEADER) if ranked else 0) + (
-                skills_header if chosen_skills else 0
-            )
+            tokens = (tools_header if ranked else 0) + (skills_header if chosen_skills else 0)
             tokens += sum(
                 rendered[s.name][3] if s.name in with_schema else rendered[s.name][2]
                 for s in ranked

@@ -39,12 +39,12 @@ class ToolObjectMemo(Generic[V]):
     def __call__(self, spec: ToolSpec) -> V:
         current = self.fields(spec)
         known = self.entries.get(id(spec))
-        if (
-            known is not None
-            and known[0] is spec
-            and all(a is b for a, b in zip(known[1], current, strict=True))
-        ):
-            return known[2]
+        if known is not None and known[0] is spec:
+            for was, now in zip(known[1], current, strict=True):
+                if was is not now:
+                    break
+            else:
+                return known[2]
         value = self.compute(spec)
         if len(self.entries) >= self.limit:
             self.entries.clear()
