@@ -23,7 +23,12 @@ contacts, thousands of messages: large JSON tool results), three ways:
 the "now" round after it starts with none, and its remembered selections, being per task, never
 hit here: each task runs once per round), keys every tool and finds its validators by
 content at every use (and empties those per-object memos before each episode, as it does the
-trusted texts' memo), and reads each tool string's facts and each trusted text afresh. Not
+trusted texts' memo), and reads each tool string's facts and each trusted text afresh. It
+also reverts the third round's laziness: the ledger indexes every tool result as it is
+recorded and searches each whole for every value (`provenance._lazy_results`), the guard works
+out the request's scope and option words at the start of each episode
+(`guard._lazy_checks`), and the per-tool-set renderings and header counts are emptied before
+each episode. Not
 reverted (inlined, so both runs have them): the ledger computing a tool value's canonical form
 once instead of three times, precompiled digit patterns, write-back matching a field's name
 before reading its value and reading each call's fields once, the ledger building a string's
