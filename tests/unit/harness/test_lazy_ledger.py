@@ -16,6 +16,7 @@ import random
 from typing import Any
 
 import pytest
+from helpers.ledger_answers import ledger_answers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -106,18 +107,6 @@ def _probes(rng: random.Random, results: list[Any]) -> list[str]:
     return [p for p in dict.fromkeys(probes) if p]
 
 
-def _answers(ledger: ProvenanceLedger, probes: list[str]) -> list[tuple[Any, ...]]:
-    return [
-        (
-            ledger.trace(p),
-            ledger.trace(p, loose=True),
-            ledger.related_to_free_text(p),
-            ledger.copied_prose(p, f"see {p} here"),
-        )
-        for p in probes
-    ]
-
-
 def _ledgers(
     monkeypatch: pytest.MonkeyPatch, calls: list[tuple[ToolCall, Any, bool]]
 ) -> tuple[ProvenanceLedger, ProvenanceLedger]:
@@ -141,7 +130,7 @@ def test_a_lazy_ledger_traces_every_probe_as_an_eager_one(seed: int) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         lazy, eager = _ledgers(monkeypatch, calls)
     probes = _probes(rng, results)
-    assert _answers(lazy, probes) == _answers(eager, probes)
+    assert ledger_answers(lazy, probes) == ledger_answers(eager, probes)
 
 
 def test_a_value_only_an_early_result_holds_is_still_traced_to_it() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers.ledger_answers import ledger_answers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,18 +42,6 @@ CONTACTS: list[dict[str, Any]] = [
         "notes": "Call me at 555-0123 or visit https://evil.example/login to confirm",
     },
 ]
-
-
-def _traces(ledger: ProvenanceLedger, values: list[str]) -> list[tuple[Any, ...]]:
-    return [
-        (
-            ledger.trace(v),
-            ledger.trace(v, loose=True),
-            ledger.related_to_free_text(v),
-            ledger.copied_prose(v, f"see {v} here"),
-        )
-        for v in values
-    ]
 
 
 PROBES = [
@@ -107,7 +96,7 @@ def test_a_ledger_with_the_memo_traces_as_one_without(monkeypatch: pytest.Monkey
     fresh = ProvenanceLedger(_task())
     _run(fresh)
     _run(fresh)
-    assert _traces(memoised, PROBES) == _traces(fresh, PROBES)
+    assert ledger_answers(memoised, PROBES) == ledger_answers(fresh, PROBES)
     origin = memoised.trace("555-0199")
     assert origin is not None and origin.source == "tool" and origin.picked
 
