@@ -273,6 +273,12 @@ class Round2Settings(_Settings):
     weak_threshold: float = Field(default=0.7, gt=0.0, le=1.0)
     weak_boost: float = Field(default=2.0, ge=0.0)
     target_size: int = Field(default=240, ge=1, description="RL task pool: mixture draws")
+    pool: Literal["mixture", "learnable"] = Field(
+        default="mixture",
+        description="the RL pool: `mixture`, the round-2 mixture's draws (weighted to the "
+        "weaknesses); `learnable`, round 1's and round 2's tasks with each template's share "
+        "p(1-p) of its validation success (`qpa.train.rl.tasks.learnable_pool`)",
+    )
 
 
 class RLSettings(_Settings):
@@ -292,6 +298,9 @@ class RLSettings(_Settings):
     max_new_tokens: int = Field(default=96, ge=8)
     micro_batch_size: int = Field(default=8, ge=1)
     clip_high: float = Field(default=0.28, ge=0.0)
+    beta: float = Field(
+        default=0.0, ge=0.0, description="KL coefficient to the SFT model (0: no reference)"
+    )
     warmup_steps: int = Field(default=1, ge=0)
     checkpoint_every: int = Field(default=4, ge=1)
     care: CareSettings = Field(
@@ -362,16 +371,19 @@ class LoopPreset(_Settings):
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
 
-OPTIONAL_SETTINGS: dict[str, tuple[str, ...]] = {"rl": ("seed",)}
-"""Settings added later with a default of None, hashed only when set, so the stages of a run
-made before keep their hash and are reused."""
+OPTIONAL_SETTINGS: dict[str, dict[str, Any]] = {
+    "rl": {"seed": None, "beta": 0.0},
+    "round2": {"pool": "mixture"},
+}
+"""Settings added later, with their default: hashed only when set to something else, so the
+stages of a run made before keep their hash and are reused."""
 
 
 def _without_unset(section: str, data: Any) -> Any:
-    optional = OPTIONAL_SETTINGS.get(section, ())
+    optional = OPTIONAL_SETTINGS.get(section, {})
     if not optional or not isinstance(data, dict):
         return data
-    return {k: v for k, v in data.items() if not (k in optional and v is None)}
+    return {k: v for k, v in data.items() if not (k in optional and v == optional[k])}
 
 
 REMOVED_SETTINGS: dict[str, dict[str, Any]] = {

@@ -1048,10 +1048,7 @@ def stage_round2(ctx: StageContext) -> dict[str, Any]:
         weak_threshold=settings.weak_threshold,
         weak_boost=settings.weak_boost,
     )
-    pool: list[Task] = []
-    for item in result.plan.drawn:
-        pool += [item.trajectory.task] * item.copies
-    pool.sort(key=lambda t: t.id)
+    pool = _rl_pool(ctx, generated, result.plan.drawn, weakness)
     write_jsonl(ctx.dir / "rl_pool.jsonl", pool)
     weights = dict(result.manifest.weights)
     pool_caps = Counter(c for t in pool for c in t.capabilities)
@@ -1080,6 +1077,24 @@ def stage_round2(ctx: StageContext) -> dict[str, Any]:
         "rl_pool_by_capability": dict(sorted(pool_caps.items())),
         "rl_pool_by_template": dict(sorted(Counter(t.template or "" for t in pool).items())),
     }
+
+
+def _rl_pool(
+    ctx: StageContext, generated: Sequence[Task], drawn: Sequence[Any], weakness: Any
+) -> list[Task]:
+    """Round 2's RL pool (`round2.pool`): the mixture's draws, each as often as it was drawn,
+    or (`learnable`) round 1's and round 2's tasks shared out by p(1-p) of each template's
+    validation success (no held-out task is in either: both are kept out by content)."""
+    from qpa.train.rl.tasks import learnable_pool
+
+    settings = ctx.preset.round2
+    if settings.pool == "learnable":
+        tasks = read_task_file(ctx.path(ctx.output("tasks", "train_tasks"))) + list(generated)
+        return learnable_pool(tasks, weakness.template, settings.target_size, ctx.seed)
+    pool: list[Task] = []
+    for item in drawn:
+        pool += [item.trajectory.task] * item.copies
+    return sorted(pool, key=lambda t: t.id)
 
 
 def rl_config(
@@ -1120,6 +1135,7 @@ def rl_config(
         ),
         loss=LossSettings(
             clip_high=settings.clip_high,
+            beta=settings.beta,
             micro_batch_size=settings.micro_batch_size,
         ),
         optim=OptimSettings(

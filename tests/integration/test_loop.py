@@ -178,6 +178,51 @@ def test_changed_setting_reruns_downstream_only(first_run: LoopRun) -> None:
     assert sorted(n for n, s in status.items() if s != "skip (done)") == ["eval_rl", "rl"]
     unset = preset.model_copy(update={"rl": preset.rl.model_copy(update={"seed": None})})
     assert all(now == "skip (done)" for _, now in plan(unset, run.out))
+    # Settings added later are hashed only when they differ from their default.
+    kl = preset.model_copy(update={"rl": preset.rl.model_copy(update={"beta": 0.1})})
+    status = {stage.name: now for stage, now in plan(kl, run.out)}
+    assert sorted(n for n, s in status.items() if s != "skip (done)") == ["eval_rl", "rl"]
+    learnable = preset.model_copy(
+        update={"round2": preset.round2.model_copy(update={"pool": "learnable"})}
+    )
+    status = {stage.name: now for stage, now in plan(learnable, run.out)}
+    assert sorted(n for n, s in status.items() if s != "skip (done)") == ["eval_rl", "rl", "round2"]
+
+
+def test_a_learnable_rl_pool_is_shared_by_validation_and_keeps_out_held_out_tasks(
+    first_run: LoopRun, tmp_path: Path
+) -> None:
+    import shutil
+
+    out = tmp_path / "loop"
+    shutil.copytree(first_run.out, out)
+    preset = get_preset("small")
+    preset = preset.model_copy(
+        update={"round2": preset.round2.model_copy(update={"pool": "learnable"})}
+    )
+    run = run_loop(preset, out, stages=["round2"], report=False)
+    assert run.ran == ["round2"]
+    outputs = run.results["round2"].outputs
+    pool = list(read_tasks(out / outputs["rl_pool"]))
+    assert len(pool) == outputs["rl_pool_size"] == preset.round2.target_size
+    # validation success per template decides its share: p(1-p) + 0.02 of each
+    success = outputs["validation_by_template"]
+    weights = {t: success.get(t, 0.5) * (1 - success.get(t, 0.5)) + 0.02 for t in success}
+    shares = {t: n / len(pool) for t, n in outputs["rl_pool_by_template"].items()}
+    for template, weight in weights.items():
+        assert shares.get(template, 0.0) == pytest.approx(
+            weight / sum(weights.values()), abs=1.0 / len(pool)
+        )
+    # drawn from round 1's training tasks and round 2's, never from a held-out set
+    round1 = {t.id for t in read_tasks(out / first_run.results["tasks"].outputs["train_tasks"])}
+    round2 = {t.id for t in read_tasks(out / outputs["generated"]["tasks_file"])}
+    assert {t.id for t in pool} <= round1 | round2
+    assert {t.id for t in pool} & round1
+    heldout = first_run.results["heldout"].outputs
+    held = {
+        task_content_hash(t) for s in ("validation", "test") for t in read_tasks(out / heldout[s])
+    }
+    assert not {task_content_hash(t) for t in pool} & held
 
 
 def test_rl_seeds_reruns_only_rl_and_pools_the_seeds(

@@ -133,3 +133,41 @@ class LearnabilitySampler:
             str(k): deque((float(x) for x in v), maxlen=window)
             for k, v in dict(state.get("history", {})).items()
         }
+
+
+def learnable_pool(
+    tasks: Sequence[Task],
+    template_success: Mapping[str, float],
+    size: int,
+    seed: int,
+    floor: float = 0.02,
+) -> list[Task]:
+    """An RL pool of `size` entries from `tasks`, each template's share in proportion to
+    p(1-p) + `floor` of its success rate p on validation (`template_success`; a template
+    without one counts as `UNSEEN_PRIOR`): the templates the policy solves sometimes get the
+    draws, those it always or never solves few. Within a template its tasks are taken in a
+    seeded shuffle, every task once before any twice. Shares are whole entries by largest
+    remainder; the result is sorted by task id (a pure function of the arguments)."""
+    if size < 1:
+        raise ConfigError("round2.target_size: the RL pool needs at least one entry")
+    by_template: dict[str, list[Task]] = {}
+    for task in sorted(tasks, key=lambda t: t.id):
+        by_template.setdefault(task.template or "", []).append(task)
+    if not by_template:
+        raise ConfigError("tasks: no task to build the RL pool from")
+    weights = {}
+    for name in sorted(by_template):
+        p = template_success.get(name, UNSEEN_PRIOR)
+        weights[name] = p * (1.0 - p) + floor
+    total = sum(weights.values())
+    exact = {name: size * w / total for name, w in weights.items()}
+    counts = {name: int(v) for name, v in exact.items()}
+    by_remainder = sorted(exact, key=lambda n: (counts[n] - exact[n], n))
+    for name in by_remainder[: size - sum(counts.values())]:
+        counts[name] += 1
+    pool: list[Task] = []
+    for name, count in counts.items():
+        members = list(by_template[name])
+        random.Random(f"learnable-pool:{seed}:{name}").shuffle(members)
+        pool += [members[i % len(members)] for i in range(count)]
+    return sorted(pool, key=lambda t: t.id)

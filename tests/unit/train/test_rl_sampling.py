@@ -283,3 +283,41 @@ def test_loop_presets_carry_the_sampling_to_the_rl_config_and_the_trainingrun() 
     )
     assert run["spec"]["rl"]["sampling"] == cluster.rl.sampling.to_k8s()
     assert TrainingRun.model_validate(run).spec.rl is not None
+
+
+# --------------------------------------------------------------------------- the learnable pool
+
+
+def templated(name: str, template: str) -> Task:
+    return task(name).model_copy(update={"template": template})
+
+
+TEMPLATED = [
+    templated(f"{t}{i}", t) for t in ("always", "half", "never", "unknown") for i in range(5)
+]
+
+
+def test_learnable_pool_shares_entries_by_validation_learnability() -> None:
+    from qpa.train.rl.tasks import learnable_pool
+
+    success = {"always": 1.0, "half": 0.5, "never": 0.0}
+    pool = learnable_pool(TEMPLATED, success, size=60, seed=0)
+    counts = Counter(t.template for t in pool)
+    assert sum(counts.values()) == 60
+    # weights 0.02, 0.27, 0.02 and 0.27 (no validation rate: p = 0.5)
+    assert counts == {"always": 2, "half": 28, "never": 2, "unknown": 28}
+    # every task of a template once before any twice
+    halves = Counter(t.id for t in pool if t.template == "half")
+    assert set(halves) == {f"half{i}" for i in range(5)}
+    assert max(halves.values()) - min(halves.values()) <= 1
+    assert [t.id for t in pool] == sorted(t.id for t in pool)
+    assert learnable_pool(TEMPLATED, success, size=60, seed=0) == pool
+
+
+def test_learnable_pool_refuses_an_empty_pool_or_size() -> None:
+    from qpa.train.rl.tasks import learnable_pool
+
+    with pytest.raises(ConfigError, match="no task"):
+        learnable_pool([], {}, size=4, seed=0)
+    with pytest.raises(ConfigError, match=r"round2\.target_size"):
+        learnable_pool(TEMPLATED, {}, size=0, seed=0)
