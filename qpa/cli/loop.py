@@ -4,6 +4,7 @@
     qpa loop --preset small --out /tmp/loop          # the plumbing in < 3 minutes (tests)
     qpa loop --preset local --out runs/loop          # again: every finished stage is skipped
     qpa loop --preset local --out runs/loop --dry-run   # which stages would run or be skipped
+    qpa loop --preset local --out runs/loop --set rl.beta=0.05   # one setting changed: RL reruns
     qpa loop --preset cluster --dry-run              # the TaskBatch/TrainingRun/HarnessRelease YAML
 
 torch and transformers are imported when a stage runs, not when the CLI starts.
@@ -46,6 +47,15 @@ def loop(
         ),
     ] = False,
     seed: Annotated[int | None, typer.Option("--seed", help="The run's seed.")] = None,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="KEY=VALUE: one setting of the preset (e.g. rl.beta=0.05, "
+            "round2.pool=learnable); VALUE is JSON or a string; repeatable. Only the stages "
+            "that read it rerun.",
+        ),
+    ] = None,
     quiet: Annotated[
         bool,
         typer.Option(
@@ -56,7 +66,7 @@ def loop(
     """Run the closed AI-for-AI loop: data, SFT, evaluation, diagnosis, Harness revision,
     weakness-targeted data, CARE RL, held-out evaluation, one report. Reruns resume."""
     try:
-        chosen = get_preset(preset, seed=seed)
+        chosen = get_preset(preset, seed=seed).with_settings(settings or [])
     except ValueError as exc:
         die(str(exc))
     if chosen.name == "cluster":

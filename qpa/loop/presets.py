@@ -53,9 +53,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qpa.api.v1alpha1 import CareSettings, TaskSampling
 from qpa.harness.agent import HarnessConfig
@@ -359,6 +360,37 @@ class LoopPreset(_Settings):
     def with_seed(self, seed: int) -> LoopPreset:
         """The same preset with another seed (every stage's seed derives from it)."""
         return self.model_copy(update={"seed": seed})
+
+    def with_settings(self, assignments: Sequence[str]) -> LoopPreset:
+        """The same preset with `KEY=VALUE` assignments applied (`qpa loop --set`): KEY a
+        dotted path to one setting (`rl.beta`, `round2.pool`), VALUE JSON (`0.05`, `[1, 2]`,
+        `true`) or else a plain string (`learnable`). The result is validated as a whole, so
+        an unknown setting or a value out of range is an error naming its path."""
+        data = json.loads(self.model_dump_json())
+        for assignment in assignments:
+            key, sep, text = assignment.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--set {assignment!r}: expected KEY=VALUE (e.g. rl.beta=0.05)")
+            *parents, last = key.split(".")
+            node: Any = data
+            for depth, part in enumerate(parents):
+                if not isinstance(node, dict) or not isinstance(node.get(part), dict):
+                    where = ".".join(parents[: depth + 1])
+                    raise ValueError(f"--set {key}: {where} is not a section of the preset")
+                node = node[part]
+            if last not in node:
+                raise ValueError(f"--set {key}: the preset has no setting {key}")
+            try:
+                node[last] = json.loads(text)
+            except json.JSONDecodeError:
+                node[last] = text
+        try:
+            return LoopPreset.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(f"--set: {problems}") from None
 
     def section(self, *names: str) -> dict[str, Any]:
         """The named settings as plain JSON data (what a stage's hash covers), with the

@@ -328,6 +328,23 @@ def test_cluster_dry_run_prints_valid_resources() -> None:
     assert release["spec"]["model"]["uri"].startswith(rl_run["spec"]["outputUri"])
 
 
+def test_loop_set_changes_one_setting_and_marks_only_its_stages(first_run: LoopRun) -> None:
+    from typer.testing import CliRunner
+
+    import qpa.cli.loop  # noqa: F401
+    from qpa.cli import app
+
+    args = ["loop", "--preset", "small", "--out", str(first_run.out), "--dry-run"]
+    result = CliRunner().invoke(app, [*args, "--set", "rl.beta=0.1"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[1]: line for line in result.output.splitlines() if line.count("│") >= 4}
+    assert "skip" not in rows["rl"] and "skip" not in rows["eval_rl"]
+    assert "skip" in rows["sft"] and "skip" in rows["round2"]
+    refused = CliRunner().invoke(app, [*args, "--set", "rl.betta=0.1"])
+    assert refused.exit_code != 0
+    assert "rl.betta" in refused.output
+
+
 def test_cluster_preset_needs_dry_run() -> None:
     from typer.testing import CliRunner
 

@@ -1,0 +1,43 @@
+"""`qpa loop --set KEY=VALUE` (`LoopPreset.with_settings`): one setting of a preset changed by
+its dotted path, the whole preset validated again, and every bad assignment refused with a
+message naming the path."""
+
+from __future__ import annotations
+
+import pytest
+
+from qpa.loop.presets import get_preset
+
+
+def test_settings_are_set_by_dotted_path_as_json_or_string() -> None:
+    preset = get_preset("local")
+    changed = preset.with_settings(
+        ["rl.beta=0.05", "round2.pool=learnable", "rl.sampling.refill_rounds=2", "seed=7"]
+    )
+    assert changed.rl.beta == 0.05
+    assert changed.round2.pool == "learnable"
+    assert changed.rl.sampling.refill_rounds == 2
+    assert changed.seed == 7
+    # everything else as it was, and the preset given is left alone
+    assert changed.sft == preset.sft and changed.rl.steps == preset.rl.steps
+    assert preset.rl.beta == 0.0 and preset.round2.pool == "mixture"
+    assert preset.with_settings([]) == preset
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("rl.beta", "expected KEY=VALUE"),
+        ("=3", "expected KEY=VALUE"),
+        ("rl.betta=0.1", "the preset has no setting rl.betta"),
+        ("nothing.beta=0.1", "nothing is not a section"),
+        ("rl.beta.x=1", "rl.beta is not a section"),
+        ("rl.beta=-1", "rl.beta: Input should be greater than or equal to 0"),
+        ("round2.pool=everything", "round2.pool: Input should be 'mixture' or 'learnable'"),
+        ("rl.steps=many", "rl.steps: Input should be a valid integer"),
+    ],
+)
+def test_a_bad_assignment_is_refused_naming_its_setting(assignment: str, message: str) -> None:
+    with pytest.raises(ValueError, match="--set") as caught:
+        get_preset("local").with_settings([assignment])
+    assert message in str(caught.value)
