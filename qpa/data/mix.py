@@ -375,7 +375,7 @@ def plan_mixture(
     return MixPlan(items, weights, reasons, config.target_size)
 
 
-def _apportion(size: int, shares: list[float], keys: list[str], seed: int) -> list[int]:
+def apportion(size: int, shares: list[float], keys: list[str], seed: int) -> list[int]:
     """Largest-remainder apportionment of `size` by `shares` (ties broken by seed and key)."""
     total = sum(shares)
     if size <= 0 or total <= 0:
@@ -399,10 +399,10 @@ def _draw(items: list[Item], size: int, seed: int) -> None:
         strata[item.stratum].append(item)
     names = sorted(strata)
     masses = [sum(i.share for i in strata[name]) for name in names]
-    per_stratum = _apportion(size, masses, ["|".join(map(str, n)) for n in names], seed)
+    per_stratum = apportion(size, masses, ["|".join(map(str, n)) for n in names], seed)
     for name, copies in zip(names, per_stratum, strict=True):
         members = strata[name]
-        counts = _apportion(
+        counts = apportion(
             copies, [i.share for i in members], [i.trajectory.id for i in members], seed
         )
         for item, count in zip(members, counts, strict=True):

@@ -374,7 +374,7 @@ class LoopPreset(_Settings):
             *parents, last = key.split(".")
             node: Any = data
             for depth, part in enumerate(parents):
-                if not isinstance(node, dict) or not isinstance(node.get(part), dict):
+                if not isinstance(node.get(part), dict):
                     where = ".".join(parents[: depth + 1])
                     raise ValueError(f"--set {key}: {where} is not a section of the preset")
                 node = node[part]

@@ -56,12 +56,15 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qpa.contract import CAPABILITIES, Split, Task, Trajectory
 from qpa.harness.agent import HarnessConfig
 from qpa.loop.presets import LoopPreset
 from qpa.loop.recovery import stage_eval_recovery
+
+if TYPE_CHECKING:
+    from qpa.data.mix import Item
 
 STAGE_VERSION = 1
 """Bumped when a stage's code changes what it computes (part of every stage hash)."""
@@ -1048,7 +1051,7 @@ def stage_round2(ctx: StageContext) -> dict[str, Any]:
         weak_threshold=settings.weak_threshold,
         weak_boost=settings.weak_boost,
     )
-    pool = _rl_pool(ctx, generated, result.plan.drawn, weakness)
+    pool = _rl_pool(ctx, generated, result.plan.drawn, weakness.template)
     write_jsonl(ctx.dir / "rl_pool.jsonl", pool)
     weights = dict(result.manifest.weights)
     pool_caps = Counter(c for t in pool for c in t.capabilities)
@@ -1080,7 +1083,10 @@ def stage_round2(ctx: StageContext) -> dict[str, Any]:
 
 
 def _rl_pool(
-    ctx: StageContext, generated: Sequence[Task], drawn: Sequence[Any], weakness: Any
+    ctx: StageContext,
+    generated: Sequence[Task],
+    drawn: Sequence[Item],
+    template_success: Mapping[str, float],
 ) -> list[Task]:
     """Round 2's RL pool (`round2.pool`): the mixture's draws, each as often as it was drawn,
     or (`learnable`) round 1's and round 2's tasks shared out by p(1-p) of each template's
@@ -1090,7 +1096,7 @@ def _rl_pool(
     settings = ctx.preset.round2
     if settings.pool == "learnable":
         tasks = read_task_file(ctx.path(ctx.output("tasks", "train_tasks"))) + list(generated)
-        return learnable_pool(tasks, weakness.template, settings.target_size, ctx.seed)
+        return learnable_pool(tasks, template_success, settings.target_size, ctx.seed)
     pool: list[Task] = []
     for item in drawn:
         pool += [item.trajectory.task] * item.copies

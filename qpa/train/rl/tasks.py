@@ -60,6 +60,11 @@ def sample_tasks(pool: Sequence[Task], count: int, seed: int, step: int) -> list
     return chosen
 
 
+def learnability(success_rate: float) -> float:
+    """p(1-p): the variance of a group's success when each episode succeeds with p."""
+    return success_rate * (1.0 - success_rate)
+
+
 class LearnabilitySampler:
     """Learnability-weighted task draws over a pool, with the per-task outcome history.
 
@@ -84,8 +89,7 @@ class LearnabilitySampler:
 
     def learnability(self, task_id: str) -> float:
         """p(1-p) of the task's estimated success rate p."""
-        p = self.success_rate(task_id)
-        return p * (1.0 - p)
+        return learnability(self.success_rate(task_id))
 
     def weight(self, task_id: str) -> float:
         return self.learnability(task_id) + self.settings.floor
@@ -147,7 +151,10 @@ def learnable_pool(
     without one counts as `UNSEEN_PRIOR`): the templates the policy solves sometimes get the
     draws, those it always or never solves few. Within a template its tasks are taken in a
     seeded shuffle, every task once before any twice. Shares are whole entries by largest
-    remainder; the result is sorted by task id (a pure function of the arguments)."""
+    remainder (`qpa.data.mix.apportion`); the result is sorted by task id (a pure function of
+    the arguments)."""
+    from qpa.data.mix import apportion
+
     if size < 1:
         raise ConfigError("round2.target_size: the RL pool needs at least one entry")
     by_template: dict[str, list[Task]] = {}
@@ -155,18 +162,10 @@ def learnable_pool(
         by_template.setdefault(task.template or "", []).append(task)
     if not by_template:
         raise ConfigError("tasks: no task to build the RL pool from")
-    weights = {}
-    for name in sorted(by_template):
-        p = template_success.get(name, UNSEEN_PRIOR)
-        weights[name] = p * (1.0 - p) + floor
-    total = sum(weights.values())
-    exact = {name: size * w / total for name, w in weights.items()}
-    counts = {name: int(v) for name, v in exact.items()}
-    by_remainder = sorted(exact, key=lambda n: (counts[n] - exact[n], n))
-    for name in by_remainder[: size - sum(counts.values())]:
-        counts[name] += 1
+    names = sorted(by_template)
+    weights = [learnability(template_success.get(n, UNSEEN_PRIOR)) + floor for n in names]
     pool: list[Task] = []
-    for name, count in counts.items():
+    for name, count in zip(names, apportion(size, weights, names, seed), strict=True):
         members = list(by_template[name])
         random.Random(f"learnable-pool:{seed}:{name}").shuffle(members)
         pool += [members[i % len(members)] for i in range(count)]
