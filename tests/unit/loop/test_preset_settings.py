@@ -4,6 +4,8 @@ message naming the path."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from qpa.loop.presets import get_preset
@@ -41,3 +43,13 @@ def test_a_bad_assignment_is_refused_naming_its_setting(assignment: str, message
     with pytest.raises(ValueError, match="--set") as caught:
         get_preset("local").with_settings([assignment])
     assert message in str(caught.value)
+
+
+def test_the_rl_stage_trains_with_the_kl_coefficient_set(tmp_path: Path) -> None:
+    from qpa.loop.stages import rl_config
+
+    preset = get_preset("local")
+    for value in (0.0, 0.05):
+        chosen = preset.with_settings([f"rl.beta={value}"])
+        config = rl_config(tmp_path, chosen, tmp_path / "sft", chosen.harness, seed=0)
+        assert config.loss.beta == value
