@@ -404,18 +404,29 @@ class LoopPreset(_Settings):
 
 
 OPTIONAL_SETTINGS: dict[str, dict[str, Any]] = {
-    "rl": {"seed": None, "beta": 0.0},
+    "rl": {"seed": None, "beta": 0.0, "care.format_weight": 0.0},
     "round2": {"pool": "mixture"},
 }
-"""Settings added later, with their default: hashed only when set to something else, so the
-stages of a run made before keep their hash and are reused."""
+"""Settings added later, with their default (a dotted key names one inside a nested model):
+hashed only when set to something else, so the stages of a run made before keep their hash
+and are reused."""
 
 
 def _without_unset(section: str, data: Any) -> Any:
     optional = OPTIONAL_SETTINGS.get(section, {})
     if not optional or not isinstance(data, dict):
         return data
-    return {k: v for k, v in data.items() if not (k in optional and v == optional[k])}
+    return _drop_defaults(data, optional)
+
+
+def _drop_defaults(data: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in optional and value == optional[key]:
+            continue
+        nested = {k[len(key) + 1 :]: v for k, v in optional.items() if k.startswith(key + ".")}
+        out[key] = _drop_defaults(value, nested) if nested and isinstance(value, dict) else value
+    return out
 
 
 REMOVED_SETTINGS: dict[str, dict[str, Any]] = {

@@ -1152,6 +1152,7 @@ def rl_config(
             low_success_threshold=settings.care.low_success_threshold,
             high_success_threshold=settings.care.high_success_threshold,
             progress_weight=settings.care.progress_weight,
+            format_weight=settings.care.format_weight,
             token_weight=settings.care.token_weight,
             call_weight=settings.care.call_weight,
             success_value=settings.care.success_value,

@@ -6,12 +6,16 @@ others. CARE makes two choices per group, both from the group's own evidence.
 1. **Which reward (the tier).** The group's success rate ``rho = (1/k) sum_i s_i`` says how
    competent the policy already is at this task, and selects what is worth learning from it:
 
-   - ``progress_shaping`` when ``rho < low``: ``r_i = 1`` if s_i else ``w_p * p_i``;
-   - ``outcome_consolidation`` when ``low <= rho <= high``: ``r_i = s_i``;
+   - ``progress_shaping`` when ``rho < low``: ``r_i = 1`` if s_i else ``w_p * p_i + w_f * f_i``;
+   - ``outcome_consolidation`` when ``low <= rho <= high``: ``r_i = 1`` if s_i else
+     ``w_f * f_i``;
    - ``efficiency_refinement`` when ``rho > high``: ``r_i = s_i * (1 - cost_i)``;
 
    with ``s_i`` in {0, 1} the verifier's success, ``p_i`` in [0, 1] its progress (the share of
-   checks passed), ``w_p = progress_weight < 1``, and the efficiency cost
+   checks passed), ``w_p = progress_weight``, ``f_i`` in [0, 1] the share of its turns whose
+   model output parsed as a tool call (no ``parse_failure``: not malformed, no unknown tool, no
+   invalid arguments), ``w_f = format_weight`` (0 by default, ``w_p + w_f < 1``), and the
+   efficiency cost
 
        cost_i = w_tok * min(n_i / N_tok, cap) + w_call * min(c_i / N_call, cap)
 
@@ -23,11 +27,14 @@ others. CARE makes two choices per group, both from the group's own evidence.
 
    Why: a group that almost always fails has (nearly) no outcome signal, so partial progress is
    the only thing to learn from; a mixed group has a clean success-vs-failure signal that shaping
-   would only blur; a saturated group has nothing left to learn about *whether* to succeed, only
-   about doing it with fewer tokens and calls. The rules keep every success strictly above every
-   failure in each tier: ``w_p < 1`` in progress shaping, and ``(w_tok + w_call) * cap < 1`` in
-   efficiency refinement (validated). Only successes pay the efficiency cost: a failure must never
-   become "better" by being short, which would reward giving up early.
+   would only blur (the format term, when on, only ranks a malformed failure below a well-formed
+   one: a planner whose failures are mostly unparsable output gets a signal from groups that
+   otherwise all score 0); a saturated group has nothing left to learn about *whether* to
+   succeed, only about doing it with fewer tokens and calls. The rules keep every success
+   strictly above every failure in each tier: ``w_p + w_f < 1`` in progress shaping, and
+   ``(w_tok + w_call) * cap < 1`` in efficiency refinement (validated). Only successes pay the
+   efficiency cost: a failure must never become "better" by being short, which would reward
+   giving up early.
 
 2. **How to scale the advantage (the success anchor).** GRPO standardises per group,
    ``A_i = (r_i - mean(r)) / (std(r) + eps)`` (std Bessel-corrected, eps 1e-4, as TRL computes
@@ -99,10 +106,12 @@ class Outcome:
     progress: float = 0.0
     output_tokens: int = 0
     tool_calls: int = 0
+    well_formed: float = 1.0  # share of turns whose model output parsed (`format_weight`)
 
     @classmethod
     def of(cls, trajectory: Trajectory) -> Outcome:
-        """From a recorded trajectory: verifier success/progress, output tokens, tool calls."""
+        """From a recorded trajectory: verifier success/progress, output tokens, tool calls and
+        the share of well-formed turns."""
         verification = trajectory.verification
         totals = trajectory.totals
         return cls(
@@ -110,7 +119,18 @@ class Outcome:
             progress=float(verification.progress) if verification is not None else 0.0,
             output_tokens=int(totals.completion_tokens),
             tool_calls=int(totals.tool_calls),
+            well_formed=well_formed_share(trajectory),
         )
+
+
+def well_formed_share(trajectory: Trajectory) -> float:
+    """The share of a trajectory's turns whose model output the Harness parsed as a tool call
+    (a turn it recorded a ``parse_failure`` for is not); 1.0 for an episode with no turn
+    (nothing it said was malformed)."""
+    steps = trajectory.steps
+    if not steps:
+        return 1.0
+    return sum("parse_failure" not in step.annotations for step in steps) / len(steps)
 
 
 GroupMember = Outcome | Trajectory
@@ -183,13 +203,19 @@ def care_rewards(
     chosen = tier or group_tier(success_rate(outcomes), cfg)
     if chosen == "progress_shaping":
         return [
-            1.0 if o.success else cfg.progress_weight * min(max(o.progress, 0.0), 1.0)
+            1.0
+            if o.success
+            else cfg.progress_weight * _unit(o.progress) + cfg.format_weight * _unit(o.well_formed)
             for o in outcomes
         ]
     if chosen == "outcome_consolidation":
-        return [1.0 if o.success else 0.0 for o in outcomes]
+        return [1.0 if o.success else cfg.format_weight * _unit(o.well_formed) for o in outcomes]
     costs = efficiency_costs(outcomes, cfg)
     return [(1.0 - c) if o.success else 0.0 for o, c in zip(outcomes, costs, strict=True)]
+
+
+def _unit(value: float) -> float:
+    return min(max(value, 0.0), 1.0)
 
 
 def _mean_std(values: Sequence[float], *, unbiased: bool) -> tuple[float, float]:
@@ -297,4 +323,5 @@ __all__ = [
     "success_rate",
     "vanilla_advantages",
     "vanilla_group",
+    "well_formed_share",
 ]

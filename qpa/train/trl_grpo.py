@@ -44,8 +44,8 @@ turn 1's sampled tokens, then what lies between them and turn 2's sampled tokens
 as the Harness wrote it, the chat template's tokens: `env_mask` 0), then turn 2's, and so on.
 
 **The rewards.** `rollout_func` returns, per sample, the episode's verification and totals
-(`qpa_success`, `qpa_progress`, `qpa_output_tokens`, `qpa_tool_calls`, `qpa_task_id`,
-`qpa_trajectory_id`, `qpa_env_failure`); TRL passes them to the reward functions.
+(`qpa_success`, `qpa_progress`, `qpa_output_tokens`, `qpa_tool_calls`, `qpa_well_formed`,
+`qpa_task_id`, `qpa_trajectory_id`, `qpa_env_failure`); TRL passes them to the reward functions.
 
 - `verification_reward()` ("qpa_verification"): the environment's verifier, 1.0 for a success,
   `progress_weight * progress` otherwise (0 by default). TRL standardises it per group
@@ -134,6 +134,7 @@ ROLLOUT_FIELDS = (
     "qpa_progress",
     "qpa_output_tokens",
     "qpa_tool_calls",
+    "qpa_well_formed",
     "qpa_env_failure",
 )
 
@@ -396,6 +397,7 @@ class QpaRollout:
         out["qpa_progress"] = [o.progress for o in outcomes]
         out["qpa_output_tokens"] = [o.output_tokens for o in outcomes]
         out["qpa_tool_calls"] = [o.tool_calls for o in outcomes]
+        out["qpa_well_formed"] = [o.well_formed for o in outcomes]
         out["qpa_env_failure"] = [not trainable(r.episode) for r in records]
         return out
 
@@ -577,20 +579,23 @@ class CareReward:
         qpa_output_tokens: list[int],
         qpa_tool_calls: list[int],
         qpa_env_failure: list[bool],
+        qpa_well_formed: list[float] | None = None,
         log_metric: Callable[[str, float], None] | None = None,
         **_: Any,
     ) -> list[float | None]:
         from accelerate import PartialState
         from accelerate.utils import gather_object
 
+        well_formed = qpa_well_formed if qpa_well_formed is not None else [1.0] * len(qpa_task_id)
         local = [
-            (task_id, None if failed else Outcome(bool(ok), float(p), int(n), int(c)))
-            for task_id, ok, p, n, c, failed in zip(
+            (task_id, None if failed else Outcome(bool(ok), float(p), int(n), int(c), float(f)))
+            for task_id, ok, p, n, c, f, failed in zip(
                 qpa_task_id,
                 qpa_success,
                 qpa_progress,
                 qpa_output_tokens,
                 qpa_tool_calls,
+                well_formed,
                 qpa_env_failure,
                 strict=True,
             )

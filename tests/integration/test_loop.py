@@ -187,6 +187,12 @@ def test_changed_setting_reruns_downstream_only(first_run: LoopRun) -> None:
     )
     status = {stage.name: now for stage, now in plan(learnable, run.out)}
     assert sorted(n for n, s in status.items() if s != "skip (done)") == ["eval_rl", "rl", "round2"]
+    # ... also one inside a nested model (rl.care.format_weight)
+    formatted = preset.with_settings(["rl.care.format_weight=0.1"])
+    status = {stage.name: now for stage, now in plan(formatted, run.out)}
+    assert sorted(n for n, s in status.items() if s != "skip (done)") == ["eval_rl", "rl"]
+    assert preset.section("rl") == preset.with_settings(["rl.care.format_weight=0"]).section("rl")
+    assert "format_weight" not in preset.section("rl")["rl"]["care"]
 
 
 def test_a_learnable_rl_pool_is_shared_by_validation_and_keeps_out_held_out_tasks(

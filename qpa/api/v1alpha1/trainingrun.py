@@ -79,7 +79,9 @@ class CareSettings(_Model):
     One model for the CRD (`spec.rl.care`), the trainer (`qpa.train.care`'s functions), the RL
     config (`RLConfig.care`) and the loop preset. A group's success rate picks its reward tier:
     below `lowSuccessThreshold` progress shaping, above `highSuccessThreshold` efficiency
-    refinement, in between outcome only. `lowSuccessThreshold: 0` switches progress shaping off,
+    refinement, in between outcome only. `formatWeight` gives a failure credit for the share
+    of its turns that parsed, so a group of failures still tells a tool call from a malformed
+    output. `lowSuccessThreshold: 0` switches progress shaping off,
     `highSuccessThreshold: 1` efficiency refinement. `enabled: false` trains vanilla GRPO
     instead: every group gets `vanillaReward`'s tier and plain group standardisation
     (`scaleRewards: group`) or Dr.GRPO's centring (`none`, with `spec.rl.lossType: dr_grpo`).
@@ -104,6 +106,13 @@ class CareSettings(_Model):
         ge=0,
         lt=1,
         description="A failure's reward per unit of verifier progress (progress shaping).",
+    )
+    format_weight: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="A failure's reward per unit share of its turns that parsed as a tool call "
+        "(progress shaping and outcome consolidation; 0: off).",
     )
     token_weight: float = Field(
         default=0.1, ge=0, le=1, description="Weight of a success's output tokens (efficiency)."
@@ -145,6 +154,12 @@ class CareSettings(_Model):
             cel="self.lowSuccessThreshold <= self.highSuccessThreshold",
             message="lowSuccessThreshold must not exceed highSuccessThreshold",
             check=lambda m: m.low_success_threshold <= m.high_success_threshold,
+        ),
+        CrossFieldRule(
+            cel="self.progressWeight + self.formatWeight < 1.0",
+            message="progressWeight + formatWeight must be below 1 so that every success "
+            "outranks every failure",
+            check=lambda m: m.progress_weight + m.format_weight < 1.0,
         ),
         CrossFieldRule(
             cel="(self.tokenWeight + self.callWeight) * self.costCap < 1.0",

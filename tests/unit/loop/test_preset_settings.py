@@ -37,6 +37,7 @@ def test_settings_are_set_by_dotted_path_as_json_or_string() -> None:
         ("rl.beta=-1", "rl.beta: Input should be greater than or equal to 0"),
         ("round2.pool=everything", "round2.pool: Input should be 'mixture' or 'learnable'"),
         ("rl.steps=many", "rl.steps: Input should be a valid integer"),
+        ("rl.care.format_weight=0.5", "rl.care: Value error, progressWeight + formatWeight"),
     ],
 )
 def test_a_bad_assignment_is_refused_naming_its_setting(assignment: str, message: str) -> None:
@@ -53,3 +54,14 @@ def test_the_rl_stage_trains_with_the_kl_coefficient_set(tmp_path: Path) -> None
         chosen = preset.with_settings([f"rl.beta={value}"])
         config = rl_config(tmp_path, chosen, tmp_path / "sft", chosen.harness, seed=0)
         assert config.loss.beta == value
+
+
+def test_the_rl_stage_trains_with_the_format_weight_set(tmp_path: Path) -> None:
+    from qpa.loop.stages import rl_config
+
+    preset = get_preset("local")
+    for value in (0.0, 0.1):
+        chosen = preset.with_settings([f"rl.care.format_weight={value}"])
+        config = rl_config(tmp_path, chosen, tmp_path / "sft", chosen.harness, seed=0)
+        assert config.care.format_weight == value
+        assert config.care.progress_weight == preset.rl.care.progress_weight

@@ -12,7 +12,17 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from qpa.contract import Policy, Task, Totals, Trajectory, Verification
+from qpa.contract import (
+    Feedback,
+    MessageUser,
+    Policy,
+    Step,
+    Task,
+    ToolCall,
+    Totals,
+    Trajectory,
+    Verification,
+)
 from qpa.train.care import (
     CareSettings,
     Outcome,
@@ -25,6 +35,7 @@ from qpa.train.care import (
     success_rate,
     vanilla_advantages,
     vanilla_group,
+    well_formed_share,
 )
 
 
@@ -32,8 +43,16 @@ def win(tokens: int = 100, calls: int = 3) -> Outcome:
     return Outcome(success=True, progress=1.0, output_tokens=tokens, tool_calls=calls)
 
 
-def loss(progress: float = 0.0, tokens: int = 100, calls: int = 3) -> Outcome:
-    return Outcome(success=False, progress=progress, output_tokens=tokens, tool_calls=calls)
+def loss(
+    progress: float = 0.0, tokens: int = 100, calls: int = 3, well_formed: float = 1.0
+) -> Outcome:
+    return Outcome(
+        success=False,
+        progress=progress,
+        output_tokens=tokens,
+        tool_calls=calls,
+        well_formed=well_formed,
+    )
 
 
 # --------------------------------------------------------------------------- the 1-token example
@@ -120,6 +139,45 @@ def test_outcome_consolidation_is_success_only() -> None:
     assert care_rewards(group) == [1.0, 1.0, 0.0, 0.0]
     # CARE equals vanilla GRPO in a mixed group: the outcome signal is left untouched.
     assert care_advantages(group) == pytest.approx(vanilla_advantages([1.0, 1.0, 0.0, 0.0]))
+
+
+def test_format_weight_ranks_a_malformed_failure_below_a_well_formed_one() -> None:
+    cfg = CareSettings(format_weight=0.1)
+    # progress shaping: progress and format credit add up, still below a success
+    shaped = care_rewards(
+        [loss(0.0, well_formed=0.0), loss(0.0), loss(1.0), win()], cfg, tier="progress_shaping"
+    )
+    assert shaped == pytest.approx([0.0, 0.1, 0.9, 1.0])
+    # an all-failure group that differs only in format has a signal (off by default: none)
+    group = [loss(well_formed=0.0), loss(well_formed=0.5), loss(), loss()]
+    assert all(a == 0.0 for a in care_advantages(group))
+    advantages = care_advantages(group, cfg)
+    assert advantages[0] < advantages[1] < advantages[2] == advantages[3]
+    # outcome consolidation: failures get format credit only, successes stay at 1
+    mixed = care_rewards([win(), win(), loss(0.9, well_formed=0.0), loss(0.1)], cfg)
+    assert mixed == pytest.approx([1.0, 1.0, 0.0, 0.1])
+    # efficiency refinement is untouched
+    saturated = [win(), win(), win(), win(), loss(well_formed=0.0)]
+    assert care_rewards(saturated, cfg, tier="efficiency_refinement")[-1] == 0.0
+    with pytest.raises(ValidationError, match="progressWeight \\+ formatWeight"):
+        CareSettings(progress_weight=0.8, format_weight=0.2)
+
+
+def test_well_formed_share_counts_turns_the_harness_could_not_parse() -> None:
+    task = Task(id="t", domain="d", capabilities=["tool_use"], instruction="do it")
+    parsed = Step(index=0, action=ToolCall(tool="a", arguments={}), feedback=Feedback.ok())
+    broken = Step(
+        index=1,
+        action=MessageUser(text="{not json"),
+        feedback=Feedback.fail("malformed_action", "not a tool call"),
+        annotations={"parse_failure": {"kind": "malformed_output"}},
+    )
+    trajectory = Trajectory(
+        id="t#1", task=task, policy=Policy(planner="harness"), steps=[parsed, broken, parsed]
+    )
+    assert well_formed_share(trajectory) == pytest.approx(2 / 3)
+    assert Outcome.of(trajectory).well_formed == pytest.approx(2 / 3)
+    assert well_formed_share(trajectory.model_copy(update={"steps": []})) == 1.0
 
 
 def test_efficiency_refinement_charges_successes_only() -> None:
@@ -241,6 +299,8 @@ def test_config_validation() -> None:
         {"low_success_threshold": -0.1},
         {"high_success_threshold": 1.1},
         {"progress_weight": 1.0},
+        {"format_weight": -0.1},
+        {"format_weight": 1.0},
         {"success_value": 0.0},
         {"low": 0.1},
         {"token_norm": 0},
