@@ -222,6 +222,26 @@ def test_care_reward_centred_by_trl_is_care_advantage() -> None:
     )
 
 
+def test_care_reward_reads_the_rollouts_well_formed_share() -> None:
+    reward = CareReward(CareSettings(format_weight=0.1), 3)
+    columns = {
+        "prompts": [[]] * 3,
+        "completions": [[]] * 3,
+        "qpa_task_id": ["a"] * 3,
+        "qpa_success": [False] * 3,
+        "qpa_progress": [0.5] * 3,
+        "qpa_output_tokens": [20] * 3,
+        "qpa_tool_calls": [2] * 3,
+        "qpa_env_failure": [False] * 3,
+    }
+    # without the column (older rollouts) every turn counts as parsed: one value, no signal
+    assert len(set(reward(**columns))) == 1
+    values = reward(**columns, qpa_well_formed=[0.0, 0.5, 1.0])
+    assert values[0] is not None and values[1] is not None and values[2] is not None
+    assert values[0] < values[1] < values[2]
+    assert [r for g in reward.last_groups for r in g.rewards] == pytest.approx([0.4, 0.45, 0.5])
+
+
 def test_care_reward_refuses_mixed_groups() -> None:
     reward = CareReward(CareSettings(), 2)
     with pytest.raises(ValueError, match="a group must be num_generations=2 samples of one task"):
