@@ -4,7 +4,9 @@ message naming the path."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,22 +48,21 @@ def test_a_bad_assignment_is_refused_naming_its_setting(assignment: str, message
     assert message in str(caught.value)
 
 
-def test_the_rl_stage_trains_with_the_kl_coefficient_set(tmp_path: Path) -> None:
-    from qpa.loop.stages import rl_config
-
-    preset = get_preset("local")
-    for value in (0.0, 0.05):
-        chosen = preset.with_settings([f"rl.beta={value}"])
-        config = rl_config(tmp_path, chosen, tmp_path / "sft", chosen.harness, seed=0)
-        assert config.loss.beta == value
-
-
-def test_the_rl_stage_trains_with_the_format_weight_set(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "read"),
+    [
+        ("rl.beta", lambda config: config.loss.beta),
+        ("rl.care.format_weight", lambda config: config.care.format_weight),
+    ],
+)
+def test_the_rl_stage_trains_with_the_setting_set(
+    setting: str, read: Callable[[Any], float], tmp_path: Path
+) -> None:
     from qpa.loop.stages import rl_config
 
     preset = get_preset("local")
     for value in (0.0, 0.1):
-        chosen = preset.with_settings([f"rl.care.format_weight={value}"])
+        chosen = preset.with_settings([f"{setting}={value}"])
         config = rl_config(tmp_path, chosen, tmp_path / "sft", chosen.harness, seed=0)
-        assert config.care.format_weight == value
+        assert read(config) == value
         assert config.care.progress_weight == preset.rl.care.progress_weight
