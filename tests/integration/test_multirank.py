@@ -46,6 +46,10 @@ from qpa.train.tiny import (  # noqa: E402
 
 ATOL = 1e-5
 RTOL = 1e-4
+WEIGHTS_ATOL = 3e-5
+"""Final weights of a DeepSpeed SFT run against one process: ZeRO partitions the parameters and
+reduce-scatters the gradients, so float32 sums run in another order (measured: 1.1e-5 after two
+steps under ZeRO-3 on an AVX-512 BF16 machine, below 1e-5 on an AVX2 one)."""
 
 # All multi-rank work runs once, in the `runs` fixture: two groups of two rank processes (about
 # 60-90 s on an idle 2-core machine; several minutes when other jobs share the cores). The
@@ -261,7 +265,7 @@ def test_sft_on_two_ranks_equals_one_process(
     )
     state = load_file(Path(result["final_dir"]) / "model.safetensors")
     assert max_diff(state, start_weights(inputs)) > 100 * ATOL
-    assert max_diff(state, load_file(reference / "final" / "model.safetensors")) < ATOL
+    assert max_diff(state, load_file(reference / "final" / "model.safetensors")) < WEIGHTS_ATOL
 
 
 # --------------------------------------------------------------------------- kill and resume
