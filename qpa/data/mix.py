@@ -144,6 +144,7 @@ class MixConfig(BaseModel):
     harness: {}               # the Harness version the rows are rendered for
     harness_variants: []      # more Harness versions; each trajectory is rendered for one
     value_swaps: 0            # value-swapped copies of each row (qpa.data.augment)
+    day_swaps: false          # the swapped copies also move phrased days ("March 10")
     ```
 
     The mixture's review gate is that of its inputs (curated samples, and through them the
@@ -177,6 +178,12 @@ class MixConfig(BaseModel):
         description="value-swapped copies of each row (`qpa.data.augment`): the values its "
         "calls copy from the context exchanged for others the same argument takes, so a model "
         "trained from scratch learns to copy rather than the frequent values",
+    )
+    day_swaps: bool = Field(
+        default=False,
+        description="the value-swapped copies also move each phrased day (an ISO day a call "
+        'writes that the context names as "March 10") to another of the mixture\'s on the '
+        "same weekday, so the day is read from the instruction rather than remembered",
     )
 
     @field_validator("input_weights")
@@ -569,7 +576,7 @@ def mix(
     )
     if not rows:
         raise DataError("the mixture is empty: no drawn trajectory has a trainable turn")
-    swapped = swap_values(rows, config.value_swaps, seed=config.seed)
+    swapped = swap_values(rows, config.value_swaps, seed=config.seed, days=config.day_swaps)
     rows += swapped
     dataset = to_dataset(rows, config.seed)
     start_batch(store)

@@ -208,6 +208,11 @@ class MixSettings(_Settings):
         description="value-swapped copies of each row (`qpa.data.augment`): copying, not "
         "the mixture's frequent values",
     )
+    day_swaps: bool = Field(
+        default=False,
+        description='the swapped copies also move phrased days ("March 10" and its ISO '
+        "day) on the same weekday: the date is read from the instruction",
+    )
     capability_weights: dict[str, float] = Field(default_factory=dict)
     difficulty_weights: dict[int, float] = Field(default_factory=dict)
     source_weights: dict[str, float] = Field(default_factory=dict)
@@ -406,6 +411,7 @@ class LoopPreset(_Settings):
 OPTIONAL_SETTINGS: dict[str, dict[str, Any]] = {
     "rl": {"seed": None, "beta": 0.0, "care.format_weight": 0.0},
     "round2": {"pool": "mixture"},
+    "mix": {"day_swaps": False},
 }
 """Settings added later, with their default (a dotted key names one inside a nested model):
 hashed only when set to something else, so the stages of a run made before keep their hash

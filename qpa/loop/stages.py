@@ -722,6 +722,7 @@ def _mix(
         harness=harness,
         harness_variants=list(harness_variants),
         value_swaps=settings.value_swaps,
+        day_swaps=settings.day_swaps,
     )
     store = open_store(out)
     result = mix(

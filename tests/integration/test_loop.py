@@ -193,6 +193,12 @@ def test_changed_setting_reruns_downstream_only(first_run: LoopRun) -> None:
     assert sorted(n for n, s in status.items() if s != "skip (done)") == ["eval_rl", "rl"]
     assert preset.section("rl") == preset.with_settings(["rl.care.format_weight=0"]).section("rl")
     assert "format_weight" not in preset.section("rl")["rl"]["care"]
+    # mix.day_swaps: the mixture and everything trained from it, not what came before
+    days = preset.with_settings(["mix.day_swaps=true"])
+    stale = {stage.name for stage, now in plan(days, run.out) if now != "skip (done)"}
+    assert {"mix", "sft", "eval_sft", "rl"} <= stale
+    assert not stale & {"tiny", "tasks", "heldout", "collect", "curate", "eval_untrained"}
+    assert "day_swaps" not in preset.section("mix")["mix"]
 
 
 def test_a_learnable_rl_pool_is_shared_by_validation_and_keeps_out_held_out_tasks(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import date
 from typing import Any
 
 import pytest
 
-from qpa.data.augment import MEMORY_HEADER, copied_values, swap_values
+from qpa.data.augment import MEMORY_HEADER, copied_values, phrased_days, swap_values
 from qpa.data.mix import MixConfig
 
 
@@ -144,6 +145,87 @@ def test_rows_whose_values_nest_or_cannot_move_are_left_out() -> None:
     }
     alone = contact_row("Omar Khan", "+1-555-1111", "alone")
     assert swap_values([nested, alone], 3) == []  # one row: its values have no others to take
+
+
+def skip_row(phrase: str, day: str, trajectory: str, *, alarm: str = "al_101") -> dict[str, Any]:
+    listed = [{"id": alarm, "label": "Gym", "days": ["tue", "thu"], "snooze_min": 10}]
+    return {
+        "trajectory_id": trajectory,
+        "task_id": "settings.skip_alarm_for_one_day.train.001",
+        "messages": [
+            {"role": "system", "content": SYSTEM, "train": False},
+            {"role": "user", "content": f"I'm off on {phrase}, so skip my 'Gym' alarm then."},
+            {"role": "assistant", "content": call("clock_list_alarms")},
+            {"role": "user", "content": result(listed)},
+            {
+                "role": "assistant",
+                "content": call("clock_skip_alarm_once", alarm_id=alarm, date=day),
+            },
+            {"role": "user", "content": result({"id": alarm, "skip_dates": [day]})},
+            {"role": "assistant", "content": "<finish></finish>", "train": True},
+        ],
+    }
+
+
+DAY_ROWS = [
+    skip_row("Tuesday, March 3", "2026-03-03", "d1"),
+    skip_row("Tuesday, March 10", "2026-03-10", "d2"),
+    skip_row("Thursday, March 12", "2026-03-12", "d3"),
+    skip_row("Thursday, March 5", "2026-03-05T07:00", "d4"),  # a timestamp opens with the day
+    skip_row("Monday, March 9", "2026-03-09", "d5"),  # no other Monday in the mixture
+]
+
+
+def test_a_phrased_day_is_an_iso_day_a_call_writes_that_the_context_named() -> None:
+    assert phrased_days(DAY_ROWS[0]["messages"]) == {date(2026, 3, 3)}
+    assert phrased_days(DAY_ROWS[3]["messages"]) == {date(2026, 3, 5)}
+    # "March 1" is not named by "March 10"; a day only a tool result echoes is not phrased
+    assert phrased_days(skip_row("Tuesday, March 10", "2026-03-01", "x")["messages"]) == set()
+    # computed: never copied whole (the alarm's id is)
+    assert copied_values(DAY_ROWS[0]["messages"]) == {
+        "al_101": ("clock_skip_alarm_once", "alarm_id")
+    }
+
+
+def test_a_day_swap_moves_the_day_and_its_phrase_to_another_on_the_same_weekday() -> None:
+    assert swap_values(DAY_ROWS, 2, seed=0) == []  # without days: one alarm id, nothing to take
+    copies = swap_values(DAY_ROWS, 2, seed=0, days=True)
+    # one copy each (the weekday has one other day; the same copy is not made twice), none
+    # for the only Monday
+    assert sorted(c["trajectory_id"] for c in copies) == [
+        "d1~swap0",
+        "d2~swap0",
+        "d3~swap0",
+        "d4~swap0",
+    ]
+    moved = {c["trajectory_id"][:2]: c["messages"] for c in copies}
+    assert moved["d1"][1]["content"] == "I'm off on Tuesday, March 10, so skip my 'Gym' alarm then."
+    assert '"date": "2026-03-10"' in moved["d1"][4]["content"]
+    assert (
+        "2026-03-10" in moved["d1"][5]["content"] and "2026-03-03" not in moved["d1"][5]["content"]
+    )
+    assert moved["d2"][1]["content"].startswith("I'm off on Tuesday, March 3,")
+    assert '"date": "2026-03-03"' in moved["d2"][4]["content"]
+    assert moved["d3"][1]["content"].startswith("I'm off on Thursday, March 5,")
+    # the timestamp keeps its time; the alarm's days and its snooze are untouched
+    assert '"date": "2026-03-12T07:00"' in moved["d4"][4]["content"]
+    assert moved["d4"][3] == DAY_ROWS[3]["messages"][3]
+    assert all(m[0] == DAY_ROWS[0]["messages"][0] for m in moved.values())  # the system prompt
+    assert swap_values(DAY_ROWS, 2, seed=0, days=True) == copies  # seeded
+
+
+def test_a_day_swap_goes_with_the_value_swap_of_the_same_copy() -> None:
+    rows = [
+        skip_row("Tuesday, March 3", "2026-03-03", "e1", alarm="al_101"),
+        skip_row("Tuesday, March 10", "2026-03-10", "e2", alarm="al_104"),
+    ]
+    copies = swap_values(rows, 1, seed=0, days=True)
+    assert len(copies) == 2
+    first = next(c for c in copies if c["trajectory_id"] == "e1~swap0")["messages"]
+    arguments = json.loads(first[4]["content"].split("\n")[1])["arguments"]
+    assert arguments == {"alarm_id": "al_104", "date": "2026-03-10"}
+    assert first[1]["content"].startswith("I'm off on Tuesday, March 10,")
+    assert "al_101" not in "".join(m["content"] for m in first[1:])
 
 
 def test_value_swaps_are_bounded() -> None:
