@@ -47,7 +47,7 @@ Slot = tuple[str, str]  # (tool, argument)
 
 
 def _bounded(value: str) -> re.Pattern[str]:
-    return re.compile(r"(?<![A-Za-z0-9])" + re.escape(value) + r"(?![A-Za-z0-9])")
+    return re.compile(_BEFORE + re.escape(value) + r"(?![A-Za-z0-9])")
 
 
 def _calls(content: str) -> Iterable[tuple[str, dict[str, Any]]]:
@@ -168,7 +168,7 @@ def _replace(
 ) -> list[dict[str, Any]]:
     """`messages` with each key of `mapping` (as a whole word) and of `day_mapping` (ISO days
     and "March 10" phrases, not inside a longer number) replaced, in one pass."""
-    days = dict(day_mapping or {})
+    days = day_mapping or {}
     alternatives = []
     if mapping:
         values = "|".join(re.escape(v) for v in sorted(mapping, key=len, reverse=True))

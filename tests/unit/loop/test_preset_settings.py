@@ -66,3 +66,32 @@ def test_the_rl_stage_trains_with_the_setting_set(
         config = rl_config(tmp_path, chosen, tmp_path / "sft", chosen.harness, seed=0)
         assert read(config) == value
         assert config.care.progress_weight == preset.rl.care.progress_weight
+
+
+def test_the_mix_stage_hands_day_swaps_to_the_mixture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    import qpa.data.mix
+    from qpa.loop.stages import _mix
+
+    seen: list[Any] = []
+
+    def capture(store: Any, inputs: Any, config: Any, **_: Any) -> Any:
+        seen.append(config)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(qpa.data.mix, "mix", capture)
+    for value in (False, True):
+        chosen = get_preset("local").with_settings([f"mix.day_swaps={str(value).lower()}"])
+        with pytest.raises(RuntimeError, match="captured"):
+            _mix(
+                types.SimpleNamespace(preset=chosen, seed=0),  # type: ignore[arg-type]
+                [],
+                tmp_path / "mix",
+                target_size=10,
+                harness=chosen.harness,
+                include_failures=True,
+            )
+        assert seen[-1].day_swaps is value
