@@ -23,7 +23,10 @@ $(STAMP_BASE): $(BIN)/python pyproject.toml setup.py
 
 $(STAMP_DEV): $(STAMP_BASE)
 	$(PIP) install -q --no-build-isolation deepspeed
-	$(PIP) install -q -e '.[dev,data,train,serve,operator,device]'
+	$(PIP) install -q -e '.[dev,data,train,serve,operator,device,benchmarks]'
+	# BFCL's multi-turn part needs only the standard library and mpmath (the extra above);
+	# its declared pins (numpy 1.26, faiss, LLM SDKs) are never imported, so no deps
+	$(PIP) install -q --no-deps bfcl-eval==2026.3.23
 	# the real adb server for the device tests (Debian's package; sudo only when not root)
 	command -v adb >/dev/null 2>&1 || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q adb; }

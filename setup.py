@@ -12,5 +12,12 @@ setup(
         *(f"qpa_operator.{name}" for name in find_packages("operator")),
     ],
     package_dir={"qpa_operator": "operator"},
-    package_data={"qpa": ["py.typed", "envs/llmsim/apps/*.yaml"]},
+    package_data={
+        "qpa": [
+            "py.typed",
+            "envs/llmsim/apps/*.yaml",
+            "envs/agentdojo/effects.yaml",
+            "envs/bfcl/effects.yaml",
+        ]
+    },
 )

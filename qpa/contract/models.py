@@ -24,8 +24,8 @@ Capability = Literal["tool_use", "memory", "skills", "subagent"]
 CAPABILITIES: tuple[Capability, ...] = ("tool_use", "memory", "skills", "subagent")
 Split = Literal["train", "validation", "test"]
 SPLITS: tuple[Split, ...] = ("train", "validation", "test")
-EnvKind = Literal["sandbox", "llm_sim", "device", "mcp"]
-SideEffect = Literal["read", "write", "payment"]
+EnvKind = Literal["sandbox", "llm_sim", "device", "mcp", "agentdojo", "bfcl"]
+SideEffect = Literal["read", "write", "payment", "egress"]
 ErrorKind = Literal[
     "unknown_tool",
     "invalid_arguments",
@@ -146,7 +146,9 @@ class ToolSpec(_Model):
 
     `side_effect`: `read` changes nothing; `write` changes the world's state; `payment` changes it
     and moves money, so it needs the user's confirmation (the tool named in the task's
-    `confirmations`) or the environment refuses it with `permission_denied`.
+    `confirmations`) or the environment refuses it with `permission_denied`; `egress` sends
+    data out of the world (fetching a URL, posting to an outside address) without changing its
+    records: the guard treats it as a send, never as a read.
     """
 
     name: str = Field(pattern=r"^[a-zA-Z][a-zA-Z0-9_]{0,63}$")

@@ -41,12 +41,28 @@ def _mcp(**options: Any) -> Environment:
     return env
 
 
+def _agentdojo(**options: Any) -> Environment:
+    from qpa.envs.agentdojo import AgentDojoEnv
+
+    env: Environment = AgentDojoEnv(**options)
+    return env
+
+
+def _bfcl(**options: Any) -> Environment:
+    from qpa.envs.bfcl import BfclEnv
+
+    env: Environment = BfclEnv(**options)
+    return env
+
+
 # kind -> loader.
 _LOADERS: dict[str, Callable[..., Environment]] = {
     "sandbox": _sandbox,
     "llm_sim": _llm_sim,
     "device": _device,
     "mcp": _mcp,
+    "agentdojo": _agentdojo,
+    "bfcl": _bfcl,
 }
 
 

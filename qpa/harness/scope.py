@@ -101,6 +101,8 @@ def _effect(side_effect: str, name: str, app: str) -> Effect:
         return "read"
     if side_effect == "payment":
         return "payment"
+    if side_effect == "egress":  # data leaves the world: a send, whatever the name says
+        return "send"
     prefix = f"{app}_"
     action = name[len(prefix) :] if name.startswith(prefix) else name
     verb = action.split("_", 1)[0]

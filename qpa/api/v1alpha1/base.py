@@ -33,7 +33,7 @@ CATEGORY = "qpa"
 # Leases) and a Service name is a DNS label of at most 63 characters.
 MAX_NAME_LENGTH = 52
 
-EnvironmentKind = Literal["sandbox", "llm_sim", "device", "mcp"]
+EnvironmentKind = Literal["sandbox", "llm_sim", "device", "mcp", "agentdojo", "bfcl"]
 Capability = Literal["tool_use", "memory", "skills", "subagent"]
 Split = Literal["train", "validation", "test"]
 Stage = Literal["sft", "rl"]
