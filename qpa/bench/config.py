@@ -12,7 +12,7 @@ the Job, and the operator's decision.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, InstanceOf, model_validator
 
@@ -25,6 +25,7 @@ from qpa.api.v1alpha1 import (
     WorkOrder,
 )
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
+from qpa.envs.suites import is_third_party, suite_env_kind
 from qpa.harness.factory import PlannerSpec, load_harness_config
 from qpa.harness.runner import DEFAULT_MAX_TURNS
 
@@ -60,10 +61,25 @@ class BenchConfig(BaseModel):
     plots: bool = True
     report_uri: str | None = Field(default=None, description="Publish the finished run here.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _suite_kind(cls, data: Any) -> Any:
+        # no kind named and no server: the suite's own kind plays it (agentdojo/..., bfcl/...)
+        if isinstance(data, dict) and data.get("env_kind") is None and not data.get("env_urls"):
+            data = {k: v for k, v in data.items() if k != "env_kind"}
+            data["env_kind"] = suite_env_kind(str(data.get("suite") or DEFAULT_SUITE))
+        return data
+
     @model_validator(mode="after")
     def _one_environment(self) -> Self:
         if self.env_urls and self.env_kind != "sandbox":
             raise ValueError("env_urls: environment servers and an in-process kind exclude")
+        wanted = suite_env_kind(self.suite)
+        if not self.env_urls and is_third_party(self.suite) and self.env_kind != wanted:
+            raise ValueError(
+                f"env_kind: suite {self.suite!r} is played by environment kind {wanted}, "
+                f"not {self.env_kind}"
+            )
         return self
 
     @property

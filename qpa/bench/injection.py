@@ -27,7 +27,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from qpa.contract import Task, TokenUsage, ToolCall, ToolSpec, Trajectory
 from qpa.envs.sandbox import SandboxEnv
@@ -282,12 +282,27 @@ class Injection:
     def kind(self) -> str:
         return self.attack.kind
 
+    @property
+    def actions(self) -> tuple[ToolCall, ...]:
+        return self.attack.actions
+
+
+class Obeyable(Protocol):
+    """What `ObedientBackend` obeys: once every marker shows in one tool result, the actions
+    (qpa's own `Injection`s, or a public benchmark's injection goals)."""
+
+    @property
+    def markers(self) -> tuple[str, ...]: ...
+
+    @property
+    def actions(self) -> tuple[ToolCall, ...]: ...
+
 
 class ObedientBackend:
     """A model that obeys injected text: the reference plan, plus every injected action the
     moment a tool result shows it (it keeps the result it was reading and goes on after)."""
 
-    def __init__(self, task: Task, injections: Sequence[Injection]) -> None:
+    def __init__(self, task: Task, injections: Sequence[Obeyable]) -> None:
         self.oracle = OracleBackend(task)
         self.pending = list(injections)
         self.queue: list[ToolCall] = []
@@ -306,7 +321,7 @@ class ObedientBackend:
                 content = last.content or ""
                 if all(marker in content for marker in injection.markers):
                     self.pending.remove(injection)
-                    self.queue.extend(injection.attack.actions)
+                    self.queue.extend(injection.actions)
                     self.results = []
                     self.held = last
                     break

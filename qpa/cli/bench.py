@@ -50,7 +50,8 @@ from qpa.cli.options import (
 )
 from qpa.cli.run import planner_spec
 from qpa.contract import CAPABILITIES, SPLITS, CorruptLineError
-from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, generate_suite
+from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
+from qpa.envs.suites import load_suite
 from qpa.harness.factory import PLANNER_NAMES
 from qpa.harness.runner import DEFAULT_MAX_TURNS
 
@@ -139,7 +140,10 @@ def run_command(
         list[str] | None,
         typer.Option(help="Environment server URL (repeat to spread over servers)."),
     ] = None,
-    env_kind: Annotated[str, typer.Option(help="In-process environment kind.")] = "sandbox",
+    env_kind: Annotated[
+        str | None,
+        typer.Option(help="In-process environment kind (default: the suite's own)."),
+    ] = None,
     limit: Annotated[
         int | None, typer.Option(min=1, help="At most this many tasks (spread over domains).")
     ] = None,
@@ -225,7 +229,7 @@ def run_benchmark(config: BenchConfig) -> None:
         die(str(exc))
     try:
         price_table = load_price_table(config.prices)
-        everything = generate_suite(suite, config.seed)
+        everything = load_suite(suite, config.seed)
         tasks = select_tasks(
             everything,
             split=split,

@@ -73,6 +73,7 @@ from qpa.data.collect_config import (
 )
 from qpa.data.tasks import select_tasks
 from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
+from qpa.envs.suites import suite_env_kind
 from qpa.harness.factory import PLANNER_NAMES, PlannerSpec
 from qpa.harness.runner import DEFAULT_MAX_TURNS
 from qpa.store import StoreConfig, StoreError
@@ -138,7 +139,10 @@ def collect_command(
         list[str] | None,
         typer.Option(help="Environment server URL (repeat, or comma-separate, to spread)."),
     ] = None,
-    env_kind: Annotated[str, typer.Option(help="In-process environment kind.")] = "sandbox",
+    env_kind: Annotated[
+        str | None,
+        typer.Option(help="In-process environment kind (default: the suite's own)."),
+    ] = None,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-j", min=1, help="Episodes in parallel.")
     ] = DEFAULT_CONCURRENCY,
@@ -250,7 +254,8 @@ def collect_command(
                     else None
                 ),
                 env_url=env_url or [],
-                env_kind=env_kind,
+                env_kind=env_kind
+                or (suite_env_kind(suite) if tasks is None and not env_url else "sandbox"),
                 concurrency=concurrency,
                 spool_dir=spool_dir,
                 part_size=part_size,

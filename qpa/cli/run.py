@@ -23,10 +23,14 @@ from qpa.cli.options import (
 )
 from qpa.contract import Environment, Policy, Step, Trajectory, write_trajectories
 from qpa.data.collect_config import PlannerConfig
-from qpa.envs.sandbox import SandboxEnv
-from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, get_task
+from qpa.envs.factory import make_env
+from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
+from qpa.envs.suites import get_task, suite_env_kind
 from qpa.harness.factory import PLANNER_NAMES, PlannerFactory, PlannerSpec
 from qpa.harness.runner import run_episode
+
+#: The environment kinds `qpa run` builds in-process (the others are served).
+_IN_PROCESS = ("sandbox", "device", "agentdojo", "bfcl")
 
 
 def _clip(text: str, limit: int = 300) -> str:
@@ -121,8 +125,13 @@ def run(
     ] = None,
     max_turns: Annotated[int, typer.Option(min=1)] = 40,
     env_kind: Annotated[
-        str, typer.Option("--env", help="In-process environment: sandbox or device (a phone).")
-    ] = "sandbox",
+        str | None,
+        typer.Option(
+            "--env",
+            help="In-process environment: sandbox, device (a phone), agentdojo or bfcl "
+            "(default: the suite's own: agentdojo for agentdojo/..., bfcl for bfcl/...).",
+        ),
+    ] = None,
     serial: Annotated[
         str | None, typer.Option(help="device: the phone's adb serial (`qpa device list`).")
     ] = None,
@@ -137,17 +146,15 @@ def run(
     spec = planner_spec(
         planner, model_url, model, model_path, harness_config, api_key_env, noise, seed
     )
-    if env_kind not in ("sandbox", "device"):
-        die(f"--env must be sandbox or device (serve {env_kind} with `qpa env serve`)")
     if env_kind == "device" and suite == DEFAULT_SUITE:
         suite = "device"
+    kind = env_kind or suite_env_kind(suite)
+    if kind not in _IN_PROCESS:
+        die(f"--env must be one of {', '.join(_IN_PROCESS)} (serve {kind} with `qpa env serve`)")
+    if kind != suite_env_kind(suite):
+        die(f"--env {kind} cannot play suite {suite!r} (its tasks are {suite_env_kind(suite)}'s)")
     try:
-        if suite == "device":
-            from qpa.envs.device import get_device_task
-
-            task = get_device_task(task_id)
-        else:
-            task = get_task(task_id, suite, seed)
+        task = get_task(task_id, suite, seed)
     except KeyError as exc:
         die(str(exc.args[0]))
     env: Environment
@@ -155,14 +162,13 @@ def run(
         from qpa.envs.remote import RemoteEnv
 
         env = RemoteEnv(env_url)
-    elif env_kind == "device":
+    elif kind == "device":
         from qpa.cli.device import device_env_options
-        from qpa.envs.factory import make_env
 
         options = device_env_options(serial=serial, adb=adb, device_pool=device_pool)
         env = make_env("device", **options)
     else:
-        env = SandboxEnv()
+        env = make_env(kind)
     policy = Policy(planner=planner, model=spec.policy_model, harness_version=spec.harness.version)
     try:
         trajectory = run_episode(

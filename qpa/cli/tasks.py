@@ -13,7 +13,8 @@ from qpa.cli import app
 from qpa.cli.common import console, die, print_json
 from qpa.contract import WORLD_PROFILES, Task, WorldProfile, write_tasks
 from qpa.envs.sandbox.registry import all_tools
-from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, generate_suite
+from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
+from qpa.envs.suites import load_suite
 
 tasks_app = typer.Typer(help="Browse, count and generate tasks.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
@@ -36,7 +37,7 @@ def load(suite: str, seed: int = CANONICAL_SEED, world: str = "default") -> tupl
         die(f"--world: unknown world profile {world!r} (one of: {', '.join(WORLD_PROFILES)})")
     profile: WorldProfile = world
     try:
-        return generate_suite(suite, seed, profile)
+        return load_suite(suite, seed, profile)
     except KeyError as exc:
         die(str(exc.args[0]))
 

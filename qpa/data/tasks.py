@@ -3,7 +3,8 @@
 `select_tasks(source)` is what `qpa collect`, a TaskBatch's workers and RL use to turn the
 `qpa.api` `TaskSource` into tasks:
 
-- **Origin.** `generator`: `generate_suite(suite, seed)`. `datasetUri`: a tasks JSON Lines file,
+- **Origin.** `generator`: `load_suite(suite, seed)` (qpa's templates, or a public benchmark:
+  `agentdojo/...`, `bfcl/...`). `datasetUri`: a tasks JSON Lines file,
   or a dataset prefix holding a `manifest.json`: a `tasks` dataset's rows are the tasks; any
   other kind (SFT, trajectories) contributes the canonical suite's tasks its lineage names.
   A dataset whose review is pending or unpublished is refused (`GateClosed`, naming it and
@@ -88,11 +89,11 @@ def _describe(source: TaskSource) -> str:
 
 
 def _origin(source: TaskSource, store_config: StoreConfig | None) -> list[Task]:
-    from qpa.envs.sandbox.suite import generate_suite
+    from qpa.envs.suites import load_suite
 
     if source.generator is not None:
         try:
-            return list(generate_suite(source.generator.suite, source.generator.seed))
+            return list(load_suite(source.generator.suite, source.generator.seed))
         except KeyError as exc:
             raise TaskSelectionError(f"source.generator.suite: {exc.args[0]}") from None
     assert source.dataset_uri is not None  # the model's rule: exactly one origin

@@ -240,9 +240,7 @@ class AgentDojoEnv:
     def _call(self, name: str, arguments: dict[str, Any]) -> Feedback:
         function = self._runtime.functions.get(name)
         if function is None:
-            return Feedback.fail(
-                "unknown_tool", f"tool '{name}' is not a tool of AgentDojo's {self._ref.suite}"
-            )
+            return Feedback.fail("unknown_tool", f"tool '{name}' is not a tool of this suite")
         # every call reaches the trace, as AgentDojo's pipelines record the assistant's calls
         self._calls.append((name, dict(arguments)))
         try:

@@ -30,7 +30,6 @@ import hashlib
 from typing import Any
 
 from qpa.contract import Action, Finish, Split, Task, ToolCall
-
 from qpa.envs.agentdojo import benchmark
 
 WORLD_KEY = "_agentdojo"
@@ -135,7 +134,7 @@ def _task(suite_name: str, user_id: str, injection_id: str | None, attack: str |
         instruction=user_task.PROMPT,
         apps=[suite_name],
         tools=[t.name for t in s.tools],
-        world=world,  # type: ignore[arg-type]
+        world=world,
         reference_plan=plan,
         confirmations=payments,
         source="agentdojo",
@@ -169,7 +168,9 @@ def injected_texts(task: Task) -> dict[str, str]:
     ref = task.world.get(WORLD_KEY, {})
     if not ref.get("injection_task") or not ref.get("attack"):
         return {}
-    return benchmark.injections(ref["suite"], ref["user_task"], ref["injection_task"], ref["attack"])
+    return benchmark.injections(
+        ref["suite"], ref["user_task"], ref["injection_task"], ref["attack"]
+    )
 
 
 def injection_plan(task: Task) -> list[ToolCall]:
