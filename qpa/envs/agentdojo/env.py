@@ -72,9 +72,11 @@ class AgentDojoWorld(BaseModel):
 
 def _world_error(exc: ValidationError) -> str:
     first = exc.errors()[0]
+    message = first["msg"].removeprefix("Value error, ")
     where = ".".join(str(p) for p in first["loc"])
-    field = f"world.{WORLD_KEY}" + (f".{where}" if where else "")
-    return f"{field}: {first['msg'].removeprefix('Value error, ')}"
+    if not where:  # a rule over several fields names its field first ("user_task: ...")
+        where, _, message = message.partition(": ")
+    return f"world.{WORLD_KEY}.{where}: {message}"
 
 
 def _jsonable(value: Any) -> Any:
