@@ -1,7 +1,7 @@
 """Baselines on the public benchmarks qpa hosts: AgentDojo and BFCL multi-turn, their judges.
 
 Run: `.venv/bin/python benchmarks/thirdparty_baselines.py [--out runs/thirdparty.json]`
-(about two minutes on 2 cores). Prints, and writes as JSON:
+(about 10 minutes on 2 cores, most of it AgentDojo's 949 pairs x attacks x guard). Prints, and writes as JSON:
 
 - oracle and noop on every AgentDojo suite and every BFCL multi-turn category (the oracle is
   the benchmark's own ground truth played by qpa's `oracle` planner; every task where it fails
@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             if category in ("multi_turn_miss_func", "multi_turn_miss_param"):
                 row["asks"] = _asks(category)
             result["bfcl"][category] = row
-            print(f"  bfcl/{category:<29} oracle {row['oracle']}/{row['tasks']}  noop {row['noop']}")
+            print(
+                f"  bfcl/{category:<29} oracle {row['oracle']}/{row['tasks']}  noop {row['noop']}"
+            )
             for task_id, reason in row["oracle_failures"].items():
                 print(f"    oracle fails {task_id}: {reason}")
             if "asks" in row:

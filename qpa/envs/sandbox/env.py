@@ -98,6 +98,7 @@ def base_for(task: Task, app_names: list[str], apps: dict[str, type[App]]) -> Wo
         if found is not None:
             _BASES.move_to_end(key)
             return found
+    check_world(task.world, apps)
     state = orjson.loads(
         orjson.dumps({k: v for k, v in task.world.items() if not k.startswith("_")})
     )
@@ -122,6 +123,38 @@ def base_for(task: Task, app_names: list[str], apps: dict[str, type[App]]) -> Wo
         while len(_BASES) > BASE_CACHE_SIZE:
             _BASES.popitem(last=False)
     return base
+
+
+class WorldError(ValueError):
+    """A task world the sandbox cannot install; the message names the field."""
+
+
+def check_world(world: dict[str, Any], apps: dict[str, type[App]]) -> None:
+    """Refuse a world whose shape no app can hold: every key not starting with `_` is a
+    sandbox app holding collections, each a list of records or a settings object, of the type
+    the app's own defaults give it. Checked once per distinct world (on a base-cache miss)."""
+    for app, collections in world.items():
+        if app.startswith("_"):
+            continue
+        if app not in apps:
+            raise WorldError(f"world.{app}: not an app of the sandbox")
+        if not isinstance(collections, dict):
+            raise WorldError(f"world.{app}: an app's state is an object of collections")
+        defaults = apps[app].default_state()
+        for name, value in collections.items():
+            default = defaults.get(name)
+            where = f"world.{app}.{name}"
+            if isinstance(value, list):
+                if isinstance(default, dict):
+                    raise WorldError(f"{where}: settings are an object, not a list")
+                bad = next((i for i, r in enumerate(value) if not isinstance(r, dict)), None)
+                if bad is not None:
+                    raise WorldError(f"{where}[{bad}]: a record is an object")
+            elif isinstance(value, dict):
+                if isinstance(default, list):
+                    raise WorldError(f"{where}: a collection is a list of records")
+            else:
+                raise WorldError(f"{where}: a list of records or a settings object")
 
 
 class SandboxEnv:
@@ -165,7 +198,10 @@ class SandboxEnv:
             return Feedback.fail(
                 "environment_failure", f"task uses unknown apps: {', '.join(unknown)}"
             )
-        base = base_for(task, app_names, self._apps)
+        try:
+            base = base_for(task, app_names, self._apps)
+        except WorldError as exc:
+            return Feedback.fail("invalid_arguments", str(exc))
         self._base = base
         self._store = Store(base.state)
         self._world = World(None, task.user, base.start, store=self._store)
