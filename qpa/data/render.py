@@ -72,6 +72,10 @@ AGENT_ERROR_KINDS: frozenset[str] = frozenset(
 holds, paying without confirmation). `transient` and `environment_failure` are the world's."""
 
 
+#: Kinds whose reset is a pure function of the task (no server, phone or model is reached).
+_REPLAYABLE_RESETS = ("sandbox", "agentdojo", "bfcl")
+
+
 class RenderError(ValueError):
     """A trajectory that cannot be replayed through the Harness (names trajectory and step)."""
 
@@ -208,8 +212,9 @@ def episode_opening(trajectory: Trajectory) -> tuple[list[ToolSpec], Feedback]:
     """The tools on offer and the reset feedback the episode started with.
 
     The tools are the trajectory's own (`Trajectory.tools`: what the environment offered). The
-    reset feedback is not recorded, but environments are deterministic at reset: the sandbox (and
-    the LLM-simulated apps, whose reset asks no model) are reset on the task again, which also
+    reset feedback is not recorded, but environments are deterministic at reset: the sandbox,
+    AgentDojo and BFCL (their state loaded from the installed benchmark) and the LLM-simulated
+    apps (whose reset asks no model) are reset on the task again, which also
     gives the tools of a trajectory written before tools were recorded. For other kinds the reset
     observation is rebuilt from the task; such a trajectory without recorded tools cannot show
     the planner what it was offered, and is refused (ValueError naming the field).
@@ -218,10 +223,10 @@ def episode_opening(trajectory: Trajectory) -> tuple[list[ToolSpec], Feedback]:
     recorded = list(trajectory.tools)
     env: Any = None
     try:
-        if trajectory.env_kind == "sandbox":
-            from qpa.envs.sandbox import SandboxEnv
+        if trajectory.env_kind in _REPLAYABLE_RESETS:
+            from qpa.envs.factory import make_env
 
-            env = SandboxEnv()
+            env = make_env(trajectory.env_kind)
         elif trajectory.env_kind == "llm_sim":
             from qpa.envs.llmsim import LLMSimEnv
 

@@ -243,3 +243,46 @@ def test_a_model_behind_an_openai_compatible_server_is_scored_on_agentdojo(
     assert sum(t.success for t in trajectories) >= 8, [
         (t.task.id, t.verification) for t in trajectories if not t.success
     ]
+
+
+def test_collect_curate_and_mix_agentdojo_trajectories(tmp_path: Path) -> None:
+    """The data stages take AgentDojo episodes like the sandbox's: oracle and noisy rollouts,
+    curated with their diagnosis, mixed into SFT rows that render AgentDojo's own tools."""
+    review = tmp_path / "review.yaml"
+    review.write_text("gate: automatic\n")
+    store = tmp_path / "store"
+    for planner in ("oracle", "noisy"):
+        collected = runner.invoke(
+            app,
+            [
+                "collect", "--suite", "agentdojo/banking", "--planner", planner,
+                "--samples", "2", "--out", f"file://{store}/{planner}",
+            ],
+        )  # fmt: skip
+        assert collected.exit_code == 0, collected.output
+    trajectories = list(read_trajectories(next((store / "noisy").rglob("*.jsonl"))))
+    assert {t.env_kind for t in trajectories} == {"agentdojo"}
+    assert any("injected_fault" in s.annotations for t in trajectories for s in t.steps)
+    for planner in ("oracle", "noisy"):
+        curated = runner.invoke(
+            app,
+            [
+                "data", "curate", f"file://{store}/{planner}", "--out",
+                f"file://{store}/{planner}-curated", "--review-config", str(review),
+            ],
+        )  # fmt: skip
+        assert curated.exit_code == 0, curated.output
+    mixed = runner.invoke(
+        app,
+        [
+            "data", "mix", f"file://{store}/oracle-curated", f"file://{store}/noisy-curated",
+            "--out", f"file://{store}/sft", "--review-config", str(review),
+        ],
+    )  # fmt: skip
+    assert mixed.exit_code == 0, mixed.output
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(store / "sft" / "dataset"))
+    assert len(rows) > 0 and set(rows["domain"]) == {"banking"}
+    rendered = json.dumps(rows[0]["messages"])
+    assert "send_money" in rendered or "get_most_recent_transactions" in rendered

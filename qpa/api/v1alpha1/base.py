@@ -34,6 +34,9 @@ CATEGORY = "qpa"
 MAX_NAME_LENGTH = 52
 
 EnvironmentKind = Literal["sandbox", "llm_sim", "device", "mcp", "agentdojo", "bfcl"]
+#: A suite's name: qpa's (`mobilepa`), or a public benchmark's (`agentdojo/<suite>[@<attack>]`,
+#: `bfcl/<category>`); lower-case words, so a name is never a path or an option.
+SUITE_NAME = r"^[a-z][a-z0-9_]*(/[a-z][a-z0-9_]*(@[a-z][a-z0-9_]*)?)?$"
 Capability = Literal["tool_use", "memory", "skills", "subagent"]
 Split = Literal["train", "validation", "test"]
 Stage = Literal["sft", "rl"]

@@ -11,6 +11,7 @@ from qpa.api.v1alpha1.base import (
     IMAGE,
     MAX_IMAGE_LENGTH,
     MAX_MAP_ENTRIES,
+    SUITE_NAME,
     Condition,
     ConfigMapKeySelector,
     Count,
@@ -156,7 +157,13 @@ class HarnessServing(_Model):
 class BenchmarkSettings(_Model):
     """The benchmark run against the candidate (`qpa bench run`)."""
 
-    suite: str = Field(default="mobilepa", min_length=1, max_length=63, description="Suite.")
+    suite: str = Field(
+        default="mobilepa",
+        min_length=1,
+        max_length=63,
+        pattern=SUITE_NAME,
+        description="Suite: mobilepa, agentdojo/<suite>[@<attack>] or bfcl/<category>.",
+    )
     split: Split = Field(default="test", description="Split scored.")
     samples: int = Field(default=1, ge=1, le=64, description="Samples per task (--samples).")
     limit: int | None = Field(
@@ -168,6 +175,17 @@ class BenchmarkSettings(_Model):
     )
     rollout_pool_ref: LocalObjectReference | None = Field(
         default=None, description="RolloutPool serving the benchmark's environments."
+    )
+
+    RULES = (
+        CrossFieldRule(
+            cel="self.suite.startsWith('agentdojo/') == (self.environment == 'agentdojo') && "
+            "self.suite.startsWith('bfcl/') == (self.environment == 'bfcl')",
+            message="environment: an agentdojo/... suite runs in environment agentdojo and a "
+            "bfcl/... suite in bfcl, and those environments run only their suites",
+            check=lambda m: m.suite.startswith("agentdojo/") == (m.environment == "agentdojo")
+            and m.suite.startswith("bfcl/") == (m.environment == "bfcl"),
+        ),
     )
 
 

@@ -15,6 +15,7 @@ from qpa.api.v1alpha1.base import (
     IMAGE,
     MAX_IMAGE_LENGTH,
     MAX_SEED,
+    SUITE_NAME,
     Capability,
     CheckpointUri,
     Condition,
@@ -64,7 +65,12 @@ class TaskGenerator(_Model):
     """Generate tasks from a suite (what `qpa tasks generate` does)."""
 
     suite: str = Field(
-        default="mobilepa", min_length=1, max_length=63, description="Task suite to draw from."
+        default="mobilepa",
+        min_length=1,
+        max_length=63,
+        pattern=SUITE_NAME,
+        description="Task suite to draw from: mobilepa, agentdojo/<suite>[@<attack>] or "
+        "bfcl/<category>.",
     )
     seed: int = Field(
         default=0, ge=0, le=MAX_SEED, description="Suite seed; 0 is the canonical suite."
