@@ -13,7 +13,8 @@ from qpa.cli import app
 from qpa.cli.common import die, err_console, print_json
 from qpa.contract import CAPABILITIES, SPLITS, Task, write_trajectories
 from qpa.envs.factory import env_kinds, make_env
-from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE, generate_suite, get_task
+from qpa.envs.sandbox.suite import CANONICAL_SEED, DEFAULT_SUITE
+from qpa.envs.suites import get_task, load_suite
 
 mcp_app = typer.Typer(
     help="Model Context Protocol: serve a task's tools to MCP agents, score MCP agents.",
@@ -144,7 +145,7 @@ def bench_command(
         die(f"--kind: unknown environment kind {kind!r}; choose from: {', '.join(env_kinds())}")
     try:
         tasks = select_tasks(
-            generate_suite(suite, seed),
+            load_suite(suite, seed),
             split=split,
             domains=domain or (),
             capabilities=capability or (),

@@ -99,7 +99,7 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
         annotations=types.ToolAnnotations(
             read_only_hint=spec.side_effect == "read",
             destructive_hint=spec.side_effect == "payment",
-            open_world_hint=False,
+            open_world_hint=spec.side_effect == "egress",  # it reaches outside the world
         ),
         meta={SIDE_EFFECT_META: spec.side_effect, APP_META: spec.app},
     )

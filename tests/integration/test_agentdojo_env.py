@@ -286,3 +286,51 @@ def test_collect_curate_and_mix_agentdojo_trajectories(tmp_path: Path) -> None:
     assert len(rows) > 0 and set(rows["domain"]) == {"banking"}
     rendered = json.dumps(rows[0]["messages"])
     assert "send_money" in rendered or "get_most_recent_transactions" in rendered
+
+
+def test_served_over_openenv_and_mcp_the_judges_decide() -> None:
+    """`qpa env serve --kind agentdojo` answers OpenEnv's WebSocket client, and
+    `qpa mcp serve --kind agentdojo` an MCP client; both episodes are AgentDojo's verdicts."""
+    import sys
+
+    import anyio
+    from fakes.mcp_app import play_reference_plan
+    from helpers.uvicorn_thread import serve
+    from mcp import Client, StdioServerParameters
+
+    from qpa.envs.openenv_client import QpaAction, QpaEnv
+    from qpa.envs.server import create_app, uvicorn_config
+
+    task = agentdojo_tasks("agentdojo/slack@important_instructions")[7]
+    with (
+        serve(None, uvicorn_config(create_app("agentdojo", max_sessions=2))) as url,
+        QpaEnv(base_url=url).sync() as client,
+    ):
+        first = client.reset(task=task)
+        assert {t.name for t in first.observation.tools} == set(task.tools)
+        assert {t.side_effect for t in first.observation.tools} >= {"read", "egress"}
+        for action in task.reference_plan or []:
+            result = client.step(QpaAction(action=action))
+        assert result.done and result.reward == 1.0
+        assert [c.name for c in result.observation.verification.checks] == [
+            "utility",
+            "injection",
+        ]
+
+    qpa = str(Path(sys.executable).with_name("qpa"))
+
+    async def over_mcp(path: Path) -> Any:
+        argv = [qpa, "--quiet", "mcp", "serve", "--kind", "agentdojo", "--task-file", str(path)]
+        params = StdioServerParameters(command=argv[0], args=argv[1:])
+        async with Client(params, read_timeout_seconds=60) as mcp:
+            tools = {t.name: t for t in (await mcp.list_tools()).tools}
+            assert tools["get_webpage"].annotations.open_world_hint  # egress
+            assert tools["read_inbox"].annotations.read_only_hint
+            await play_reference_plan(mcp, task)
+            return (await mcp.call_tool("verify", {})).structured_content
+
+    with __import__("tempfile").TemporaryDirectory() as folder:
+        path = Path(folder) / "task.json"
+        path.write_text(task.model_dump_json())
+        verdict = anyio.run(over_mcp, path)
+    assert verdict["success"] is True, verdict

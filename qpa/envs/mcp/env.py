@@ -122,7 +122,7 @@ def tool_spec(tool: types.Tool, *, app: str, payment: bool = False) -> ToolSpec:
     declared = meta.get(SIDE_EFFECT_META)
     if payment or declared == "payment":
         side_effect = "payment"
-    elif declared in ("read", "write"):
+    elif declared in ("read", "write", "egress"):
         side_effect = declared
     elif tool.annotations is not None and tool.annotations.read_only_hint:
         side_effect = "read"
