@@ -1,7 +1,8 @@
 """Baselines on the public benchmarks qpa hosts: AgentDojo and BFCL multi-turn, their judges.
 
 Run: `.venv/bin/python benchmarks/thirdparty_baselines.py [--out runs/thirdparty.json]`
-(about 10 minutes on 2 cores, most of it AgentDojo's 949 pairs x attacks x guard). Prints, and writes as JSON:
+(about 10 minutes on 2 cores, most of it AgentDojo's 949 pairs x attacks x guard).
+Prints, and writes as JSON:
 
 - oracle and noop on every AgentDojo suite and every BFCL multi-turn category (the oracle is
   the benchmark's own ground truth played by qpa's `oracle` planner; every task where it fails
