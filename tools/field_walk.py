@@ -112,6 +112,7 @@ STRING_CANDIDATES = (
     "http://walk-store.example:9000",
     "registry.example/walk:2",
     "walk-other",
+    "walk_other",
     "walk.example/other",
     "2",
     "250m",

@@ -65,9 +65,11 @@ class BenchConfig(BaseModel):
     @classmethod
     def _suite_kind(cls, data: Any) -> Any:
         # no kind named and no server: the suite's own kind plays it (agentdojo/..., bfcl/...)
-        if isinstance(data, dict) and data.get("env_kind") is None and not data.get("env_urls"):
+        # (with servers the kind is theirs: the field keeps its default)
+        if isinstance(data, dict) and data.get("env_kind") is None:
             data = {k: v for k, v in data.items() if k != "env_kind"}
-            data["env_kind"] = suite_env_kind(str(data.get("suite") or DEFAULT_SUITE))
+            if not data.get("env_urls"):
+                data["env_kind"] = suite_env_kind(str(data.get("suite") or DEFAULT_SUITE))
         return data
 
     @model_validator(mode="after")
