@@ -15,7 +15,8 @@ Prints, and writes as JSON:
   often the oracle run, played through the Harness with the guard on, asks the user
   (`message_user`) there instead of calling a tool.
 
-`--suites` / `--categories` narrow the run; `--no-bfcl` leaves BFCL out.
+`--suites` / `--categories` narrow the run; `--no-bfcl` leaves BFCL out, `--no-attacks` the
+attacks.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def _agentdojo_attacks(suites: list[str], attacks: list[str]) -> dict[str, Any]:
 def _asks(category: str) -> dict[str, Any]:
     """Of BFCL's turns that withhold something, how many the Harness-played oracle answers
     with a question to the user."""
+    from qpa.envs.bfcl.benchmark import entry as bfcl_entry
     from qpa.harness.agent import HarnessConfig, HarnessPlanner
     from qpa.harness.backends.scripted import OracleBackend
     from qpa.harness.memory import MemoryStore
@@ -101,7 +103,9 @@ def _asks(category: str) -> dict[str, Any]:
             OracleBackend(task), HarnessConfig(guard=True), memory=MemoryStore(":memory:")
         )
         trajectory = _run_with(task, planner)
-        withheld = {int(k) for k in task.lineage.get("withheld_turns", [])}
+        found = bfcl_entry(category, task.lineage["entry_id"])
+        # the turns BFCL answers with nothing: a function or a parameter is missing there
+        withheld = {i for i, calls in enumerate(found.ground_truth) if not calls}
         turns += len(withheld)
         turn = 0
         for step in trajectory.steps:
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attacks", nargs="*", default=list(DEFAULT_ATTACKS))
     parser.add_argument("--categories", nargs="*", default=None, help="BFCL categories")
     parser.add_argument("--no-bfcl", action="store_true")
+    parser.add_argument("--no-attacks", action="store_true", help="leave AgentDojo's attacks out")
     args = parser.parse_args(argv)
     from qpa.envs.agentdojo import SUITES
 
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 a = row["asks"]
                 print(f"    asks the user on {a['asked']} of {a['withheld_turns']} withheld turns")
     print(f"({timed():.0f}s)\nAgentDojo, obedient planner through the Harness")
-    attacks = _agentdojo_attacks(suites, args.attacks)
+    attacks = {} if args.no_attacks else _agentdojo_attacks(suites, args.attacks)
     result["agentdojo_attacks"] = attacks
     for name, row in attacks.items():
         print(f" {name}")
