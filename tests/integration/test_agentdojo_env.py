@@ -28,6 +28,7 @@ from qpa.envs.agentdojo import (
     injection_plan,
     split_of,
 )
+from qpa.envs.effects import check_effect_table
 from qpa.envs.suites import load_suite, suite_env_kind
 from qpa.harness.factory import PlannerSpec
 
@@ -51,6 +52,20 @@ def test_tool_effects_are_reviewed_for_every_tool_of_every_suite() -> None:
     env = AgentDojoEnv()
     env.reset(agentdojo_tasks("agentdojo/slack")[0])
     assert {t.name: t.side_effect for t in env.tools()} == table["slack"]
+    tools = {name: set(entries) for name, entries in table.items()}
+    stale = {**table, "slack": {**table["slack"], "wipe_workspace": "write"}}
+    with pytest.raises(ValueError, match=r"suite slack: unreviewed tools \[\], stale .*wipe_work"):
+        check_effect_table(stale, tools, group="suite", member="tools")
+    missing = {**table, "banking": {k: v for k, v in table["banking"].items() if k != "send_money"}}
+    with pytest.raises(ValueError, match=r"suite banking: unreviewed tools \['send_money'\]"):
+        check_effect_table(missing, tools, group="suite", member="tools")
+    with pytest.raises(ValueError, match="unknown effects"):
+        check_effect_table(
+            {**table, "slack": {**table["slack"], "get_webpage": "harmless"}},
+            tools,
+            group="suite",
+            member="tools",
+        )
 
 
 @pytest.mark.parametrize("suite", SUITES)

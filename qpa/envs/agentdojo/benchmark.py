@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from qpa.contract import SideEffect
+from qpa.envs.effects import check_effect_table
 
 VERSION = "0.1.35"
 BENCHMARK_VERSION = "v1.2.2"
@@ -39,7 +40,6 @@ ATTACKS: tuple[str, ...] = (
     "injecagent",
 )
 DEFAULT_TARGET_MODEL = "local"
-_EFFECTS: frozenset[str] = frozenset(SideEffect.__args__)  # type: ignore[attr-defined]
 
 
 class AgentDojoUnavailable(RuntimeError):
@@ -74,20 +74,9 @@ def effects() -> dict[str, dict[str, SideEffect]]:
     from importlib.resources import files
 
     text = files("qpa.envs.agentdojo").joinpath("effects.yaml").read_text()
-    table: dict[str, dict[str, SideEffect]] = yaml.safe_load(text)
-    for suite_name in SUITES:
-        names = {tool.name for tool in suite(suite_name).tools}
-        entries = table.get(suite_name, {})
-        missing, stale = names - set(entries), set(entries) - names
-        if missing or stale:
-            raise ValueError(
-                f"effects.yaml: suite {suite_name}: unreviewed tools {sorted(missing)}, "
-                f"stale entries {sorted(stale)}"
-            )
-        bad = {t: e for t, e in entries.items() if e not in _EFFECTS}
-        if bad:
-            raise ValueError(f"effects.yaml: suite {suite_name}: unknown effects {bad}")
-    return table
+    tools = {name: {tool.name for tool in suite(name).tools} for name in SUITES}
+    table = check_effect_table(yaml.safe_load(text) or {}, tools, group="suite", member="tools")
+    return {name: dict(table[name]) for name in SUITES}
 
 
 def _target_pipeline(target_model: str) -> Any:

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from qpa.contract import SideEffect
+from qpa.envs.effects import check_effect_table
 
 VERSION = "2026.3.23"
 BFCL_CATEGORIES: tuple[str, ...] = (
@@ -58,7 +59,6 @@ MULTI_TURN_CLASSES: tuple[str, ...] = (
     "TravelAPI",
     "VehicleControlAPI",
 )
-_EFFECTS: frozenset[str] = frozenset(SideEffect.__args__)  # type: ignore[attr-defined]
 #: Held by every execution of BFCL code (live calls and judge runs): see the module docstring.
 _LOCK = threading.RLock()
 
@@ -217,23 +217,8 @@ def effects() -> Mapping[str, Mapping[str, SideEffect]]:
 def check_effects(table: Mapping[str, Mapping[str, str]]) -> Mapping[str, Mapping[str, SideEffect]]:
     """`table` if it classifies every function of every multi-turn class's func doc, and
     nothing else, as one of the contract's side effects; `ValueError` naming what is not."""
-    stale_classes = set(table) - set(MULTI_TURN_CLASSES)
-    if stale_classes:
-        raise ValueError(f"effects.yaml: unknown classes {sorted(stale_classes)}")
-    for class_name in MULTI_TURN_CLASSES:
-        names = {doc["name"] for doc in func_docs(class_name)}
-        reviewed = table.get(class_name) or {}
-        missing, stale = names - set(reviewed), set(reviewed) - names
-        if missing or stale:
-            raise ValueError(
-                f"effects.yaml: class {class_name}: unreviewed functions {sorted(missing)}, "
-                f"stale entries {sorted(stale)}"
-            )
-        bad = {name: e for name, e in reviewed.items() if e not in _EFFECTS}
-        if bad:
-            raise ValueError(f"effects.yaml: class {class_name}: unknown effects {bad}")
-    checked: Mapping[str, Mapping[str, SideEffect]] = table  # type: ignore[assignment]
-    return checked
+    tools = {name: {doc["name"] for doc in func_docs(name)} for name in MULTI_TURN_CLASSES}
+    return check_effect_table(table, tools, group="class", member="functions")
 
 
 # --------------------------------------------------------------------------- isolation
