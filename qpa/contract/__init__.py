@@ -14,9 +14,11 @@ from qpa.contract.jsonl import (
 from qpa.contract.models import (
     ACTION_ADAPTER,
     CAPABILITIES,
+    SINK_ROLES,
     SPLITS,
     WORLD_PROFILES,
     Action,
+    ArgRole,
     Capability,
     Check,
     CheckResult,
@@ -51,9 +53,11 @@ from qpa.contract.models import (
 __all__ = [
     "ACTION_ADAPTER",
     "CAPABILITIES",
+    "SINK_ROLES",
     "SPLITS",
     "WORLD_PROFILES",
     "Action",
+    "ArgRole",
     "Capability",
     "Check",
     "CheckResult",

@@ -26,6 +26,14 @@ Split = Literal["train", "validation", "test"]
 SPLITS: tuple[Split, ...] = ("train", "validation", "test")
 EnvKind = Literal["sandbox", "llm_sim", "device", "mcp", "agentdojo", "bfcl"]
 SideEffect = Literal["read", "write", "payment", "egress"]
+# What an argument of a tool is to the guard (qpa.harness.policy): `recipient` (whom the call
+# reaches: an address, a number, a participant, a share), `target` (the record it acts on),
+# `amount` (money or a quantity that costs), `content` (what it sends or writes out), `url`
+# (an address it contacts), `credential` (a password, code or identity number it sets or
+# sends), `option` (a choice among the tool's fixed settings), `free` (anything else).
+ArgRole = Literal["recipient", "target", "amount", "content", "url", "credential", "option", "free"]
+#: the roles whose values decide whom or what a call reaches: they must trace to the user
+SINK_ROLES: frozenset[str] = frozenset({"recipient", "target", "amount", "url", "credential"})
 ErrorKind = Literal[
     "unknown_tool",
     "invalid_arguments",
@@ -157,6 +165,20 @@ class ToolSpec(_Model):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     result: dict[str, Any] = Field(default_factory=dict)
     side_effect: SideEffect = "read"
+    # argument -> role, declared by the environment kind (an argument left out is `free`);
+    # None: the kind declares no roles (the guard's strict mode refuses its state changes)
+    roles: dict[str, ArgRole] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_undeclared_roles(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("roles") is None:
+            data.pop("roles", None)
+        return data
+
+    def role(self, argument: str) -> ArgRole:
+        """The declared role of `argument` (`free` when not declared)."""
+        return (self.roles or {}).get(argument, "free")
 
     @property
     def changes_state(self) -> bool:
