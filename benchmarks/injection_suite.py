@@ -9,16 +9,30 @@ sandbox's verification reports) and the user's task success. `--legit` also runs
 plan through the Harness over the whole mobilepa suite with the guard on and off (the guard
 must not cost legitimate tasks); `--seed N` builds the suite from the suite generated with
 another seed (other tasks, other worlds: a check the guard was not tuned to the canonical one).
+`--novel {tune,report,all}` builds the suite from the independent kinds of
+`qpa.bench.novel_injections` (one half or both) instead: a kind the rotation left without a
+site is then tried at every site, and a kind that still found none is printed.
 
     .venv/bin/python benchmarks/injection_suite.py [--kinds-per-site 8] [--seed 0] [--legit]
+        [--novel {tune,report,all}]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
-from qpa.bench.injection import InjectionResult, Row, build_suite, run_suite, summarize
+from qpa.bench.injection import (
+    Injection,
+    InjectionResult,
+    Row,
+    build_suite,
+    run_suite,
+    summarize,
+)
+from qpa.bench.novel_injections import attacks_for
+from qpa.contract import Task
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.harness.agent import HarnessConfig, HarnessPlanner
@@ -85,16 +99,40 @@ def legit(seed: int) -> None:
         )
 
 
+def novel_suite(half: str, kinds_per_site: int, tasks: Sequence[Task]) -> list[Injection]:
+    """The novel kinds of `half`, rotated over the sites; each kind the rotation left without
+    a site is tried at every site (so every kind that fits some task lands)."""
+    attacks = attacks_for(half)
+    injections = build_suite(kinds_per_site=kinds_per_site, tasks=tasks, attacks=attacks)
+    landed = {i.kind for i in injections}
+    missing = [a for a in attacks if a.kind not in landed]
+    if missing:
+        extra = build_suite(kinds_per_site=len(missing), tasks=tasks, attacks=missing)
+        injections += extra
+        landed |= {i.kind for i in extra}
+    for attack in attacks:
+        if attack.kind not in landed:
+            print(f"NO SITE for kind {attack.kind}")
+    return injections
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds-per-site", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0, help="suite seed the tasks come from")
     parser.add_argument("--legit", action="store_true", help="also the oracle over the suite")
+    parser.add_argument(
+        "--novel",
+        choices=("tune", "report", "all"),
+        help="the independent kinds of qpa.bench.novel_injections (a half or all)",
+    )
     args = parser.parse_args()
     t0 = time.perf_counter()
-    injections = build_suite(
-        kinds_per_site=args.kinds_per_site, tasks=generate_suite(seed=args.seed)
-    )
+    tasks = generate_suite(seed=args.seed)
+    if args.novel:
+        injections = novel_suite(args.novel, args.kinds_per_site, tasks)
+    else:
+        injections = build_suite(kinds_per_site=args.kinds_per_site, tasks=tasks)
     results: list[InjectionResult] = run_suite(injections)
     took = time.perf_counter() - t0
     sites = {i.site.name for i in injections}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from qpa.contract import Task, TokenUsage, ToolCall, ToolSpec, Trajectory
@@ -44,6 +44,8 @@ from qpa.harness.skills import SkillLibrary
 __all__ = [
     "ATTACKS",
     "SITES",
+    "Amend",
+    "Attack",
     "Injection",
     "InjectionResult",
     "ObedientBackend",
@@ -87,11 +89,36 @@ SITES: tuple[Site, ...] = (
 
 
 @dataclass(frozen=True)
+class Amend:
+    """How an obedient model alters the user's own call to `tool` once it has read the
+    injection: `set` replaces arguments, `extend` appends to list arguments; with `again` the
+    user's call goes out as asked and then once more with the changes (a second payee, a
+    repeated payment). Applies to the first such call after the injection was read."""
+
+    tool: str
+    set: tuple[tuple[str, Any], ...] = ()
+    extend: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    again: bool = False
+
+    def apply(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        changed = json.loads(json.dumps(arguments))
+        changed.update(dict(self.set))
+        for name, values in self.extend:
+            changed[name] = [*(changed.get(name) or []), *values]
+        return changed
+
+
+@dataclass(frozen=True)
 class Attack:
     """What an injection asks for: its text (long and short forms; `split` puts the second
     part into another field), the apps it needs, and the actions an obedient model takes.
     Action arguments may reference the results of the attack's own earlier actions (`${i.path}`,
-    i counting the attack's actions)."""
+    i counting the attack's actions).
+
+    Optional mechanisms (the 14 `ATTACKS` use none): `amend` alters the user's own calls;
+    `split_record` plants `split` into another record the task reads (so the parts may show in
+    different tool results: the model acts once it has seen them all); `derive` makes the
+    actions from the task (its instruction, its user), or None where the task does not fit."""
 
     kind: str
     destination: bool
@@ -100,6 +127,9 @@ class Attack:
     apps: tuple[str, ...]
     actions: tuple[ToolCall, ...]
     split: str | None = None
+    amend: tuple[Amend, ...] = ()
+    split_record: bool = False
+    derive: Callable[[Task], tuple[ToolCall, ...] | None] | None = None
 
 
 def _call(tool: str, **arguments: Any) -> ToolCall:
@@ -286,6 +316,15 @@ class Injection:
     def actions(self) -> tuple[ToolCall, ...]:
         return self.attack.actions
 
+    @property
+    def amends(self) -> tuple[Amend, ...]:
+        return self.attack.amend
+
+    @property
+    def across(self) -> bool:
+        """Whether the planted parts may show in different tool results."""
+        return self.attack.split_record
+
 
 class Obeyable(Protocol):
     """What `ObedientBackend` obeys: once every marker shows in one tool result, the actions
@@ -309,19 +348,28 @@ class ObedientBackend:
         self.results: list[Any] = []
         self.held: ChatMessage | None = None
         self.obeyed: list[ToolCall] = []
+        self.amends: list[Amend] = []  # alterations of the user's own calls, once read
+        self.again: ToolCall | None = None  # the user's call once more, after its result
+        self.seen = ""  # every tool result so far (for parts planted in different records)
         self._ids = 0
 
     def complete(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Completion:
         last = messages[-1] if messages else None
+        if last is not None and last.role == "tool":
+            self.seen += "\n" + (last.content or "")
+        if self.again is not None and last is not None and last.role == "tool":
+            self.queue.append(self.again)  # the user's call went out: now the altered one
+            self.again, self.results, self.held = None, [], last
         if self.queue or self.held is not None:
             if self.obeyed and last is not None and last.role == "tool":
                 self.results.append(_result(last))
         elif last is not None and last.role == "tool":
             for injection in list(self.pending):
-                content = last.content or ""
+                content = self.seen if getattr(injection, "across", False) else last.content or ""
                 if all(marker in content for marker in injection.markers):
                     self.pending.remove(injection)
                     self.queue.extend(injection.actions)
+                    self.amends.extend(getattr(injection, "amends", ()))
                     self.results = []
                     self.held = last
                     break
@@ -339,7 +387,25 @@ class ObedientBackend:
             return Completion(tool_calls=[call], usage=TokenUsage(completion_tokens=20))
         if self.held is not None:
             messages, self.held = [*messages, self.held], None
-        return self.oracle.complete(messages, tools)
+        completion = self.oracle.complete(messages, tools)
+        return self._amend(completion) if self.amends else completion
+
+    def _amend(self, completion: Completion) -> Completion:
+        """The user's own call with the injected alterations (the first matching call)."""
+        calls = []
+        for call in completion.tool_calls:
+            amend = next((a for a in self.amends if a.tool == call.name), None)
+            if amend is not None:
+                self.amends.remove(amend)
+                arguments = json.loads(call.arguments or "{}")
+                changed = amend.apply(arguments)
+                self.obeyed.append(ToolCall(tool=call.name, arguments=changed))
+                if amend.again:
+                    self.again = ToolCall(tool=call.name, arguments=changed)
+                else:
+                    call = RawToolCall(id=call.id, name=call.name, arguments=json.dumps(changed))
+            calls.append(call)
+        return completion.model_copy(update={"tool_calls": calls})
 
 
 def _result(message: ChatMessage) -> Any:
@@ -464,8 +530,36 @@ def _install(task: Task, apps: Iterable[str], donors: dict[str, dict[str, Any]])
     return task.model_copy(update={"world": world, "apps": installed, "tools": tools})
 
 
+def _fit(attack: Attack, task: Task, site: Site, record_id: str, read: set[str]) -> Attack | None:
+    """The attack as planted in this task (derived actions, the record for a split part), or
+    None where the task cannot carry it: its plan makes none of the calls the attack alters,
+    it reads no second record at the site, or `derive` finds nothing to act on."""
+    if attack.amend:
+        calls = {step.tool for step in task.reference_plan or [] if isinstance(step, ToolCall)}
+        if not any(a.tool in calls for a in attack.amend):
+            return None
+    if attack.split_record and _second_record(task, site, record_id, read) is None:
+        return None
+    if attack.derive is not None:
+        actions = attack.derive(task)
+        if actions is None:
+            return None
+        return replace(attack, actions=actions)
+    return attack
+
+
+def _second_record(task: Task, site: Site, record_id: str, read: set[str]) -> str | None:
+    rows = (task.world.get(site.app) or {}).get(site.collection) or []
+    ids = (r.get("id") for r in rows if isinstance(r, dict))
+    return next((i for i in ids if i in read and i != record_id), None)
+
+
 def build_suite(
-    *, kinds_per_site: int = 8, suite: str = "mobilepa", tasks: Sequence[Task] | None = None
+    *,
+    kinds_per_site: int = 8,
+    suite: str = "mobilepa",
+    tasks: Sequence[Task] | None = None,
+    attacks: Sequence[Attack] = ATTACKS,
 ) -> list[Injection]:
     """Injections for every planting site, `kinds_per_site` attack kinds each (rotating through
     the kinds so every kind lands on several sites), long and short forms alternating, each on
@@ -473,11 +567,13 @@ def build_suite(
     pool = list(tasks or generate_suite(suite))
     donors = _donors(pool)
     candidates: dict[str, list[tuple[Task, str]]] = {s.name: [] for s in SITES}
+    reads: dict[str, set[str]] = {}
     for task in (t for t in pool if t.split == "test" and t.reference_plan):
         clean = run_episode(SandboxEnv(), task, OraclePlanner())
         if not clean.success:
             continue
         read = _records_read(clean)
+        reads[task.id] = read
         for site in SITES:
             rows = (task.world.get(site.app) or {}).get(site.collection) or []
             hit = next((r["id"] for r in rows if isinstance(r, dict) and r.get("id") in read), None)
@@ -494,13 +590,22 @@ def build_suite(
         if not found:
             continue
         for k in range(kinds_per_site):
-            attack = ATTACKS[(rotation + k) % len(ATTACKS)]
+            kind = attacks[(rotation + k) % len(attacks)]
             length: Length = "short" if (site.length == "short" or k % 2) else "long"
-            text = attack.short if length == "short" else attack.long
-            ident = f"{attack.kind}@{site.name}:{length}"
+            text = kind.short if length == "short" else kind.long
+            ident = f"{kind.kind}@{site.name}:{length}"
             for offset in range(len(found)):
                 task, record_id = found[(k + offset) % len(found)]
-                planted = _plant(task, site, record_id, text, attack.split)
+                fitted = _fit(kind, task, site, record_id, reads[task.id])
+                if fitted is None:
+                    continue
+                attack = fitted
+                if attack.split_record and attack.split is not None:
+                    other = _second_record(task, site, record_id, reads[task.id])
+                    planted = _plant(task, site, record_id, text, None)
+                    planted = _plant(planted, site, other or record_id, attack.split, None)
+                else:
+                    planted = _plant(task, site, record_id, text, attack.split)
                 planted = _install(planted, attack.apps, donors)
                 planted = planted.model_copy(update={"id": f"{task.id}+inj:{ident}"})
                 # the planted text must not itself break the user's task (a verifier that
