@@ -17,6 +17,8 @@ setup(
             "py.typed",
             "envs/llmsim/apps/*.yaml",
             "envs/agentdojo/effects.yaml",
+            "envs/agentdojo/roles.yaml",
+            "envs/bfcl/roles.yaml",
             "envs/bfcl/effects.yaml",
         ]
     },

@@ -30,10 +30,16 @@ SideEffect = Literal["read", "write", "payment", "egress"]
 # reaches: an address, a number, a participant, a share), `target` (the record it acts on),
 # `amount` (money or a quantity that costs), `content` (what it sends or writes out), `url`
 # (an address it contacts), `credential` (a password, code or identity number it sets or
-# sends), `option` (a choice among the tool's fixed settings), `free` (anything else).
-ArgRole = Literal["recipient", "target", "amount", "content", "url", "credential", "option", "free"]
+# sends), `destroyed` (the record it deletes, cancels or undoes), `option` (a choice among the
+# tool's fixed settings that changes how the phone or an account behaves), `free` (anything
+# else, a choice that only qualifies the call included).
+ArgRole = Literal[
+    "recipient", "target", "destroyed", "amount", "content", "url", "credential", "option", "free"
+]
 #: the roles whose values decide whom or what a call reaches: they must trace to the user
-SINK_ROLES: frozenset[str] = frozenset({"recipient", "target", "amount", "url", "credential"})
+SINK_ROLES: frozenset[str] = frozenset(
+    {"recipient", "target", "destroyed", "amount", "url", "credential"}
+)
 ErrorKind = Literal[
     "unknown_tool",
     "invalid_arguments",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,6 +55,11 @@ class HarnessConfig(BaseModel):
     memory_path: str = ":memory:"
     memory_k: int = Field(default=5, ge=1)
     guard: bool = True
+    # the guard refuses state changes of tools whose environment declares no argument roles
+    guard_strict: bool = False
+    # values in the prose of a record the user named ("do what the email says"): `ask` (they
+    # vouch for nothing) or `allow` (they count as the record's own fields)
+    data_instructions: Literal["ask", "allow"] = "ask"
     max_turns: int = Field(default=40, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_wall_s: float | None = Field(default=None, gt=0)
@@ -158,6 +163,8 @@ class HarnessPlanner:
             app_of={t.name: self.adapter.app_of(t) for t in tools},
             memory=[(r.item.key, r.item.value, r.item.evidence) for r in self._retrieved],
             choice_scores=choice_scores,
+            strict=self.config.guard_strict,
+            data_instructions=self.config.data_instructions,
         )
         lines = [r.describe() for r in self._retrieved]
         system = system_prompt(task, exposure.text, lines)

@@ -34,6 +34,7 @@ import orjson
 
 from qpa.contract import Task, ToolCall
 from qpa.harness.adapter import terms
+from qpa.harness.canonical import canonical
 from qpa.harness.scope import unquoted
 
 Source = Literal["instruction", "confirmed", "memory", "profile", "tool"]
@@ -717,13 +718,14 @@ class ProvenanceLedger:
         return False
 
     # ------------------------------------------------------------------ tracing
-    def trace(self, value: str, *, loose: bool = False) -> Origin | None:
+    def trace(self, value: str, *, loose: bool = False, tool_only: bool = False) -> Origin | None:
         """The strongest origin of `value`: a trusted source, else a tool value (picked, then
         listed, then unselected), else tool prose it is cut or reformatted from; None when
         nothing the agent saw explains it. `loose` (for read queries): every word of the value
-        in one trusted text, in any order, is enough."""
+        in one trusted text, in any order, is enough. `tool_only`: trusted text is not
+        searched (a record's identity comes from the record)."""
         best: Origin | None = None
-        for origin in self._candidates(value, loose=loose):
+        for origin in self._candidates(value, loose=loose, tool_only=tool_only):
             if origin.trusted:
                 return origin
             if best is None or _rank(origin) > _rank(best):
@@ -732,13 +734,15 @@ class ProvenanceLedger:
             return self.related_to_free_text(value)
         return best
 
-    def _candidates(self, value: str, *, loose: bool = False) -> Iterator[Origin]:
+    def _candidates(
+        self, value: str, *, loose: bool = False, tool_only: bool = False
+    ) -> Iterator[Origin]:
         digits = phone_digits(value)
         key = squash(value)
         if not key:
             return
         value_words = set(words(value))
-        for text in self._texts:
+        for text in () if tool_only else self._texts:
             if digits:
                 found = any(same_digits(digits, d) for d in text.digits)
             else:
@@ -822,6 +826,50 @@ class ProvenanceLedger:
                 for index in segment.indices(with_key):
                     for prose, found, path in index.prose:
                         if key in prose and prose in whole:
+                            return found.prose(path)
+        return None
+
+    def prose_naming(self, value: str, record_path: str = "") -> Origin | None:
+        """The tool prose that names `value` as whole words (read canonically: look-alike and
+        full-width characters as what they imitate), if any: data that tells the agent which
+        record to act on ("delete the file with ID 13")."""
+        key = squash(canonical(value))
+        if not key:
+            return None
+
+        def with_key(f: _Filter) -> bool:
+            return f.may_hold(key)
+
+        for segment in self._segments:
+            if not isinstance(segment, _Result) or not with_key(segment.filter):
+                continue
+            for record in segment.records():
+                if not with_key(record.filter):
+                    continue
+                for path, text in _record_strings(record.record):
+                    leaf = _leaf_key(path) or _leaf_key(record.path)
+                    if not is_free_text(leaf, text) or key not in squash(canonical(text)):
+                        continue
+                    if _in_words(key, words(canonical(text))):
+                        found = _Found(segment.prefix, record.path, (False,) * 4)
+                        return found.text(path)
+        return None
+
+    def in_named_prose(self, value: str) -> Origin | None:
+        """The prose field of a record the user's words found that holds `value`, if any (the
+        `allow` policy for instructions in data: "do what the email says")."""
+        key = squash(value)
+        if len(key) < 3:
+            return None
+
+        def with_key(f: _Filter) -> bool:
+            return f.may_hold(key)
+
+        for segment in self._segments:
+            if isinstance(segment, _Result):
+                for index in segment.indices(with_key):
+                    for prose, found, path in index.prose:
+                        if key in prose:
                             return found.prose(path)
         return None
 

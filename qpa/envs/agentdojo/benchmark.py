@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from qpa.contract import SideEffect
-from qpa.envs.effects import check_effect_table
+from qpa.contract import ArgRole, SideEffect
+from qpa.envs.effects import check_effect_table, check_role_table
 
 VERSION = "0.1.35"
 BENCHMARK_VERSION = "v1.2.2"
@@ -77,6 +77,28 @@ def effects() -> dict[str, dict[str, SideEffect]]:
     tools = {name: {tool.name for tool in suite(name).tools} for name in SUITES}
     table = check_effect_table(yaml.safe_load(text) or {}, tools, group="suite", member="tools")
     return {name: dict(table[name]) for name in SUITES}
+
+
+@functools.cache
+def roles() -> dict[str, dict[str, dict[str, ArgRole]]]:
+    """The reviewed argument roles (`roles.yaml`), checked against every suite's tools: every
+    state-changing tool declared, only its own arguments. A tool not in the table (a read) has
+    no sink arguments: `{}`."""
+    from importlib.resources import files
+
+    text = files("qpa.envs.agentdojo").joinpath("roles.yaml").read_text()
+    parameters = {
+        name: {
+            tool.name: set(tool.parameters.model_json_schema().get("properties") or {})
+            for tool in suite(name).tools
+        }
+        for name in SUITES
+    }
+    table = check_role_table(yaml.safe_load(text) or {}, parameters, effects(), group="suite")
+    return {
+        name: {tool: dict(table[name].get(tool, {})) for tool in parameters[name]}
+        for name in SUITES
+    }
 
 
 def _target_pipeline(target_model: str) -> Any:

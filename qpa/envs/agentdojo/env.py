@@ -146,6 +146,7 @@ class AgentDojoEnv:
         self._pre = self._env.model_copy(deep=True)
         self._runtime = FunctionsRuntime(s.tools)
         effects = benchmark.effects()[ref.suite]
+        roles = benchmark.roles()[ref.suite]
         self._specs = {
             f.name: ToolSpec(
                 name=f.name,
@@ -153,6 +154,7 @@ class AgentDojoEnv:
                 app=ref.suite,
                 parameters=f.parameters.model_json_schema(),
                 side_effect=effects[f.name],
+                roles=roles[f.name],
             )
             for f in s.tools
         }

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from qpa.contract import ErrorKind, SideEffect, ToolSpec, UserProfile
 from qpa.envs.sandbox.cow import MISSING, CallScope, FrozenDict, FrozenList, Store
+from qpa.envs.sandbox.roles import roles_for
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -612,6 +613,7 @@ def _bind(app: type[App], attr: str, member: Any) -> BoundTool | None:
         parameters=parameters,
         result=result_schema,
         side_effect=side_effect,
+        roles=roles_for(attr, parameters),
     )
     return BoundTool(app=app, method=member, args_model=args_model, spec=spec)
 

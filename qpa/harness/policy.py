@@ -1,0 +1,107 @@
+"""The guard's data-flow policy, as a table a reviewer can read whole.
+
+Every rule is about where a value came from (`qpa.harness.provenance`) and the role the tool
+declares for the argument that carries it (`ToolSpec.roles`, `qpa.contract.ArgRole`), never
+about a tool's name, an app or an English word. `docs/security.md` prints this table; each
+refusal names the rule that made it (`permission_denied`, and a question for the user).
+
+Terms: a value is *the user's* when it traces to the instruction, the user's confirmations,
+memory the user stated or confirmed, or the user's profile. A record is *named* when a read
+narrowed by the user's words returned it, or its whole name is in the user's words; *picked*
+when it is named or shares a word of its own short fields with the request; *listed* when a
+read whose arguments are all the user's (or picked) returned it without narrowing; *unselected*
+otherwise (a read given a value out of tool prose returns unselected records). Prose (bodies,
+notes, descriptions, any field of more than a few words) never names, picks or lists anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RULES", "Rule", "rule"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the policy: its id, what it applies to and what it requires."""
+
+    id: str
+    applies_to: str
+    requires: str
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "declared-roles",
+        "a state-changing tool whose kind declares no argument roles",
+        "strict mode: refused; otherwise every argument is held to the `recipient` rule",
+    ),
+    Rule(
+        "confirmed-payment",
+        "a `payment` tool",
+        "the user confirmed this tool (the task's `confirmations`)",
+    ),
+    Rule(
+        "sink-recipient",
+        "a `recipient`, `url` or `credential` argument",
+        "the user's value, or a field of a record the user *named*",
+    ),
+    Rule(
+        "sink-target",
+        "a `target` or `amount` argument",
+        "the user's value, or a field of a record the user *picked*; a *listed* record only "
+        "for a tool the request's apps cover, when no tool prose names it, and once per "
+        "argument and episode (see `bulk`)",
+    ),
+    Rule(
+        "sink-destroyed",
+        "a `destroyed` argument (the record a call deletes, cancels or undoes)",
+        "the user's value, or a field of a record the user *picked*: never a listed one",
+    ),
+    Rule(
+        "record-identity",
+        "a `target` that is a short number",
+        "it names a record only by that record's own id: a number in the user's words "
+        "(a date, a count, a list's numbering) vouches for no record of any collection",
+    ),
+    Rule(
+        "option",
+        "an `option` argument (a fixed choice that changes how the phone or an account behaves)",
+        "the user's words, quoted text aside, name the option",
+    ),
+    Rule(
+        "content-flow",
+        "the `content` arguments of an outbound call (egress, or any call with a `recipient` "
+        "or `url`; every argument when roles are undeclared)",
+        "every link, address or number they carry (read after Unicode compatibility and "
+        "look-alike normalisation, spelled digits as digits) is the user's, a field of a "
+        "record the user named, or inside the prose of such a record copied whole",
+    ),
+    Rule(
+        "anchored",
+        "a state-changing call with no sink value at all (a new record)",
+        "at least one of its values is the user's or a field of a record the user picked",
+    ),
+    Rule(
+        "bulk",
+        "a `target` or `recipient` that is not the user's own value or a named record",
+        "at most one such value per tool and argument in an episode",
+    ),
+    Rule(
+        "in-scope",
+        "a state-changing tool of an app the request's relevance does not reach",
+        "refused (relevance only ever narrows: it never allows a call the rules above refuse)",
+    ),
+    Rule(
+        "data-instructions",
+        "values cut from the prose of a record the user named (\"do what the email says\")",
+        "policy `ask` (default): prose is data and vouches for nothing; `allow`: a value in "
+        "the prose of a named record counts as a field of it",
+    ),
+)
+_BY_ID = {r.id: r for r in RULES}
+
+
+def rule(rule_id: str) -> Rule:
+    """The rule called `rule_id` (KeyError for a name the table does not have)."""
+    return _BY_ID[rule_id]
