@@ -20,6 +20,7 @@ sub-agent's goal is the main agent's text, not the user's, and adds no trust.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ from qpa.harness.provenance import (
     squash,
     strings,
 )
-from qpa.harness.scope import RequestScope, outbound
+from qpa.harness.scope import RequestScope
 
 __all__ = ["DataInstructions", "ProvenanceGuard"]
 
@@ -88,6 +89,7 @@ class ProvenanceGuard:
         del choice_scores  # options are named by the user's words alone (rule `option`)
         # (tool, argument) -> the distinct values acted on so far that the user did not name
         self._targets: dict[tuple[str, str], set[str]] = {}
+        self._paid: set[str] = set()  # the payments that succeeded, by tool and arguments
         self._steps = 0
         if not _lazy_checks:  # the benchmark's "today" path: worked out here
             _ = self.scope
@@ -110,6 +112,8 @@ class ProvenanceGuard:
             return
         spec = self.tools.get(call.tool)
         wrote = spec is not None and spec.side_effect != "read"
+        if spec is not None and spec.side_effect == "payment":
+            self._paid.add(_signature(call))
         if wrote and spec is not None:
             for key, _, value in self._sinks(spec, call):
                 unnamed = self._unnamed(value)
@@ -146,10 +150,15 @@ class ProvenanceGuard:
         for key, value in self._options(spec, call):
             if not self._asked_option(value):
                 return _ask("option", call.tool, key, value, "is an option the user never names")
-        if outbound(spec):
-            carried = self._carried_destination(spec, call)
-            if carried:
-                return carried
+        carried = self._carried_destination(spec, call)
+        if carried:
+            return carried
+        if spec.side_effect == "payment" and _signature(call) in self._paid:
+            return _deny(
+                "payment-once",
+                f"'{call.tool}' with these very arguments already succeeded in this episode; a "
+                "confirmation covers one payment: ask the user (message_user) before repeating it",
+            )
         if not sinks and not any(self._options(spec, call)) and not self._anchored(call):
             return _deny(
                 "anchored",
@@ -179,7 +188,7 @@ class ProvenanceGuard:
             role: ArgRole = "recipient" if spec.roles is None else spec.role(key)
             if role not in SINK_ROLES:
                 continue
-            for _, text in strings(value):
+            for _, text in strings(value):  # numbers are not yet traced (noted in the docs)
                 if text.strip():
                     yield key, role, text
 
@@ -196,8 +205,8 @@ class ProvenanceGuard:
         if origin is None:
             if role in _REACH_ROLES:
                 return rule_id, "is a value nothing the user said or chose explains"
-            mention = self.ledger.prose_naming(value)
-            if mention is not None:  # too short to trace, but data spells it out
+            mention = self.ledger.prose_naming(value, any_field=True)
+            if mention is not None:  # too short to trace, but tool text spells it out
                 return rule_id, f"is named inside {mention.detail}, and nothing the user said"
             if role == "destroyed":
                 return "sink-destroyed", "is a record nothing the user said or chose names"
@@ -278,7 +287,7 @@ class ProvenanceGuard:
         return digits[-MIN_PHONE_DIGITS:] if digits else squash(value)
 
     def _carried_destination(self, spec: ToolSpec, call: ToolCall) -> Feedback | None:
-        """Rule `content-flow`: an outbound call's `content` arguments may carry a destination (a
+        """Rule `content-flow`: a state-changing call's `content` arguments may carry a destination (a
         link, an address, a number, however written) only when it traces to the user, to a
         field of a record the user's words found, or to the prose of such a record the message
         copies whole. A link the model brings from what it read, or from nowhere, is what an
@@ -310,6 +319,10 @@ class ProvenanceGuard:
     def origin_of(self, value: str) -> Origin | None:
         """The traced origin of a value (for annotations and tests)."""
         return self.ledger.trace(value)
+
+
+def _signature(call: ToolCall) -> str:
+    return f"{call.tool} {json.dumps(call.arguments, sort_keys=True, default=str)}"
 
 
 def _short_number(value: str) -> bool:

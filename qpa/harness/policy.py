@@ -42,6 +42,11 @@ RULES: tuple[Rule, ...] = (
         "the user confirmed this tool (the task's `confirmations`)",
     ),
     Rule(
+        "payment-once",
+        "a `payment` call identical to one that succeeded in the episode",
+        "refused: a confirmation covers one payment",
+    ),
+    Rule(
         "sink-recipient",
         "a `recipient`, `url` or `credential` argument",
         "the user's value, or a field of a record the user *named*",
@@ -71,8 +76,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "content-flow",
-        "the `content` arguments of an outbound call (egress, or any call with a `recipient` "
-        "or `url`; every argument when roles are undeclared)",
+        "the `content` arguments of a state-changing call (every argument when roles are "
+        "undeclared): what it sends or writes for someone to read",
         "every link, address or number they carry (read after Unicode compatibility and "
         "look-alike normalisation, spelled digits as digits) is the user's, a field of a "
         "record the user named, or inside the prose of such a record copied whole",

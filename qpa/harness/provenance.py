@@ -829,10 +829,13 @@ class ProvenanceLedger:
                             return found.prose(path)
         return None
 
-    def prose_naming(self, value: str, record_path: str = "") -> Origin | None:
+    def prose_naming(
+        self, value: str, record_path: str = "", *, any_field: bool = False
+    ) -> Origin | None:
         """The tool prose that names `value` as whole words (read canonically: look-alike and
         full-width characters as what they imitate), if any: data that tells the agent which
-        record to act on ("delete the file with ID 13")."""
+        record to act on ("delete the file with ID 13"). `any_field`: any tool string that is
+        not exactly the value counts (for a value that matches no field whole)."""
         key = squash(canonical(value))
         if not key:
             return None
@@ -848,7 +851,9 @@ class ProvenanceLedger:
                     continue
                 for path, text in _record_strings(record.record):
                     leaf = _leaf_key(path) or _leaf_key(record.path)
-                    if not is_free_text(leaf, text) or key not in squash(canonical(text)):
+                    if not (any_field or is_free_text(leaf, text)):
+                        continue
+                    if key not in squash(canonical(text)) or squash(text) == key:
                         continue
                     if _in_words(key, words(canonical(text))):
                         found = _Found(segment.prefix, record.path, (False,) * 4)
