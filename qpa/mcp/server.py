@@ -3,11 +3,13 @@
 What an MCP client sees of one `TaskSession`:
 
 - **tools**: the environment's tools, each with its JSON schema as `inputSchema`, read-only
-  ones annotated `readOnlyHint`, and the side effect and app in `_meta` (`qpa/side_effect`,
-  `qpa/app`: `payment` survives the trip, so qpa's `mcp` environment kind reads a qpa task back
-  whole); plus `finish(answer)` to end the episode, `message_user(text)`, and `verify()` (the
-  environment's verification as JSON; left out with `expose_verify=False`, when the agent being
-  scored must not probe its score);
+  ones annotated `readOnlyHint`, and the side effect, app and argument roles in `_meta`
+  (`qpa/side_effect`, `qpa/app`, and `qpa/roles` when the environment declares roles: argument ->
+  recipient, target, amount, content, url, credential or option, the rest free; `payment` and the
+  roles survive the trip, so qpa's `mcp` environment kind reads a qpa task back whole); plus
+  `finish(answer)` to end the episode, `message_user(text)`, and `verify()` (the environment's
+  verification as JSON; left out with `expose_verify=False`, when the agent being scored must not
+  probe its score), which declare no sink roles (`qpa/roles: {}`);
 - **prompt** `task`: the user's instruction as a user message;
 - **resources** `qpa://task` (the task as the agent may know it: id, instruction, user, memory,
   confirmations; never the verifier or the reference plan) and `qpa://task/instruction`;
@@ -39,6 +41,7 @@ from qpa.mcp.session import TaskSession
 __all__ = [
     "APP_META",
     "CONTROL_TOOLS",
+    "ROLES_META",
     "SIDE_EFFECT_META",
     "TASK_PROMPT",
     "TASK_RESOURCE",
@@ -50,6 +53,7 @@ __all__ = [
 
 SIDE_EFFECT_META = "qpa/side_effect"
 APP_META = "qpa/app"
+ROLES_META = "qpa/roles"
 TASK_PROMPT = "task"
 TASK_RESOURCE = "qpa://task"
 INSTRUCTION_RESOURCE = "qpa://task/instruction"
@@ -66,7 +70,7 @@ _FINISH = types.Tool(
         "additionalProperties": False,
     },
     annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False),
-    meta={SIDE_EFFECT_META: "read", APP_META: "qpa"},
+    meta={SIDE_EFFECT_META: "read", APP_META: "qpa", ROLES_META: {}},
 )
 _MESSAGE = types.Tool(
     name="message_user",
@@ -78,7 +82,7 @@ _MESSAGE = types.Tool(
         "additionalProperties": False,
     },
     annotations=types.ToolAnnotations(read_only_hint=True),
-    meta={SIDE_EFFECT_META: "read", APP_META: "qpa"},
+    meta={SIDE_EFFECT_META: "read", APP_META: "qpa", ROLES_META: {}},
 )
 _VERIFY = types.Tool(
     name="verify",
@@ -86,12 +90,15 @@ _VERIFY = types.Tool(
     "each check.",
     input_schema={"type": "object", "properties": {}, "additionalProperties": False},
     annotations=types.ToolAnnotations(read_only_hint=True),
-    meta={SIDE_EFFECT_META: "read", APP_META: "qpa"},
+    meta={SIDE_EFFECT_META: "read", APP_META: "qpa", ROLES_META: {}},
 )
 
 
 def mcp_tool(spec: ToolSpec) -> types.Tool:
     """An environment tool as MCP lists it."""
+    meta: dict[str, Any] = {SIDE_EFFECT_META: spec.side_effect, APP_META: spec.app}
+    if spec.roles is not None:
+        meta[ROLES_META] = dict(spec.roles)
     return types.Tool(
         name=spec.name,
         description=spec.description,
@@ -101,7 +108,7 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
             destructive_hint=spec.side_effect == "payment",
             open_world_hint=spec.side_effect == "egress",  # it reaches outside the world
         ),
-        meta={SIDE_EFFECT_META: spec.side_effect, APP_META: spec.app},
+        meta=meta,
     )
 
 

@@ -26,7 +26,7 @@ from qpa.contract import (
 from qpa.envs.bfcl import BFCL_CATEGORIES, BfclEnv, benchmark, bfcl_tasks, split_of
 from qpa.envs.bfcl.calls import format_call, parse_call
 from qpa.envs.bfcl.judge import _forget, judge
-from qpa.envs.bfcl.schema import json_schema
+from qpa.envs.bfcl.schema import class_tools, json_schema
 from qpa.envs.bfcl.tasks import ASK_FOR_MISSING, NO_FUNCTION
 from qpa.envs.factory import make_env
 from qpa.harness.factory import PlannerFactory, PlannerSpec
@@ -400,6 +400,58 @@ def test_effects_table_covers_every_function_and_nothing_else() -> None:
     env = BfclEnv()
     env.reset(task_of("multi_turn_base", 0))
     assert all(t.side_effect == table[t.app][t.name] for t in env.tools())
+
+
+def test_every_tool_declares_its_argument_roles_from_the_reviewed_table() -> None:
+    table = benchmark.roles()
+    effects = benchmark.effects()
+    for class_name in benchmark.MULTI_TURN_CLASSES:
+        writes = {f for f, e in effects[class_name].items() if e != "read"}
+        assert writes <= set(table.get(class_name, {})), class_name
+        for spec in class_tools(class_name):
+            assert spec.roles is not None, (class_name, spec.name)
+            assert set(spec.roles) <= set(spec.parameters["properties"]), spec.name
+    env = BfclEnv()
+    for category in BFCL_CATEGORIES:
+        for task in bfcl_tasks(category)[:3]:
+            env.reset(task)
+            assert all(t.roles is not None for t in env.tools()), task.id
+    specs = {(s.app, s.name): s for c in benchmark.MULTI_TURN_CLASSES for s in class_tools(c)}
+    send = specs[("MessageAPI", "send_message")]
+    assert send.role("receiver_id") == "recipient" and send.role("message") == "content"
+    assert specs[("GorillaFileSystem", "rm")].role("file_name") == "target"
+    assert specs[("GorillaFileSystem", "touch")].role("file_name") == "free"  # a new file
+    assert specs[("TradingBot", "place_order")].role("amount") == "amount"
+    assert specs[("TwitterAPI", "authenticate_twitter")].role("password") == "credential"
+    assert specs[("GorillaFileSystem", "ls")].roles == {}  # a read: declared, all free
+
+
+def test_a_bad_roles_table_is_refused_naming_the_class_function_and_argument() -> None:
+    def copy() -> dict[str, dict[str, dict[str, str]]]:
+        return {c: {f: dict(r) for f, r in t.items()} for c, t in benchmark.roles().items()}
+
+    unknown_argument = copy()
+    unknown_argument["MessageAPI"]["send_message"]["cc"] = "recipient"
+    with pytest.raises(
+        ValueError, match=r"class MessageAPI\.send_message: unknown arguments \['cc'\]"
+    ):
+        benchmark.check_roles(unknown_argument)
+    unknown_role = copy()
+    unknown_role["GorillaFileSystem"]["rm"]["file_name"] = "victim"
+    with pytest.raises(
+        ValueError, match=r"GorillaFileSystem\.rm: unknown roles .*file_name.*victim"
+    ):
+        benchmark.check_roles(unknown_role)
+    missing = copy()
+    del missing["TravelAPI"]["book_flight"]
+    with pytest.raises(ValueError, match=r"TravelAPI: state-changing .* \['book_flight'\]"):
+        benchmark.check_roles(missing)
+    stale = copy()
+    stale["TicketAPI"]["get_ticket_by_magic"] = {}
+    with pytest.raises(ValueError, match=r"TicketAPI: unknown tools \['get_ticket_by_magic'\]"):
+        benchmark.check_roles(stale)
+    with pytest.raises(ValueError, match=r"unknown class names \['WebSearchAPI'\]"):
+        benchmark.check_roles({**copy(), "WebSearchAPI": {}})
 
 
 def test_tools_are_valid_json_schema_in_plain_types() -> None:

@@ -6,8 +6,10 @@ standard library and `mpmath`): the four multi-turn categories' entries
 (`data/BFCL_v4_multi_turn_<c>.json`), their ground truth (`data/possible_answer/`), the function
 docs of the backend classes (`data/multi_turn_func_doc/`), the backend classes themselves
 (`eval_checker/multi_turn_eval/func_source_code/`, found through BFCL's own
-`CLASS_FILE_PATH_MAPPING`) and the reviewed side-effect table (`effects.yaml`). Nothing here
-re-implements a backend or the judge.
+`CLASS_FILE_PATH_MAPPING`), the reviewed side-effect table (`effects.yaml`) and the reviewed
+argument-role table (`roles.yaml`: which arguments of each state-changing function name a
+recipient, a target record, an amount, content, a URL, a credential or an option; the rest are
+free). Nothing here re-implements a backend or the judge.
 
 BFCL's backends keep process-wide mutable state that its own harness never isolates (it runs
 one model per process): `TwitterAPI.post_tweet`'s list defaults are shared and extended in
@@ -37,8 +39,8 @@ from typing import Any
 
 import yaml
 
-from qpa.contract import SideEffect
-from qpa.envs.effects import check_effect_table
+from qpa.contract import ArgRole, SideEffect
+from qpa.envs.effects import check_effect_table, check_role_table
 
 VERSION = "2026.3.23"
 BFCL_CATEGORIES: tuple[str, ...] = (
@@ -219,6 +221,30 @@ def check_effects(table: Mapping[str, Mapping[str, str]]) -> Mapping[str, Mappin
     nothing else, as one of the contract's side effects; `ValueError` naming what is not."""
     tools = {name: {doc["name"] for doc in func_docs(name)} for name in MULTI_TURN_CLASSES}
     return check_effect_table(table, tools, group="class", member="functions")
+
+
+@functools.cache
+def roles() -> Mapping[str, Mapping[str, dict[str, ArgRole]]]:
+    """The reviewed argument-role table (`roles.yaml`), checked against every func doc and the
+    side-effect table (shared: copy before changing one)."""
+    text = files("qpa.envs.bfcl").joinpath("roles.yaml").read_text(encoding="utf-8")
+    return check_roles(yaml.safe_load(text) or {})
+
+
+def check_roles(
+    table: Mapping[str, Mapping[str, Mapping[str, str]]],
+) -> Mapping[str, Mapping[str, dict[str, ArgRole]]]:
+    """`table` if it declares the roles of every state-changing function (`effects()` says
+    which) with only arguments its func doc has and only the contract's roles; `ValueError`
+    naming the class, function and argument that is not."""
+    arguments = {
+        name: {
+            doc["name"]: set((doc.get("parameters") or {}).get("properties") or {})
+            for doc in func_docs(name)
+        }
+        for name in MULTI_TURN_CLASSES
+    }
+    return check_role_table(table, arguments, effects(), group="class")
 
 
 # --------------------------------------------------------------------------- isolation

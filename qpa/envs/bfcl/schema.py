@@ -8,6 +8,9 @@ accepts `null` and says `"default": null`, everything else (descriptions, `requi
 `items`, nested `properties`) kept. A tool's top-level parameters refuse unknown arguments
 (`additionalProperties: false`): BFCL's backends are Python methods that would raise on one,
 and only names the schema knows ever reach the call strings the judge evaluates.
+
+Every `ToolSpec` declares its arguments' roles (`roles`) from the reviewed `roles.yaml`; a
+function it has no entry for (a read) gets `{}`: all its arguments free, declared so.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def tool_spec(class_name: str, doc: Mapping[str, Any]) -> ToolSpec:
         parameters=parameters_schema(doc),
         result=json_schema(response, where=f"{name}.response") if response else {},
         side_effect=benchmark.effects()[class_name][name],
+        roles=dict(benchmark.roles()[class_name].get(name, {})),
     )
 
 

@@ -34,24 +34,39 @@ default none), checked before anything reaches the MCP server; control tools and
 `hidden_tools` (`$QPA_MCP_HIDDEN_TOOLS`: an admin tool, say) are never offered to the planner
 nor callable by it, whatever the task's `tools` or `hidden_tools` say, and a hidden tool is
 never called at all. A RolloutPool's `mcp` settings set these variables in its pods.
+
+Argument roles (`ToolSpec.roles`: which arguments name a recipient, a target record, an amount,
+content, a URL, a credential or an option; the Harness's guard checks the sink roles against the
+user's request) come, per tool, from the first of: the server side's reviewed roles file
+(`roles_file`, `$QPA_MCP_ROLES_FILE`: a YAML mapping tool name -> {argument: role}; checked at
+construction and against the server's tool list at reset, an error naming the file, tool and
+argument); the tool's `qpa/roles` meta (what `qpa mcp serve` exports; one naming an argument its
+input schema lacks or an unknown role is refused, the tool left undeclared and the reason kept in
+`refused_roles`); the server's `readOnlyHint` (a read declares no sinks: `{}`). Otherwise the
+tool declares none (`None`), and the guard's strict mode refuses its state changes. A
+RolloutPool does not yet carry a roles file to its pods (set the variable and mount the file).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import mcp_types as types
+import yaml
 from jsonschema import Draft202012Validator
 from mcp import MCPError
 from pydantic import ValidationError
 
 from qpa.contract import (
     Action,
+    ArgRole,
     CheckResult,
     EnvKind,
     ErrorKind,
@@ -72,11 +87,18 @@ __all__ = [
     "CONTROL_TOOLS_ENV",
     "HIDDEN_TOOLS_ENV",
     "MAX_STEPS",
+    "ROLES_FILE_ENV",
+    "ROLES_META",
     "URL_ENV",
     "McpEnv",
+    "check_roles",
+    "load_roles_file",
     "parse_tool_names",
+    "tool_roles",
     "tool_spec",
 ]
+
+log = logging.getLogger(__name__)
 
 MAX_STEPS = 200
 URL_ENV = "QPA_MCP_URL"
@@ -85,11 +107,15 @@ COMMAND_ENV = "QPA_MCP_COMMAND"
 CONTROL_TOOLS_ENV = "QPA_MCP_CONTROL_TOOLS"
 #: The tools never offered nor called, in any role (comma separated).
 HIDDEN_TOOLS_ENV = "QPA_MCP_HIDDEN_TOOLS"
+#: The server side's reviewed roles file (YAML: tool name -> {argument: role}).
+ROLES_FILE_ENV = "QPA_MCP_ROLES_FILE"
 #: The task world's fields that name a control tool.
 CONTROL_FIELDS = ("reset_tool", "verifier_tool", "finish_tool")
 #: Meta keys `qpa mcp serve` sets on its tools, read back here (a qpa task round-trips whole).
 SIDE_EFFECT_META = "qpa/side_effect"
 APP_META = "qpa/app"
+ROLES_META = "qpa/roles"
+_ROLES: frozenset[str] = frozenset(ArgRole.__args__)  # type: ignore[attr-defined]
 INVALID_PARAMS = -32602
 _ERROR_KINDS: frozenset[str] = frozenset(ErrorKind.__args__)  # type: ignore[attr-defined]
 _NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]{0,63}$")
@@ -116,8 +142,88 @@ def parse_tool_names(value: str | Sequence[str] | None, field: str) -> frozenset
     return frozenset(names)
 
 
-def tool_spec(tool: types.Tool, *, app: str, payment: bool = False) -> ToolSpec:
-    """The planner's view of an MCP tool."""
+def check_roles(roles: Any, arguments: Sequence[str] | None, *, where: str) -> dict[str, ArgRole]:
+    """`roles` (argument -> role) when it is a mapping naming only the contract's roles and, when
+    `arguments` is given, only those arguments; `ValueError` starting with `where` otherwise."""
+    if roles is None:
+        return {}
+    if not isinstance(roles, Mapping):
+        raise ValueError(
+            f"{where}: roles must be a mapping of argument -> role, not {type(roles).__name__}"
+        )
+    for argument, role in roles.items():
+        if not isinstance(argument, str) or (arguments is not None and argument not in arguments):
+            known = ", ".join(map(repr, arguments or ())) or "none"
+            raise ValueError(
+                f"{where}: argument {argument!r} is not in the tool's input schema "
+                f"(arguments: {known})"
+            )
+        if role not in _ROLES:
+            raise ValueError(
+                f"{where}: argument {argument!r}: unknown role {role!r} (roles: "
+                f"{', '.join(sorted(_ROLES))})"
+            )
+    return cast(dict[str, ArgRole], dict(roles))
+
+
+def load_roles_file(path: str | os.PathLike[str], field: str) -> dict[str, dict[str, ArgRole]]:
+    """A reviewed roles file (YAML: tool name -> {argument: role}); `ValueError` naming `field`,
+    the file and the tool for anything else (its arguments are checked at reset, against the
+    server's tool list)."""
+    where = f"{field}: {os.fspath(path)}"
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: not YAML ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ValueError(
+            f"{where}: must be a mapping of tool name -> {{argument: role}}, "
+            f"not {type(data).__name__}"
+        )
+    out: dict[str, dict[str, ArgRole]] = {}
+    for name, roles in data.items():
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise ValueError(f"{where}: {name!r} is not an MCP tool name")
+        out[name] = check_roles(roles, None, where=f"{where}: tool {name!r}")
+    return out
+
+
+def _arguments(tool: types.Tool) -> list[str]:
+    properties = (tool.input_schema or {}).get("properties") or {}
+    return list(properties) if isinstance(properties, Mapping) else []
+
+
+def tool_roles(
+    tool: types.Tool, *, side_effect: str = "write"
+) -> tuple[dict[str, ArgRole] | None, str | None]:
+    """A tool's roles as its server declares them (its `qpa/roles` meta, else `{}` for a tool
+    annotated read-only whose side effect is `read`, else `None`) and, when the meta was refused
+    (an argument its input schema lacks, an unknown role), why."""
+    meta = tool.meta or {}
+    if ROLES_META in meta:
+        try:
+            return check_roles(
+                meta[ROLES_META], _arguments(tool), where=f"tool {tool.name!r}: meta {ROLES_META}"
+            ), None
+        except ValueError as exc:
+            return None, str(exc)
+    read_only = tool.annotations is not None and tool.annotations.read_only_hint
+    return ({} if read_only and side_effect == "read" else None), None
+
+
+def tool_spec(
+    tool: types.Tool,
+    *,
+    app: str,
+    payment: bool = False,
+    roles: Mapping[str, ArgRole] | None = None,
+) -> ToolSpec:
+    """The planner's view of an MCP tool; `roles` (checked already, say from a reviewed roles
+    file) wins over what the server declares (`tool_roles`)."""
     meta = tool.meta or {}
     declared = meta.get(SIDE_EFFECT_META)
     if payment or declared == "payment":
@@ -128,6 +234,10 @@ def tool_spec(tool: types.Tool, *, app: str, payment: bool = False) -> ToolSpec:
         side_effect = "read"
     else:
         side_effect = "write"
+    if roles is not None:
+        own: dict[str, ArgRole] | None = dict(roles)
+    else:
+        own, _ = tool_roles(tool, side_effect=side_effect)
     return ToolSpec(
         name=tool.name,
         description=tool.description or tool.title or tool.name,
@@ -135,6 +245,7 @@ def tool_spec(tool: types.Tool, *, app: str, payment: bool = False) -> ToolSpec:
         parameters=dict(tool.input_schema) or {"type": "object", "properties": {}},
         result=dict(tool.output_schema or {}),
         side_effect=side_effect,
+        roles=own,
     )
 
 
@@ -201,6 +312,7 @@ class McpEnv:
         max_steps: int = MAX_STEPS,
         control_tools: str | Sequence[str] | None = None,
         hidden_tools: str | Sequence[str] | None = None,
+        roles_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if url is None and command is None:
             url = os.environ.get(URL_ENV) or None
@@ -236,6 +348,17 @@ class McpEnv:
                 f"{hidden_field}: {', '.join(map(repr, both))} also listed as control tools; a "
                 "hidden tool is never called, a control tool is called as a task's machinery"
             )
+        if roles_file is None:
+            roles_file = os.environ.get(ROLES_FILE_ENV) or None
+            roles_field = f"${ROLES_FILE_ENV}"
+        else:
+            roles_field = "roles_file"
+        #: The server side's reviewed roles (tool -> argument -> role), winning over the server's.
+        self.roles_file = os.fspath(roles_file) if roles_file is not None else None
+        self.reviewed_roles = load_roles_file(roles_file, roles_field) if roles_file else {}
+        self._roles_field = roles_field
+        #: Tools whose server-declared roles were refused at the last reset, and why.
+        self.refused_roles: dict[str, str] = {}
         #: What a task may name as `_mcp.reset_tool` / `verifier_tool` / `finish_tool`.
         self.control_tools = control
         #: What is never offered nor called, whatever a task says.
@@ -304,8 +427,24 @@ class McpEnv:
                 f"MCP tool names {', '.join(map(repr, bad))} are not valid tool names "
                 "(letters, digits, underscores; a letter first): hide them or rename them",
             )
+        problem = self._check_reviewed_roles(server_tools)
+        if problem is not None:
+            return Feedback.fail("environment_failure", problem)
         payment = set(world.payment_tools)
-        allowed = {n: tool_spec(server_tools[n], app=app, payment=n in payment) for n in names}
+        allowed = {
+            n: tool_spec(
+                server_tools[n], app=app, payment=n in payment, roles=self.reviewed_roles.get(n)
+            )
+            for n in names
+        }
+        self.refused_roles = {}
+        for n, spec in allowed.items():
+            if n in self.reviewed_roles:
+                continue
+            _, why = tool_roles(server_tools[n], side_effect=spec.side_effect)
+            if why is not None:
+                self.refused_roles[n] = why
+                log.warning("%s: %s; the tool declares no roles", self.server.describe(), why)
         self._task, self._world, self._server_tools = task, world, server_tools
         self._allowed = allowed
         self._validators = {n: Draft202012Validator(s.parameters) for n, s in allowed.items()}
@@ -453,6 +592,23 @@ class McpEnv:
                     "permission_denied",
                     f"task tools: {name!r} is {what} this server, never the planner's",
                 )
+        return None
+
+    def _check_reviewed_roles(self, server_tools: Mapping[str, types.Tool]) -> str | None:
+        """Why the reviewed roles file does not fit the server's tools (a tool it lacks, an
+        argument a tool's input schema lacks), or None."""
+        where = f"{self._roles_field}: {self.roles_file}"
+        for name, roles in self.reviewed_roles.items():
+            tool = server_tools.get(name)
+            if tool is None:
+                return (
+                    f"{where}: tool {name!r}: the MCP server {self.server.describe()} has no "
+                    "tool of that name"
+                )
+            try:
+                check_roles(roles, _arguments(tool), where=f"{where}: tool {name!r}")
+            except ValueError as exc:
+                return str(exc)
         return None
 
     def _connect(self) -> McpConnection:
