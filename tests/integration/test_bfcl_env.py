@@ -419,7 +419,7 @@ def test_every_tool_declares_its_argument_roles_from_the_reviewed_table() -> Non
     specs = {(s.app, s.name): s for c in benchmark.MULTI_TURN_CLASSES for s in class_tools(c)}
     send = specs[("MessageAPI", "send_message")]
     assert send.role("receiver_id") == "recipient" and send.role("message") == "content"
-    assert specs[("GorillaFileSystem", "rm")].role("file_name") == "target"
+    assert specs[("GorillaFileSystem", "rm")].role("file_name") == "destroyed"
     assert specs[("GorillaFileSystem", "touch")].role("file_name") == "free"  # a new file
     assert specs[("TradingBot", "place_order")].role("amount") == "amount"
     assert specs[("TwitterAPI", "authenticate_twitter")].role("password") == "credential"
