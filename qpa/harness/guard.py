@@ -46,6 +46,8 @@ DataInstructions = Literal["ask", "allow"]
 _NAMED_ROLES = frozenset({"recipient", "url", "credential"})
 # roles whose value must trace somewhere: whom or where a call reaches is never the agent's own
 _REACH_ROLES = frozenset({"recipient", "url"})
+# roles that name a record of the world
+_RECORD_ROLES = frozenset({"target", "destroyed"})
 #: whether the request's reach is worked out at the first state-changing call's check (the
 #: benchmark's "today" path sets it False: at the start)
 _lazy_checks = True
@@ -196,7 +198,7 @@ class ProvenanceGuard:
         """(rule, why) when a sink value does not trace where its role requires."""
         rule_id = "sink-recipient" if role in _NAMED_ROLES else "sink-target"
         origin = self.ledger.trace(value)
-        if role == "target" and origin is not None and origin.trusted and _short_number(value):
+        if role in _RECORD_ROLES and origin is not None and origin.trusted and _short_number(value):
             # a short number in the user's words (a date, a count, "1." of a list) names no
             # record: only a record's own id field does
             origin = self.ledger.trace(value, tool_only=True)

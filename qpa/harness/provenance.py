@@ -34,7 +34,7 @@ import orjson
 
 from qpa.contract import Task, ToolCall
 from qpa.harness.adapter import terms
-from qpa.harness.canonical import canonical
+from qpa.harness.canonical import canonical, skeleton
 from qpa.harness.scope import unquoted
 
 Source = Literal["instruction", "confirmed", "memory", "profile", "tool"]
@@ -691,6 +691,8 @@ class ProvenanceLedger:
         the user named it, though the read listed everything."""
         for key in _NAMES:
             value = record.get(key)
+            if isinstance(value, str) and skeleton(value) != value:
+                continue  # a look-alike of a name is not that name
             if isinstance(value, str) and 0 < len(value.split()) <= FREE_TEXT_WORDS:
                 wanted = set(terms(value))
                 if wanted and wanted <= self.request_terms:
@@ -713,6 +715,8 @@ class ProvenanceLedger:
             prose = key in FREE_TEXT_KEYS or _facts(value).wordy  # = is_free_text(key, value)
             if prose and not (key in _TITLES and len(value.split()) <= 5):
                 continue  # prose never chooses a record; a short title may
+            if skeleton(value) != value:
+                continue  # look-alike or disguised characters choose nothing
             if not self.request_terms.isdisjoint(terms(value)):
                 return True
         return False
