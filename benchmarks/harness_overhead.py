@@ -14,8 +14,8 @@ contacts, thousands of messages: large JSON tool results), three ways:
 - now: the full Harness with the shared adapter caches, the fast argument check
   (`qpa.harness.argcheck`), the cached name splitting of write-back and the ledger, the
   adapter's remembered selections and relevance per (tool set, query terms, settings), and the
-  ledger's facts (canonical form, digits) memoised per distinct string, a tool's effect class
-  memoised, a tool's cache key (name, description, app, canonical schema bytes) and its
+  ledger's facts (canonical form, digits) memoised per distinct string, a tool's cache key
+  (name, description, app, canonical schema bytes) and its
   validators looked up once per tool object, and a trusted text's words and digit runs read
   once per distinct string.
 
@@ -73,7 +73,6 @@ from qpa.harness import agent as agent_module
 from qpa.harness import guard as guard_module
 from qpa.harness import memory as memory_module
 from qpa.harness import parsing, provenance
-from qpa.harness import scope as scope_module
 from qpa.harness.agent import HarnessPlanner
 from qpa.harness.backends.base import ChatMessage, Completion
 from qpa.harness.backends.scripted import OracleBackend
@@ -188,8 +187,7 @@ def todays_harness() -> Iterator[None]:
         else dict(memory_module._registry_side_effects.__wrapped__())
     )
     provenance._leaf_key = leaf_key.__wrapped__  # type: ignore[assignment]
-    # the ledger reads each tool string's facts afresh (no memo per distinct string), and a
-    # tool's effect class is worked out at every question
+    # the ledger reads each tool string's facts afresh (no memo per distinct string)
     provenance._facts = provenance.value_facts
     # the ledger indexes every tool result as it is recorded and searches each for every value
     provenance._lazy_results = False
@@ -199,8 +197,6 @@ def todays_harness() -> Iterator[None]:
     tool_key, parts = adapter_module._tool_key, provenance._parts
     adapter_module._tool_key = adapter_module._content_key
     provenance._parts = provenance.text_parts
-    effect = scope_module._effect
-    scope_module._effect = effect.__wrapped__  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -215,7 +211,6 @@ def todays_harness() -> Iterator[None]:
         guard_module._lazy_checks = True
         adapter_module._tool_key = tool_key
         provenance._parts = parts
-        scope_module._effect = effect  # type: ignore[assignment]
 
 
 def forget_adapter_caches() -> None:

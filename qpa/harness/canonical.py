@@ -2,14 +2,14 @@
 
 An attacker writes an address so that a person (or a filter) misses it and a model rewrites it:
 full-width or other compatibility characters (U+FF15 for `5`), look-alike letters from other
-scripts (Cyrillic U+0435 for `e`, Greek U+03BF for `o`), invisible characters inside it (zero-width spaces,
-soft hyphens), digits spelled as words ("five five five, zero one nine nine"). `canonical(text)`
-undoes all of these: Unicode compatibility normalisation (NFKC), invisible characters dropped,
-the confusable letters of Cyrillic and Greek mapped to the Latin ones they imitate (a skeleton,
-after Unicode's confusables idea, limited to the letters that imitate ASCII), and runs of at
-least three spelled digits written as digits. The guard scans content and tool text in this
-form, so what a destination *looks like* is what it is; trust never comes from it (a look-alike
-of what the user said is not what the user said).
+scripts (Cyrillic U+0435 for `e`, Greek U+03BF for `o`), invisible characters inside it (zero-
+width spaces, soft hyphens), digits spelled as words ("five five five, zero one nine nine").
+`canonical(text)` undoes all of these: Unicode compatibility normalisation (NFKC), invisible
+characters dropped, the confusable letters of Cyrillic and Greek mapped to the Latin ones they
+imitate (a skeleton, after Unicode's confusables idea, limited to the letters that imitate
+ASCII), and runs of at least three spelled digits written as digits. The guard scans content and
+tool text in this form, so what a destination *looks like* is what it is; trust never comes from
+it (a look-alike of what the user said is not what the user said).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ __all__ = ["canonical", "skeleton"]
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"), None)
 # Cyrillic and Greek letters that imitate Latin ones (lower and upper case).
 _CONFUSABLE = str.maketrans(  # the look-alikes are the point
-    "аеорсуххіјԁһкмтвнзӏ" "АВЕКМНОРСТХУІЈ" "αβεικνορτυχωΑΒΕΗΙΚΜΝΟΡΤΥΧΖ",  # noqa: RUF001
-    "aeopcyxxijdhkmtbh3l" "ABEKMHOPCTXYIJ" "abeikvoptuxwABEHIKMNOPTYXZ",
+    "аеорсуххіјԁһкмтвнзӏАВЕКМНОРСТХУІЈαβεικνορτυχωΑΒΕΗΙΚΜΝΟΡΤΥΧΖ",
+    "aeopcyxxijdhkmtbh3lABEKMHOPCTXYIJabeikvoptuxwABEHIKMNOPTYXZ",
 )
 _DIGIT_WORDS = {
     "zero": "0",

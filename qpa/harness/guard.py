@@ -289,11 +289,11 @@ class ProvenanceGuard:
         return digits[-MIN_PHONE_DIGITS:] if digits else squash(value)
 
     def _carried_destination(self, spec: ToolSpec, call: ToolCall) -> Feedback | None:
-        """Rule `content-flow`: a state-changing call's `content` arguments may carry a destination (a
-        link, an address, a number, however written) only when it traces to the user, to a
-        field of a record the user's words found, or to the prose of such a record the message
-        copies whole. A link the model brings from what it read, or from nowhere, is what an
-        injection wants delivered."""
+        """Rule `content-flow`: a state-changing call's `content` arguments may carry a
+        destination (a link, an address, a number, however written) only when it traces to the
+        user, to a field of a record the user's words found, or to the prose of such a record
+        the message copies whole. A link the model brings from what it read, or from nowhere,
+        is what an injection wants delivered."""
         for key, value in call.arguments.items():
             if spec.roles is not None and spec.role(key) != "content":
                 continue  # what it sends is its `content` (every argument, undeclared)

@@ -99,7 +99,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "data-instructions",
-        "values cut from the prose of a record the user named (\"do what the email says\")",
+        'values cut from the prose of a record the user named ("do what the email says")',
         "policy `ask` (default): prose is data and vouches for nothing; `allow`: a value in "
         "the prose of a named record counts as a field of it",
     ),

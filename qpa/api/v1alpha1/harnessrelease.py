@@ -183,8 +183,10 @@ class BenchmarkSettings(_Model):
             "self.suite.startsWith('bfcl/') == (self.environment == 'bfcl')",
             message="environment: an agentdojo/... suite runs in environment agentdojo and a "
             "bfcl/... suite in bfcl, and those environments run only their suites",
-            check=lambda m: m.suite.startswith("agentdojo/") == (m.environment == "agentdojo")
-            and m.suite.startswith("bfcl/") == (m.environment == "bfcl"),
+            check=lambda m: (
+                m.suite.startswith("agentdojo/") == (m.environment == "agentdojo")
+                and m.suite.startswith("bfcl/") == (m.environment == "bfcl")
+            ),
         ),
     )
 
