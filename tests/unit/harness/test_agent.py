@@ -56,8 +56,9 @@ def run(task: Task, backend: Any, **config: Any) -> Any:
 
 
 def test_the_loop_solves_tasks_with_a_perfect_model() -> None:
+    # "do what the note says" (a password read from a note) is the `allow` policy's
     for task in SUITE[::40]:
-        trajectory = run(task, OracleBackend(task))
+        trajectory = run(task, OracleBackend(task), data_instructions="allow")
         assert trajectory.success, (task.id, trajectory.error)
 
 

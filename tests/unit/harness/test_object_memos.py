@@ -14,17 +14,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from qpa.contract import Feedback, MemoryItem, Task, ToolCall, ToolSpec, UserProfile
+from qpa.contract import MemoryItem, Task, ToolCall, ToolSpec, UserProfile
 from qpa.envs.sandbox.registry import all_tools
 from qpa.harness import adapter as adapter_module
 from qpa.harness import parsing, provenance
-from qpa.harness.adapter import ScenarioAdapter, terms
-from qpa.harness.agent import HarnessPlanner
+from qpa.harness.adapter import ScenarioAdapter
 from qpa.harness.backends.base import ChatMessage, Completion
-from qpa.harness.backends.scripted import ScriptedBackend
 from qpa.harness.parsing import ParseFailure, parse_completion
 from qpa.harness.provenance import Origin, ProvenanceLedger, text_parts
-from qpa.harness.scope import unquoted
 from qpa.harness.skills import SkillLibrary
 
 LIBRARY = SkillLibrary.from_registry()
@@ -135,37 +132,6 @@ def test_a_ledger_with_the_text_memo_traces_as_one_without() -> None:
     assert [memo.trace(v) for v in values] == [fresh.trace(v) for v in values]
     assert memo.trace("Sam Lee") == Origin("profile", "name")
     assert memo.trace("Omar") is None
-
-
-@pytest.mark.parametrize(
-    ("instruction", "shared"),
-    [
-        ("Text Maya that I'm running late", True),  # no quotes: the same scores are shared
-        ("Text Maya the code from my 'Bluetooth settings' note", False),  # scored apart
-    ],
-)
-def test_the_guards_choice_scores_are_the_relevance_without_quoted_text(
-    instruction: str, shared: bool
-) -> None:
-    task = Task(
-        id="t-choice",
-        domain="test",
-        capabilities=["tool_use"],
-        instruction=instruction,
-        user=UserProfile(user_id="u1"),
-    )
-    planner = HarnessPlanner(ScriptedBackend(_no_model), skills=LIBRARY)
-    planner.start(task, TOOLS, Feedback.ok({"ready": True}))
-    adapter = ScenarioAdapter(LIBRARY)
-    wanted = adapter.relevance(unquoted(instruction), TOOLS)[1]
-    named = {
-        t
-        for name, score in wanted.items()
-        if score > 0
-        for t in terms(_action(name, adapter.app_of(planner.tools[name])))
-    }
-    assert planner.guard._named_terms == frozenset(named)
-    assert (terms(unquoted(instruction)) == terms(instruction)) is shared
 
 
 def _action(name: str, app: str) -> str:
