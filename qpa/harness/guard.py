@@ -150,7 +150,7 @@ class ProvenanceGuard:
                 rule_id, why = found
                 return _ask(rule_id, call.tool, key, value, why)
         for key, value in self._options(spec, call):
-            if not self._asked_option(value):
+            if not self._asked_option(spec, key, value):
                 return _ask("option", call.tool, key, value, "is an option the user never names")
         carried = self._carried_destination(spec, call)
         if carried:
@@ -225,6 +225,13 @@ class ProvenanceGuard:
             if self.data_instructions == "allow" and self._in_named_prose(value):
                 return None
             return rule_id, f"comes from {origin.describe()}, a record the user did not name"
+        if role == "destroyed" and origin.named:
+            weakest = self.ledger.weakest(value)
+            if weakest is not None and not weakest.named:
+                return "sink-destroyed", (
+                    f"is a record the user's words found, but {weakest.describe()} also gave it "
+                    "to the agent: which of the two it acts on, nothing tells"
+                )
         if role == "destroyed" and not origin.named:
             return "sink-destroyed", (
                 f"comes from {origin.describe()}: a record to delete or cancel must be one the "
@@ -233,11 +240,6 @@ class ProvenanceGuard:
             )
         if origin.picked:
             return None
-        if role == "destroyed":
-            return "sink-destroyed", (
-                f"comes from {origin.describe()}: a record to delete or cancel must be one the "
-                "user's words picked, not one a listing showed"
-            )
         if not origin.pointed:
             return rule_id, (
                 f"comes from {origin.describe()}, a listing of a collection the user's words "
@@ -260,9 +262,14 @@ class ProvenanceGuard:
             if spec.role(key) == "option" and isinstance(value, str) and value.strip():
                 yield key, value
 
-    def _asked_option(self, value: str) -> bool:
+    def _asked_option(self, spec: ToolSpec, key: str, value: str) -> bool:
         """Whether the user's words, quoted text aside, name the option (`wifi` in "turn off
-        the Wi-Fi")."""
+        the Wi-Fi"); an option that is a record (no fixed values: the card made default) must
+        be one the user's words picked ("my Visa")."""
+        prop = (spec.parameters.get("properties") or {}).get(key)
+        if not (isinstance(prop, dict) and _has_choices(prop)):
+            origin = self.ledger.trace(value)
+            return origin is not None and (origin.trusted or (origin.selected and origin.picked))
         wanted = set(terms(value.replace("_", " ")))
         return bool(wanted & self.ledger.asked_terms) or self.ledger.asks_for(value)
 
@@ -321,6 +328,13 @@ class ProvenanceGuard:
     def origin_of(self, value: str) -> Origin | None:
         """The traced origin of a value (for annotations and tests)."""
         return self.ledger.trace(value)
+
+
+def _has_choices(schema: dict[str, Any]) -> bool:
+    """Whether a parameter's schema fixes its values (an `enum`, possibly optional)."""
+    return "enum" in schema or any(
+        isinstance(s, dict) and _has_choices(s) for s in schema.get("anyOf") or ()
+    )
 
 
 def _signature(call: ToolCall) -> str:

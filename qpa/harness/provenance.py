@@ -738,6 +738,17 @@ class ProvenanceLedger:
             return self.related_to_free_text(value)
         return best
 
+    def weakest(self, value: str) -> Origin | None:
+        """The weakest tool origin of `value` (None when no tool result holds it whole, or a
+        trusted source does): where the least chosen copy of it came from."""
+        worst: Origin | None = None
+        for origin in self._candidates(value):
+            if origin.trusted:
+                return None
+            if worst is None or _rank(origin) < _rank(worst):
+                worst = origin
+        return worst
+
     def _candidates(
         self, value: str, *, loose: bool = False, tool_only: bool = False
     ) -> Iterator[Origin]:

@@ -15,7 +15,8 @@ own declaration, the way AgentDojo's and BFCL's come from their reviewed `roles.
 - `content`: what it sends or writes for someone else to read (a text, a body, a subject, a
   note on a payment, an event's notes and title sent with an invitation);
 - `destroyed`: the record a deleting, cancelling or undoing tool (`DESTROYING_TOOLS`) acts on;
-- `option`: a fixed choice that changes how the phone or an account behaves (`OPTIONS`);
+- `option`: a choice that changes how the phone or an account behaves from then on
+  (`OPTIONS`: a setting among fixed values, or the card made default or frozen);
   any other `enum` parameter only qualifies its call (a reason, a sound) and is `free`;
 - everything else is `free` (a new record's name, a date, a flag, a search's text).
 """
@@ -113,6 +114,10 @@ OPTIONS: dict[str, frozenset[str]] = {
     "home_set_security": frozenset({"mode"}),
     "email_create_filter": frozenset({"action"}),
     "email_move": frozenset({"folder"}),
+    # which card pays by default, which cards can pay at all: a record chosen as a setting
+    "wallet_set_default_card": frozenset({"card_id"}),
+    "wallet_freeze_card": frozenset({"card_id"}),
+    "wallet_unfreeze_card": frozenset({"card_id"}),
 }
 # Parameters whose name means something else in one tool.
 TOOL_OVERRIDES: dict[str, dict[str, ArgRole]] = {
@@ -129,6 +134,8 @@ def roles_for(tool: str, parameters: dict[str, Any]) -> dict[str, ArgRole]:
     roles: dict[str, ArgRole] = {}
     for name, schema in properties.items():
         role = overrides.get(name)
+        if role is None and name in OPTIONS.get(tool, ()):
+            role = "option"
         if role is None:
             if _is_choice(schema):
                 role = "option" if name in OPTIONS.get(tool, ()) else "free"
