@@ -149,6 +149,18 @@ class ProvenanceGuard:
             if found:
                 rule_id, why = found
                 return _ask(rule_id, call.tool, key, value, why)
+        for key, number in self._amounts(spec, call):
+            if number in self.ledger.user_numbers():
+                continue
+            told = self.ledger.number_in_text(number)
+            if told is not None:
+                return _ask(
+                    "sink-target",
+                    call.tool,
+                    key,
+                    f"{number:g}",
+                    f"is written in {told.detail} and nothing the user said",
+                )
         for key, value in self._options(spec, call):
             if not self._asked_option(spec, key, value):
                 return _ask("option", call.tool, key, value, "is an option the user never names")
@@ -190,7 +202,7 @@ class ProvenanceGuard:
             role: ArgRole = "recipient" if spec.roles is None else spec.role(key)
             if role not in SINK_ROLES:
                 continue
-            for _, text in strings(value):  # numbers are not yet traced (noted in the docs)
+            for _, text in strings(value):  # JSON numbers: `_amounts`
                 if text.strip():
                     yield key, role, text
 
@@ -256,6 +268,13 @@ class ProvenanceGuard:
     def _in_named_prose(self, value: str) -> bool:
         """Whether `value` is cut from the prose of a record the user named (`allow` only)."""
         return self.ledger.in_named_prose(value) is not None
+
+    def _amounts(self, spec: ToolSpec, call: ToolCall) -> Iterator[tuple[str, float]]:
+        """(argument, number) of every JSON number in an `amount` argument."""
+        for key, value in call.arguments.items():
+            if spec.role(key) == "amount":
+                for number in _numbers(value):
+                    yield key, number
 
     def _options(self, spec: ToolSpec, call: ToolCall) -> Iterator[tuple[str, str]]:
         for key, value in call.arguments.items():
@@ -328,6 +347,20 @@ class ProvenanceGuard:
     def origin_of(self, value: str) -> Origin | None:
         """The traced origin of a value (for annotations and tests)."""
         return self.ledger.trace(value)
+
+
+def _numbers(value: Any) -> Iterator[float]:
+    """Every JSON number inside an argument's value (booleans are no numbers)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        yield float(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _numbers(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers(v)
 
 
 def _has_choices(schema: dict[str, Any]) -> bool:

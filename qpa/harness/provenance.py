@@ -381,9 +381,10 @@ _Where = _Given | _Found  # what a ledger entry's origin is read from
 class _Index:
     """What tracing searches in one tool result (or in the values the agent authored)."""
 
-    __slots__ = ("atoms", "free", "phones", "prose")
+    __slots__ = ("atoms", "free", "named", "phones", "prose")
 
     def __init__(self) -> None:
+        self.named = False  # the record is one the user's words found
         # values by squashed form, phone-like values by digits: (where, path in its record)
         self.atoms: dict[str, list[tuple[_Where, str]]] = {}
         self.phones: list[tuple[str, _Where, str]] = []
@@ -528,6 +529,10 @@ class _Result:
             self._records = [_Record(p, r, lazy) for p, r in _records(self.observation)]
         return self._records
 
+    def index(self, record: _Record) -> _Index:
+        """The index of one of this result's records (built once)."""
+        return self._index(record)
+
     def _index(self, record: _Record) -> _Index:
         if record.index is None:
             record.index = self._ledger._index(self, record.path, record.record)
@@ -565,6 +570,7 @@ class ProvenanceLedger:
         self.pointed_reads = frozenset(pointed_reads)
         self.instruction_terms = frozenset(terms(task.instruction))
         self._texts: list[_Text] = []
+        self._trusted_raw: list[str] = []  # the trusted texts as written (for their numbers)
         # what was recorded besides trusted text, in recording order: the values the agent
         # authored and each tool result (indexed when a trace may find something in it)
         self._segments: list[_Values | _Result] = []
@@ -595,6 +601,7 @@ class ProvenanceLedger:
     # ------------------------------------------------------------------ recording
     def add_trusted(self, text: str, origin: Origin) -> None:
         self._texts.append(_Text(_parts(text), origin))
+        self._trusted_raw.append(text)
 
     def add_value(self, value: str, origin: Origin) -> None:
         given = _Given(origin)
@@ -644,7 +651,7 @@ class ProvenanceLedger:
         named = wrote or picked or (selected and self._titled_by_request(record))
         pointed = result.pointed
         flags = (selected, selected and record_picked, selected and named, selected and pointed)
-        keep_prose = selected and named
+        keep_prose = index.named = selected and named
         record_leaf = _leaf_key(record_path)
         found = _Found(result.prefix, record_path, flags)
         facts_of = _facts
@@ -875,6 +882,26 @@ class ProvenanceLedger:
                         return found.text(path)
         return None
 
+    def number_in_text(self, number: float) -> Origin | None:
+        """The tool text (a string, not a numeric field) of a record the user's words did not
+        name that writes `number`, if any: an amount data tells the agent ("send 250 instead").
+        What the record the user named says ("pay me back 26.14") is that record's."""
+        for segment in self._segments:
+            if not isinstance(segment, _Result):
+                continue
+            for record in segment.records():
+                if segment.index(record).named:
+                    continue
+                for path, text in _record_strings(record.record):
+                    if any(float(n) == number for n in _numbers_written(text)):
+                        found = _Found(segment.prefix, record.path, (False,) * 4)
+                        return found.text(path)
+        return None
+
+    def user_numbers(self) -> frozenset[float]:
+        """The numbers the user's own texts (instruction, confirmations, memory, profile) write."""
+        return frozenset(float(n) for text in self._trusted_raw for n in _numbers_written(text))
+
     def in_named_prose(self, value: str) -> Origin | None:
         """The prose field of a record the user's words found that holds `value`, if any (the
         `allow` policy for instructions in data: "do what the email says")."""
@@ -899,6 +926,15 @@ class ProvenanceLedger:
 
 
 _DIGITS = re.compile(r"\d+")
+# a number as text writes it: 250, 26.14, 1,200.50 (thousands separators dropped before reading)
+_NUMBER = re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?![\d])")
+
+
+def _numbers_written(text: str) -> list[str]:
+    """The numbers a text writes, read canonically, dates and times aside (`2022-03-04` writes
+    no 4)."""
+    plain = _TIME.sub(" ", _DATE_IN.sub(" ", canonical(text)))
+    return _NUMBER.findall(plain.replace(",", ""))
 
 
 def _domain(value: str) -> str:

@@ -12,8 +12,9 @@ own declaration, the way AgentDojo's and BFCL's come from their reviewed `roles.
   contact group, an app, a Wi-Fi network);
 - `amount`: money it moves or commits to (an amount, a tip);
 - `credential`: a password, PIN, guest code, passport or loyalty number it sets;
-- `content`: what it sends or writes for someone else to read (a text, a body, a subject, a
-  note on a payment, an event's notes and title sent with an invitation);
+- `content`: what it sends or writes for someone to read (a text, a body, a subject, a note
+  on a payment, a title: an event's goes out with its invitation, a reminder's is what the
+  user will read and follow);
 - `destroyed`: the record a deleting, cancelling or undoing tool (`DESTROYING_TOOLS`) acts on;
 - `option`: a choice that changes how the phone or an account behaves from then on
   (`OPTIONS`: a setting among fixed values, or the card made default or frozen);
@@ -67,6 +68,7 @@ ROLE_OF_PARAMETER: dict[str, ArgRole] = {
             "instructions",
             "pickup_note",
             "description",
+            "title",
         ),
         "content",
     ),
