@@ -18,6 +18,7 @@ setup(
             "envs/llmsim/apps/*.yaml",
             "envs/agentdojo/effects.yaml",
             "envs/agentdojo/roles.yaml",
+            "envs/agentdojo/collections.yaml",
             "envs/bfcl/roles.yaml",
             "envs/bfcl/effects.yaml",
         ]

@@ -174,12 +174,21 @@ class ToolSpec(_Model):
     # argument -> role, declared by the environment kind (an argument left out is `free`);
     # None: the kind declares no roles (the guard's strict mode refuses its state changes)
     roles: dict[str, ArgRole] | None = None
+    # the collection of the records the tool returns ("files"), and the collection of the
+    # record each `target`/`destroyed` argument names: a record's identity is both, never an
+    # equal string of another collection (declared where ids are short and shared: AgentDojo)
+    records: str | None = None
+    collections: dict[str, str] = Field(default_factory=dict)
 
     @model_serializer(mode="wrap")
     def _drop_undeclared_roles(self, handler: Any) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and data.get("roles") is None:
-            data.pop("roles", None)
+        if isinstance(data, dict):
+            for key in ("roles", "records"):
+                if data.get(key) is None:
+                    data.pop(key, None)
+            if not data.get("collections"):
+                data.pop("collections", None)
         return data
 
     def role(self, argument: str) -> ArgRole:

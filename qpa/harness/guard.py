@@ -145,7 +145,7 @@ class ProvenanceGuard:
             return _deny("in-scope", reach)
         sinks = list(self._sinks(spec, call))
         for key, role, value in sinks:
-            found = self._sink(call, role, value)
+            found = self._sink(call, role, value, key)
             if found:
                 rule_id, why = found
                 return _ask(rule_id, call.tool, key, value, why)
@@ -206,10 +206,28 @@ class ProvenanceGuard:
                 if text.strip():
                     yield key, role, text
 
-    def _sink(self, call: ToolCall, role: ArgRole, value: str) -> tuple[str, str] | None:
+    def _holding(self, collection: str) -> frozenset[str]:
+        """The tools whose results hold records of `collection`."""
+        return frozenset(t.name for t in self._tool_list if t.records == collection)
+
+    def _sink(
+        self, call: ToolCall, role: ArgRole, value: str, key: str = ""
+    ) -> tuple[str, str] | None:
         """(rule, why) when a sink value does not trace where its role requires."""
         rule_id = "sink-recipient" if role in _NAMED_ROLES else "sink-target"
         origin = self.ledger.trace(value)
+        collection = self.tools[call.tool].collections.get(key) if key else None
+        if role in _RECORD_ROLES and collection:
+            # a record's identity is its collection and its id: only a result of a tool of
+            # that collection vouches for it (the user's words included only for a long id)
+            if origin is None or not origin.trusted or _short_number(value):
+                mine = self.ledger.trace_record(value, self._holding(collection))
+                if mine is None and origin is not None:
+                    return "record-identity", (
+                        f"is no id of a record of '{collection}' the agent has seen "
+                        f"({origin.describe()} holds it)"
+                    )
+                origin = mine
         if role in _RECORD_ROLES and origin is not None and origin.trusted and _short_number(value):
             # a short number in the user's words (a date, a count, "1." of a list) names no
             # record: only a record's own id field does

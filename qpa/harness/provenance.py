@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -493,6 +493,7 @@ class _Result:
         "pointed",
         "prefix",
         "selected",
+        "tool",
         "wrote",
     )
 
@@ -515,6 +516,7 @@ class _Result:
         self._json = _json_of(observation) if lazy else None
         self.filter = _Filter(self._json) if lazy else _OPEN
         self._records: list[_Record] | None = None
+        self.tool = ""  # the tool whose result this is (set by the ledger)
         if self.filter.open:
             for record in self.records():  # indexed now, and searched by every trace
                 self._index(record)
@@ -638,6 +640,7 @@ class ProvenanceLedger:
         self._segments.append(
             _Result(self, observation, prefix, selected, picked, wrote, pointed, lazy=_lazy_results)
         )
+        self._segments[-1].tool = call.tool
 
     def _index(self, result: _Result, record_path: str, record: dict[str, Any]) -> _Index:
         """Index one record of a recorded tool result: each of its strings as text a value may
@@ -743,6 +746,26 @@ class ProvenanceLedger:
                 best = origin
         if best is None:
             return self.related_to_free_text(value)
+        return best
+
+    def trace_record(self, value: str, tools: Set[str]) -> Origin | None:
+        """The strongest origin of `value` among the results of `tools` only (the reads that
+        return records of one collection, and the writes that make them): a record's identity
+        is its collection and its id, never an equal string of another collection's."""
+        key = squash(value)
+        best: Origin | None = None
+
+        def with_key(f: _Filter) -> bool:
+            return f.may_hold(key)
+
+        for segment in self._segments:
+            if not isinstance(segment, _Result) or segment.tool not in tools:
+                continue
+            for index in segment.indices(with_key):
+                for where, path in index.atoms.get(key, ()):
+                    origin = where.value(path)
+                    if best is None or _rank(origin) > _rank(best):
+                        best = origin
         return best
 
     def weakest(self, value: str) -> Origin | None:

@@ -147,6 +147,7 @@ class AgentDojoEnv:
         self._runtime = FunctionsRuntime(s.tools)
         effects = benchmark.effects()[ref.suite]
         roles = benchmark.roles()[ref.suite]
+        collections = benchmark.collections()[ref.suite]
         self._specs = {
             f.name: ToolSpec(
                 name=f.name,
@@ -155,6 +156,8 @@ class AgentDojoEnv:
                 parameters=f.parameters.model_json_schema(),
                 side_effect=effects[f.name],
                 roles=roles[f.name],
+                records=collections["records"].get(f.name),
+                collections=collections["arguments"].get(f.name, {}),
             )
             for f in s.tools
         }
