@@ -179,6 +179,9 @@ class ToolSpec(_Model):
     # equal string of another collection (declared where ids are short and shared: AgentDojo)
     records: str | None = None
     collections: dict[str, str] = Field(default_factory=dict)
+    # fields of its result that are the user's secrets (a passport or card number): what is
+    # sent out may carry them only when the user's request names them
+    secrets: list[str] = Field(default_factory=list)
 
     @model_serializer(mode="wrap")
     def _drop_undeclared_roles(self, handler: Any) -> Any:
@@ -187,8 +190,9 @@ class ToolSpec(_Model):
             for key in ("roles", "records"):
                 if data.get(key) is None:
                     data.pop(key, None)
-            if not data.get("collections"):
-                data.pop("collections", None)
+            for key in ("collections", "secrets"):
+                if not data.get(key):
+                    data.pop(key, None)
         return data
 
     def role(self, argument: str) -> ArgRole:

@@ -92,6 +92,8 @@ class ProvenanceGuard:
         # (tool, argument) -> the distinct values acted on so far that the user did not name
         self._targets: dict[tuple[str, str], set[str]] = {}
         self._paid: set[str] = set()  # the payments that succeeded, by tool and arguments
+        # (squashed value, field, where) of the user's secrets tool results showed
+        self._secrets: list[tuple[str, str, str]] = []
         self._steps = 0
         if not _lazy_checks:  # the benchmark's "today" path: worked out here
             _ = self.scope
@@ -122,6 +124,12 @@ class ProvenanceGuard:
                 if unnamed is not None:
                     self._targets.setdefault((call.tool, key), set()).add(unnamed)
         self.ledger.record_result(self._steps, call, feedback.observation, wrote=wrote)
+        if spec is not None and spec.secrets:
+            fields = set(spec.secrets)
+            for path, text in strings(feedback.observation):
+                leaf = path.rsplit(".", 1)[-1]
+                if leaf in fields and len(squash(text)) >= 4:
+                    self._secrets.append((squash(text), leaf, f"step {self._steps} {call.tool}"))
 
     # ------------------------------------------------------------------ checking
     def check(self, call: ToolCall) -> Feedback | None:
@@ -164,7 +172,7 @@ class ProvenanceGuard:
         for key, value in self._options(spec, call):
             if not self._asked_option(spec, key, value):
                 return _ask("option", call.tool, key, value, "is an option the user never names")
-        carried = self._carried_destination(spec, call)
+        carried = self._carried_destination(spec, call) or self._carried_secret(spec, call)
         if carried:
             return carried
         if spec.side_effect == "payment" and _signature(call) in self._paid:
@@ -359,6 +367,32 @@ class ProvenanceGuard:
                         "what a call sends out may carry a link, address or number only from the "
                         "user or a record the user's words found: ask the user (message_user) "
                         "if it is really meant",
+                    )
+        return None
+
+    def _carried_secret(self, spec: ToolSpec, call: ToolCall) -> Feedback | None:
+        """Rule `secret-flow`: what a call writes out carries none of the user's secrets a tool
+        result showed (a field its tool declares secret) unless the request names that field
+        ("send my passport number") or the user gave the value."""
+        if not self._secrets:
+            return None
+        for key, value in call.arguments.items():
+            if spec.roles is not None and spec.role(key) != "content":
+                continue
+            for _, text in strings(value):
+                written = squash(text)
+                for secret, field, where in self._secrets:
+                    if secret not in written:
+                        continue
+                    named = set(terms(field.replace("_", " "))) <= self.ledger.request_terms
+                    origin = self.ledger.trace(secret)
+                    if named or (origin is not None and origin.trusted):
+                        continue
+                    return _deny(
+                        "secret-flow",
+                        f"argument '{key}' of '{call.tool}' carries the user's {field} (from "
+                        f"{where}), which the user's request does not ask to send: ask the user "
+                        "(message_user) if it is really meant",
                     )
         return None
 

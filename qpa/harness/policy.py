@@ -83,6 +83,12 @@ RULES: tuple[Rule, ...] = (
         "record the user named, or inside the prose of such a record copied whole",
     ),
     Rule(
+        "secret-flow",
+        "the `content` arguments of a state-changing call",
+        "they carry none of the user's secrets a tool result showed (a field its tool declares "
+        "secret) unless the request names that field or the user gave the value",
+    ),
+    Rule(
         "anchored",
         "a state-changing call with no sink value at all (a new record)",
         "at least one of its values is the user's or a field of a record the user picked",

@@ -104,21 +104,23 @@ def roles() -> dict[str, dict[str, dict[str, ArgRole]]]:
 @functools.cache
 def collections() -> dict[str, dict[str, Any]]:
     """The reviewed record collections (`collections.yaml`): per suite, `records` (tool ->
-    the collection its result holds) and `arguments` (tool -> argument -> collection), every
-    tool and argument checked against the suite's own."""
+    the collection its result holds), `arguments` (tool -> argument -> collection) and
+    `secrets` (tool -> its result's secret fields), every tool and argument checked against
+    the suite's own."""
     from importlib.resources import files
 
     table = yaml.safe_load(files("qpa.envs.agentdojo").joinpath("collections.yaml").read_text())
     out: dict[str, dict[str, Any]] = {}
     for name in SUITES:
         declared = (table or {}).get(name) or {}
-        unknown_keys = set(declared) - {"records", "arguments"}
+        unknown_keys = set(declared) - {"records", "arguments", "secrets"}
         if unknown_keys:
             raise ValueError(f"collections.yaml: suite {name}: unknown keys {sorted(unknown_keys)}")
         tools = {t.name: t for t in suite(name).tools}
         records = dict(declared.get("records") or {})
         arguments = {t: dict(a or {}) for t, a in (declared.get("arguments") or {}).items()}
-        stale = (set(records) | set(arguments)) - set(tools)
+        secrets = {t: list(f or []) for t, f in (declared.get("secrets") or {}).items()}
+        stale = (set(records) | set(arguments) | set(secrets)) - set(tools)
         if stale:
             raise ValueError(f"collections.yaml: suite {name}: unknown tools {sorted(stale)}")
         for tool, args in arguments.items():
@@ -128,7 +130,7 @@ def collections() -> dict[str, dict[str, Any]]:
                     f"collections.yaml: suite {name}.{tool}: unknown arguments "
                     f"{sorted(set(args) - params)}"
                 )
-        out[name] = {"records": records, "arguments": arguments}
+        out[name] = {"records": records, "arguments": arguments, "secrets": secrets}
     stale_suites = set(table or {}) - set(SUITES)
     if stale_suites:
         raise ValueError(f"collections.yaml: unknown suite names {sorted(stale_suites)}")

@@ -158,6 +158,7 @@ class AgentDojoEnv:
                 roles=roles[f.name],
                 records=collections["records"].get(f.name),
                 collections=collections["arguments"].get(f.name, {}),
+                secrets=collections["secrets"].get(f.name, []),
             )
             for f in s.tools
         }
