@@ -152,11 +152,18 @@ class ProvenanceGuard:
         if reach:
             return _deny("in-scope", reach)
         sinks = list(self._sinks(spec, call))
-        for key, role, value in sinks:
-            found = self._sink(call, role, value, key)
-            if found:
-                rule_id, why = found
-                return _ask(rule_id, call.tool, key, value, why)
+        failed = [
+            (key, value, found)
+            for key, role, value in sinks
+            if (found := self._sink(call, role, value, key)) is not None
+        ]
+        if failed:  # every sink that fails, the first one's rule leading
+            key, value, (rule_id, why) = failed[0]
+            refusal = _ask(rule_id, call.tool, key, value, why)
+            more = [f"argument '{k}' ({v!r}) {w} [{r}]" for k, v, (r, w) in failed[1:]]
+            if more:
+                refusal.message += "; also " + "; ".join(more)
+            return refusal
         for key, number in self._amounts(spec, call):
             if number in self.ledger.user_numbers():
                 continue
