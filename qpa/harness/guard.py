@@ -48,6 +48,10 @@ _NAMED_ROLES = frozenset({"recipient", "url", "credential"})
 _REACH_ROLES = frozenset({"recipient", "url"})
 # roles that name a record of the world
 _RECORD_ROLES = frozenset({"target", "destroyed"})
+# A tool is one the request points at when its relevance (quoted text aside) is at least this
+# share of the best state-changing tool of its app. It narrows whom a listed record may make a
+# recipient (`sink-recipient`); it never allows what the data-flow rules refuse.
+POINT_SHARE = 0.5
 #: whether the request's reach is worked out at the first state-changing call's check (the
 #: benchmark's "today" path sets it False: at the start)
 _lazy_checks = True
@@ -88,7 +92,8 @@ class ProvenanceGuard:
         self._tool_list = list(tools)
         self._app_scores = app_scores or {}
         self._tool_scores = scores
-        del choice_scores  # options are named by the user's words alone (rule `option`)
+        # the tools' relevance to the request without its quoted text: it only ever narrows
+        self._choice = choice_scores if choice_scores is not None else scores
         # (tool, argument) -> the distinct values acted on so far that the user did not name
         self._targets: dict[tuple[str, str], set[str]] = {}
         self._paid: set[str] = set()  # the payments that succeeded, by tool and arguments
@@ -107,6 +112,21 @@ class ProvenanceGuard:
             self._app_scores,
             self._tool_scores,
         )
+
+    @functools.cached_property
+    def _best_write(self) -> dict[str, float]:
+        """The best relevance of a state-changing tool, per app (quoted text aside)."""
+        best: dict[str, float] = {}
+        for t in self._tool_list:
+            if t.side_effect != "read":
+                app = self.app_of.get(t.name, "")
+                best[app] = max(best.get(app, 0.0), self._choice.get(t.name, 0.0))
+        return best
+
+    def _points_at(self, tool: str) -> bool:
+        """Whether the request's words point at `tool` among its app's state changes."""
+        score = self._choice.get(tool, 0.0)
+        return score > 0 and score >= POINT_SHARE * self._best_write.get(self.app_of[tool], 0.0)
 
     # ------------------------------------------------------------------ recording
     def record(self, call: ToolCall, feedback: Feedback) -> None:
@@ -269,6 +289,8 @@ class ProvenanceGuard:
                 return None
             if self.data_instructions == "allow" and self._in_named_prose(value):
                 return None
+            if role == "recipient" and self._listed_where_pointed(call.tool, value, origin):
+                return None
             return rule_id, f"comes from {origin.describe()}, a record the user did not name"
         if role == "destroyed" and origin.named:
             weakest = self.ledger.weakest(value)
@@ -298,6 +320,17 @@ class ProvenanceGuard:
             )
         return None  # listed where the user pointed
 
+    def _listed_where_pointed(self, tool: str, value: str, origin: Origin) -> bool:
+        """A record a listing the user's words point at showed ("the user who posted most in
+        general"), reached by the tool the request points at, no tool prose naming it: the user
+        chose the collection and the effect, the agent the record. `bulk` bounds it to one."""
+        return (
+            origin.selected
+            and origin.pointed
+            and self._points_at(tool)
+            and self.ledger.prose_naming(value, _leaf(origin.detail)) is None
+        )
+
     def _in_named_prose(self, value: str) -> bool:
         """Whether `value` is cut from the prose of a record the user named (`allow` only)."""
         return self.ledger.in_named_prose(value) is not None
@@ -326,13 +359,19 @@ class ProvenanceGuard:
         return bool(wanted & self.ledger.asked_terms) or self.ledger.asks_for(value)
 
     def _anchored(self, call: ToolCall) -> bool:
-        """Whether some value of the call is the user's or a field of a picked record."""
+        """Whether some value of the call is the user's, a field of a picked record, or a whole
+        field (however long: an address) of a record the request selected; with the `allow`
+        policy, also a value in the prose of a record the user named."""
         for _, value in call.arguments.items():
             for _, text in strings(value):
                 if len(text.strip()) < 2:
                     continue
                 origin = self.ledger.trace(text, loose=True)
                 if origin is not None and (origin.trusted or (origin.selected and origin.picked)):
+                    return True
+                if self.ledger.whole_field(text) is not None:
+                    return True
+                if self.data_instructions == "allow" and self._in_named_prose(text):
                     return True
         return not any(
             isinstance(v, str) and len(v.strip()) >= 2 for _, v in _all_strings(call.arguments)

@@ -768,6 +768,25 @@ class ProvenanceLedger:
                         best = origin
         return best
 
+    def whole_field(self, value: str) -> Origin | None:
+        """A field of a record the request selected whose whole value `value` is, prose-long
+        fields included (an address): copied whole, it is that record's value, not text cut
+        from it."""
+        key = squash(value)
+        if len(key) < 3:
+            return None
+
+        def with_key(f: _Filter) -> bool:
+            return f.may_hold(key)
+
+        for segment in self._segments:
+            if isinstance(segment, _Result):
+                for index in segment.indices(with_key):
+                    for text, _, found, path in index.free:
+                        if text == key and found.flags[0]:
+                            return found.value(path)
+        return None
+
     def weakest(self, value: str) -> Origin | None:
         """The weakest tool origin of `value` (None when no tool result holds it whole, or a
         trusted source does): where the least chosen copy of it came from."""
@@ -900,7 +919,7 @@ class ProvenanceLedger:
                         continue
                     if key not in squash(canonical(text)) or squash(text) == key:
                         continue
-                    if _in_words(key, words(canonical(text))):
+                    if _in_words(key, words(_TIME.sub(" ", _DATE_IN.sub(" ", canonical(text))))):
                         found = _Found(segment.prefix, record.path, (False,) * 4)
                         return found.text(path)
         return None
