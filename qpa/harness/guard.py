@@ -252,17 +252,20 @@ class ProvenanceGuard:
         rule_id = "sink-recipient" if role in _NAMED_ROLES else "sink-target"
         origin = self.ledger.trace(value)
         collection = self.tools[call.tool].collections.get(key) if key else None
-        if role in _RECORD_ROLES and collection:
-            # a record's identity is its collection and its id: only a result of a tool of
-            # that collection vouches for it (the user's words included only for a long id)
-            if origin is None or not origin.trusted or _short_number(value):
-                mine = self.ledger.trace_record(value, self._holding(collection))
-                if mine is None and origin is not None:
-                    return "record-identity", (
-                        f"is no id of a record of '{collection}' the agent has seen "
-                        f"({origin.describe()} holds it)"
-                    )
-                origin = mine
+        # a record's identity is its collection and its id: only a result of a tool of that
+        # collection vouches for it (the user's words too, for an id longer than a short number)
+        if (
+            role in _RECORD_ROLES
+            and collection
+            and (origin is None or not origin.trusted or _short_number(value))
+        ):
+            mine = self.ledger.trace_record(value, self._holding(collection))
+            if mine is None and origin is not None:
+                return "record-identity", (
+                    f"is no id of a record of '{collection}' the agent has seen "
+                    f"({origin.describe()} holds it)"
+                )
+            origin = mine
         if role in _RECORD_ROLES and origin is not None and origin.trusted and _short_number(value):
             # a short number in the user's words (a date, a count, "1." of a list) names no
             # record: only a record's own id field does
