@@ -508,6 +508,7 @@ class _Result:
         pointed: bool,
         *,
         lazy: bool,
+        tool: str = "",
     ) -> None:
         self._ledger = ledger
         self.observation = observation
@@ -516,7 +517,7 @@ class _Result:
         self._json = _json_of(observation) if lazy else None
         self.filter = _Filter(self._json) if lazy else _OPEN
         self._records: list[_Record] | None = None
-        self.tool = ""  # the tool whose result this is (set by the ledger)
+        self.tool = tool  # the tool whose result this is
         if self.filter.open:
             for record in self.records():  # indexed now, and searched by every trace
                 self._index(record)
@@ -638,9 +639,18 @@ class ProvenanceLedger:
         prefix = f"step {step} {call.tool} → "
         pointed = wrote or call.tool in self.pointed_reads
         self._segments.append(
-            _Result(self, observation, prefix, selected, picked, wrote, pointed, lazy=_lazy_results)
+            _Result(
+                self,
+                observation,
+                prefix,
+                selected,
+                picked,
+                wrote,
+                pointed,
+                lazy=_lazy_results,
+                tool=call.tool,
+            )
         )
-        self._segments[-1].tool = call.tool
 
     def _index(self, result: _Result, record_path: str, record: dict[str, Any]) -> _Index:
         """Index one record of a recorded tool result: each of its strings as text a value may
@@ -748,24 +758,28 @@ class ProvenanceLedger:
             return self.related_to_free_text(value)
         return best
 
+    def _result_indices(self, key: str, tools: Set[str] | None = None) -> Iterator[_Index]:
+        """The indices of the tool results' records that may hold the canonical form `key`
+        (of the results of `tools` only, when given), in recording order."""
+
+        def with_key(f: _Filter) -> bool:
+            return f.may_hold(key)
+
+        for segment in self._segments:
+            if isinstance(segment, _Result) and (tools is None or segment.tool in tools):
+                yield from segment.indices(with_key)
+
     def trace_record(self, value: str, tools: Set[str]) -> Origin | None:
         """The strongest origin of `value` among the results of `tools` only (the reads that
         return records of one collection, and the writes that make them): a record's identity
         is its collection and its id, never an equal string of another collection's."""
         key = squash(value)
         best: Origin | None = None
-
-        def with_key(f: _Filter) -> bool:
-            return f.may_hold(key)
-
-        for segment in self._segments:
-            if not isinstance(segment, _Result) or segment.tool not in tools:
-                continue
-            for index in segment.indices(with_key):
-                for where, path in index.atoms.get(key, ()):
-                    origin = where.value(path)
-                    if best is None or _rank(origin) > _rank(best):
-                        best = origin
+        for index in self._result_indices(key, tools):
+            for where, path in index.atoms.get(key, ()):
+                origin = where.value(path)
+                if best is None or _rank(origin) > _rank(best):
+                    best = origin
         return best
 
     def whole_field(self, value: str) -> Origin | None:
@@ -775,16 +789,10 @@ class ProvenanceLedger:
         key = squash(value)
         if len(key) < 3:
             return None
-
-        def with_key(f: _Filter) -> bool:
-            return f.may_hold(key)
-
-        for segment in self._segments:
-            if isinstance(segment, _Result):
-                for index in segment.indices(with_key):
-                    for text, _, found, path in index.free:
-                        if text == key and found.flags[0]:
-                            return found.value(path)
+        for index in self._result_indices(key):
+            for text, _, found, path in index.free:
+                if text == key and found.flags[0]:
+                    return found.value(path)
         return None
 
     def weakest(self, value: str) -> Origin | None:
@@ -881,16 +889,10 @@ class ProvenanceLedger:
         key, whole = squash(destination), squash(text)
         if not key:
             return None
-
-        def with_key(f: _Filter) -> bool:
-            return f.may_hold(key)
-
-        for segment in self._segments:
-            if isinstance(segment, _Result):
-                for index in segment.indices(with_key):
-                    for prose, found, path in index.prose:
-                        if key in prose and prose in whole:
-                            return found.prose(path)
+        for index in self._result_indices(key):
+            for prose, found, path in index.prose:
+                if key in prose and prose in whole:
+                    return found.prose(path)
         return None
 
     def prose_naming(
@@ -950,16 +952,10 @@ class ProvenanceLedger:
         key = squash(value)
         if len(key) < 3:
             return None
-
-        def with_key(f: _Filter) -> bool:
-            return f.may_hold(key)
-
-        for segment in self._segments:
-            if isinstance(segment, _Result):
-                for index in segment.indices(with_key):
-                    for prose, found, path in index.prose:
-                        if key in prose:
-                            return found.prose(path)
+        for index in self._result_indices(key):
+            for prose, found, path in index.prose:
+                if key in prose:
+                    return found.prose(path)
         return None
 
     def mentioned_in_free_text(self, value: str) -> Origin | None:
