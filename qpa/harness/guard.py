@@ -185,7 +185,7 @@ class ProvenanceGuard:
                 refusal.message += "; also " + "; ".join(more)
             return refusal
         for key, number in self._amounts(spec, call):
-            if number in self.ledger.user_numbers():
+            if number in self.ledger.user_numbers:
                 continue
             told = self.ledger.number_in_text(number)
             if told is not None:

@@ -942,8 +942,10 @@ class ProvenanceLedger:
                         return found.text(path)
         return None
 
+    @functools.cached_property
     def user_numbers(self) -> frozenset[float]:
-        """The numbers the user's own texts (instruction, confirmations, memory, profile) write."""
+        """The numbers the user's own texts (instruction, confirmations, memory, profile) write
+        (all are recorded when the ledger is made)."""
         return frozenset(float(n) for text in self._trusted_raw for n in _numbers_written(text))
 
     def in_named_prose(self, value: str) -> Origin | None:
