@@ -207,6 +207,21 @@ def suite_corpus(
     return texts
 
 
+def _completed(
+    tasks: list[Any], pool: list[Any], seed: int, compact: bool
+) -> list[tuple[Any, bool, list[dict[str, str]]]]:
+    """`oracle_conversations` of `tasks`, where one the Harness did not complete (its guard
+    asked the user instead) is replaced by another task of `pool`, drawn by a generator of
+    its own so that the picks of a run with none to replace stay as they were."""
+    done = [c for c in oracle_conversations(tasks, compact=compact) if c[1]]
+    spare = random.Random(f"{seed}:spare")
+    rest = [t for t in pool if t not in tasks]
+    spare.shuffle(rest)
+    while len(done) < len(tasks) and rest:
+        done += [c for c in oracle_conversations([rest.pop()], compact=compact) if c[1]]
+    return done
+
+
 def sft_rows_from_suite(
     n: int,
     *,
@@ -215,7 +230,8 @@ def sft_rows_from_suite(
     compact: bool = True,
     split: str = "train",
 ) -> list[dict[str, Any]]:
-    """`n` SFT rows (the dataset format of `qpa.train.sft`) from oracle episodes of the suite.
+    """`n` SFT rows (the dataset format of `qpa.train.sft`) from oracle episodes of the suite
+    that the Harness completed (a task its guard asks about yields no demonstration).
 
     With probability `error_rate` a row gets one injected erroneous turn: an assistant tool
     call to a tool that does not exist, flagged `"train": false`, answered by an error tool
@@ -229,7 +245,7 @@ def sft_rows_from_suite(
     pool = [t for t in generate_suite() if t.split == split and t.reference_plan]
     tasks = rng.sample(pool, min(n, len(pool)))
     rows: list[dict[str, Any]] = []
-    for task, success, conversation in oracle_conversations(tasks, compact=compact):
+    for task, success, conversation in _completed(tasks, pool, seed, compact):
         messages: list[dict[str, Any]] = [
             {**m, "train": m["role"] == "assistant"} for m in conversation
         ]
