@@ -53,6 +53,32 @@ class EnvSettings(_Settings):
     urls: list[str] = Field(default_factory=list, description="`qpa env serve` base URLs")
     options: dict[str, Any] = Field(default_factory=dict, description="in-process env options")
     timeout_s: float = Field(default=30.0, gt=0)
+    ready_s: float = Field(
+        default=120.0, gt=0, description="how long to wait for the servers' `/health` at start"
+    )
+
+    def wait_ready(self) -> None:
+        """Wait, at most `ready_s`, until every environment server answers `/health`: a
+        RolloutPool's pods may still be starting when the ranks are (no-op in-process)."""
+        if not self.urls:
+            return
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+        from qpa.envs.remote import RemoteEnv, RemoteEnvError
+
+        for url in self.urls:
+            env = RemoteEnv(url, timeout=self.timeout_s)
+            try:
+                for attempt in Retrying(
+                    stop=stop_after_delay(self.ready_s),
+                    wait=wait_exponential(multiplier=0.2, max=2.0),
+                    retry=retry_if_exception_type(RemoteEnvError),
+                    reraise=True,
+                ):
+                    with attempt:
+                        env.health()
+            finally:
+                env.close()
 
     def open(self, index: int) -> Environment:
         """Episode `index`'s environment: a `RemoteEnv` on the servers taken round robin

@@ -929,6 +929,7 @@ class RLTrainer:
             if self.rank == 0
             else contextlib.nullcontext()
         )
+        self.config.env.wait_ready()  # the environment servers may still be starting
         with steps as bar:
             if bar is not None:
                 bar.update(self.step)
