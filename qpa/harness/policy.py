@@ -7,11 +7,15 @@ refusal names the rule that made it (`permission_denied`, and a question for the
 
 Terms: a value is *the user's* when it traces to the instruction, the user's confirmations,
 memory the user stated or confirmed, or the user's profile. A record is *named* when a read
-narrowed by the user's words returned it, or its whole name is in the user's words; *picked*
+narrowed by the user's words returned it (by an argument every kind shares, `query` or `*_id`,
+or one its kind declares as choosing records: the channel of a channel read), its whole name
+is in the user's words, or one of its amounts is a number the request writes to the cent
+("that 10.00 I just got"); *picked*
 when it is named or shares a word of its own short fields with the request; *listed* when a
 read whose arguments are all the user's (or picked) returned it without narrowing; *unselected*
 otherwise (a read given a value out of tool prose returns unselected records). Prose (bodies,
-notes, descriptions, any field of more than a few words) never names, picks or lists anything.
+notes, descriptions, any field of more than a few words) never names, picks or lists anything,
+and the dates ("June 11"), times and list numerals ("11. Serve") in it name no record.
 """
 
 from __future__ import annotations
@@ -64,7 +68,18 @@ RULES: tuple[Rule, ...] = (
         "sink-destroyed",
         "a `destroyed` argument (the record a call deletes, cancels or undoes)",
         "the user's value, or a field of a record the user *named*, and no other result handed "
-        "the agent the same value unnamed (the weakest copy decides): never a listed record",
+        "the agent the same value unnamed (the weakest copy decides); a *listed* record only "
+        "when the request's words name the argument's declared collection (\"the largest "
+        'file"), the request points at this tool, no tool prose names it, and one per episode '
+        "(`bulk`)",
+    ),
+    Rule(
+        "link-read",
+        "the `url` of a fetch (an `egress` tool whose only roles are `url`, `free` and "
+        "`option`: it sends nothing but the address)",
+        "besides the `sink-recipient` sources: a link written in the prose of a record the "
+        'user *named* ("the websites posted to general"), not in a page a fetch returned '
+        "(one hop: no crawling where an attacker's page leads); not counted by `bulk`",
     ),
     Rule(
         "record-identity",
@@ -101,7 +116,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "bulk",
-        "a `target` or `recipient` that is not the user's own value or a named record",
+        "a `target`, `recipient` or `destroyed` value that is not the user's own value or a "
+        "named record (a listed one where the user pointed counts only for `destroyed`)",
         "at most one such value per tool and argument in an episode",
     ),
     Rule(

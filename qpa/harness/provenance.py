@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -145,6 +145,33 @@ _URL = re.compile(r"(?:https?://|www\.)[^\s<>\"')\]]+", re.I)
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _DATE_IN = re.compile(r"\b\d{4}-\d{1,2}-\d{1,2}(?:T\d{1,2}(?::\d{2}){1,2})?\b")
 _TIME = re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?\b")
+_MONTH = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|"
+    r"sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+)
+# a date written with its month's name: "June 11", "11th of June", "11 Jun 2024"
+_DATE_WORDS = re.compile(
+    rf"\b{_MONTH}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b|\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}\b",
+    re.I,
+)
+
+
+# the numeral of a list item ("11. Serve immediately"): it counts lines, it names nothing
+_LIST_NUMERAL = re.compile(r"(?m)^[ \t]*\d{1,3}[.)](?=\s)")
+
+
+def _plain_prose(text: str) -> str:
+    """`text` without what names no record and writes no amount: its dates, times and list
+    numerals."""
+    return _LIST_NUMERAL.sub(" ", _undated(text))
+
+
+def _undated(text: str) -> str:
+    """`text` with its dates and times blanked: a day of a month names no record, writes no
+    amount and is no number to call."""
+    return _TIME.sub(" ", _DATE_WORDS.sub(" ", _DATE_IN.sub(" ", text)))
+
+
 _DATE = re.compile(r"^\d{4}-\d{1,2}-\d{1,2}$|^\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}$")
 
 
@@ -158,7 +185,7 @@ def destinations(text: str) -> list[str]:
     found = [m.rstrip(".,;:!?") for m in _URL.findall(text)]
     rest = _URL.sub(" ", text)
     found += [m.rstrip(".") for m in _EMAIL.findall(rest)]
-    rest = _TIME.sub(" ", _DATE_IN.sub(" ", _EMAIL.sub(" ", rest)))
+    rest = _undated(_EMAIL.sub(" ", rest))
     for run in _DIGIT_RUN.findall(rest):
         run = run.strip()
         digits = _NON_DIGIT.sub("", run)
@@ -567,11 +594,21 @@ class ProvenanceLedger:
         *,
         extra_memory: Sequence[tuple[str, str, str]] = (),
         pointed_reads: Iterable[str] = (),
+        choosing: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
+        # tool -> the arguments its kind declares as choosing records (a `target`, `recipient`
+        # or `url` role on a read: the channel of `read_channel_messages`), besides the
+        # argument names every kind shares (`query`, `*_id`, ...)
+        self.choosing = {tool: frozenset(args) for tool, args in (choosing or {}).items()}
         # reads of a collection the instruction names ("from my downloads"): what they list is
         # where the user pointed, though no word of theirs picks a single record in it
         self.pointed_reads = frozenset(pointed_reads)
         self.instruction_terms = frozenset(terms(task.instruction))
+        # amounts the request writes to the cent ("that 10.00 I just got"): a record holding
+        # one is the record the request means, as if a search had found it
+        self._request_amounts = frozenset(
+            float(n) for n in _numbers_written(task.instruction) if "." in n
+        )
         self._texts: list[_Text] = []
         self._trusted_raw: list[str] = []  # the trusted texts as written (for their numbers)
         # what was recorded besides trusted text, in recording order: the values the agent
@@ -662,6 +699,7 @@ class ProvenanceLedger:
         fields = _record_strings(record)
         record_picked = picked or (selected and self._matches_request(record, fields))
         named = wrote or picked or (selected and self._titled_by_request(record))
+        named = named or (selected and self._valued_by_request(record))
         pointed = result.pointed
         flags = (selected, selected and record_picked, selected and named, selected and pointed)
         keep_prose = index.named = selected and named
@@ -693,8 +731,11 @@ class ProvenanceLedger:
             value is True and set(terms(key.replace("_", " "))) & self.instruction_terms
             for key, value in call.arguments.items()
         )  # a filter the user's words ask for (unread_only for "my unread texts")
+        chosen = self.choosing.get(call.tool, frozenset())
         for key, value in _argument_strings(call.arguments):
-            if not (is_target_key(key) or key in QUERY_KEYS) or len(value.strip()) < 2:
+            if not (is_target_key(key) or key in QUERY_KEYS or key in chosen):
+                continue
+            if len(value.strip()) < 2:
                 continue
             origin = self.trace(value, loose=True)
             if origin is None:
@@ -704,6 +745,20 @@ class ProvenanceLedger:
                 return False, False
             narrowed = narrowed or origin.picked
         return True, narrowed
+
+    def _valued_by_request(self, record: dict[str, Any]) -> bool:
+        """Whether a number field of the record (not an id, not a date) is an amount the
+        request writes to the cent: "refund that 10.00 I just got" names the transaction of
+        10.0, though the read listed every transaction."""
+        if not self._request_amounts:
+            return False
+        return any(
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and not (is_target_key(key) or key in _NOT_NAMING)
+            and float(value) in self._request_amounts
+            for key, value in record.items()
+        )
 
     def _titled_by_request(self, record: dict[str, Any]) -> bool:
         """Whether the user's words spell the record's whole name or title ("delete my dentist
@@ -921,7 +976,7 @@ class ProvenanceLedger:
                         continue
                     if key not in squash(canonical(text)) or squash(text) == key:
                         continue
-                    if _in_words(key, words(_TIME.sub(" ", _DATE_IN.sub(" ", canonical(text))))):
+                    if _in_words(key, words(_plain_prose(canonical(text)))):
                         found = _Found(segment.prefix, record.path, (False,) * 4)
                         return found.text(path)
         return None
@@ -948,13 +1003,14 @@ class ProvenanceLedger:
         (all are recorded when the ledger is made)."""
         return frozenset(float(n) for text in self._trusted_raw for n in _numbers_written(text))
 
-    def in_named_prose(self, value: str) -> Origin | None:
+    def in_named_prose(self, value: str, tools: Set[str] | None = None) -> Origin | None:
         """The prose field of a record the user's words found that holds `value`, if any (the
-        `allow` policy for instructions in data: "do what the email says")."""
+        `allow` policy for instructions in data: "do what the email says"); of the results of
+        `tools` only, when given."""
         key = squash(value)
         if len(key) < 3:
             return None
-        for index in self._result_indices(key):
+        for index in self._result_indices(key, tools):
             for prose, found, path in index.prose:
                 if key in prose:
                     return found.prose(path)
@@ -973,7 +1029,7 @@ _NUMBER = re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?![\d])")
 def _numbers_written(text: str) -> list[str]:
     """The numbers a text writes, read canonically, dates and times aside (`2022-03-04` writes
     no 4)."""
-    plain = _TIME.sub(" ", _DATE_IN.sub(" ", canonical(text)))
+    plain = _plain_prose(canonical(text))
     return _NUMBER.findall(plain.replace(",", ""))
 
 

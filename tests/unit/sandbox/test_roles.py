@@ -41,10 +41,11 @@ def test_agentdojo_declares_roles_for_every_state_changing_tool() -> None:
     for suite_name, tools in effects.items():
         for tool, effect in tools.items():
             assert tool in roles[suite_name], (suite_name, tool)
-            if effect == "read":
-                assert roles[suite_name][tool] == {} or tool == "get_webpage"
+            if effect == "read":  # a read declares only the arguments that choose records
+                assert set(roles[suite_name][tool].values()) <= {"target", "recipient", "url"}
     assert roles["workspace"]["delete_file"] == {"file_id": "destroyed"}
     assert roles["slack"]["get_webpage"] == {"url": "url"}
+    assert roles["slack"]["read_channel_messages"] == {"channel": "target"}
 
 
 @pytest.mark.parametrize(
