@@ -21,6 +21,7 @@ setup(
             "envs/agentdojo/collections.yaml",
             "envs/bfcl/roles.yaml",
             "envs/bfcl/effects.yaml",
+            "api/v1alpha1/schemas/*.json",
         ]
     },
 )

@@ -75,10 +75,36 @@ class KindWalk:
 # --------------------------------------------------------------------------- schema walk
 
 
+#: Parts of the official PodSpec (`qpa.api.v1alpha1.podspec`) walked as one leaf each, with the
+#: value tried: their inner fields are Kubernetes', not qpa's.
+OFFICIAL_PARTS: dict[str, Any] = {
+    "nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 1,
+                "preference": {"matchExpressions": [{"key": "walk", "operator": "Exists"}]},
+            }
+        ]
+    },
+    "podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "podAffinityTerm": {"topologyKey": "walk"}}
+        ]
+    },
+    "podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "podAffinityTerm": {"topologyKey": "walk"}}
+        ]
+    },
+}
+
+
 def leaf_paths(schema: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(dotted path, schema) of every leaf field: scalars, lists and maps."""
+    """(dotted path, schema) of every leaf field: scalars, lists, maps and official parts."""
     props = schema.get("properties")
-    if schema.get("type") == "object" and props:
+    if prefix.rsplit(".", 1)[-1] in OFFICIAL_PARTS and prefix.rsplit(".", 2)[-2] == "affinity":
+        yield prefix, schema
+    elif schema.get("type") == "object" and props:
         for name, sub in props.items():
             yield from leaf_paths(sub, f"{prefix}.{name}")
     else:
@@ -196,7 +222,12 @@ def effect_of(walk: KindWalk, parse: Callable[[Json], Any], defaults: Any, doc: 
     pod_before = walk.pod(base, defaults)
     children_before = _strip(walk.children(base, defaults))
     tried = 0
-    changes = [*walk.values.get(path, []), *({path: v} for v in alternatives(schema, current))]
+    official = OFFICIAL_PARTS.get(path.rsplit(".", 1)[-1]) if ".affinity." in path else None
+    changes = [
+        *walk.values.get(path, []),
+        *([{path: official}] if official is not None else []),
+        *({path: v} for v in alternatives(schema, current)),
+    ]
     for change in changes:
         changed = copy.deepcopy(doc)
         for where, value in change.items():

@@ -487,7 +487,11 @@ _PLAIN = re.compile(r"^[A-Za-z_./][A-Za-z0-9_./()=+,;@ -]*$")
 _COLON_OK = re.compile(r":(?! |$)")
 _RESERVED = frozenset({"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~", ""})
 # Characters YAML forbids even inside quotes (JSON escapes only those below 0x20).
-_NON_PRINTABLE = re.compile("[\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+# what YAML may not hold literally, and what a reader would not see (zero-width, bidirectional)
+_NON_PRINTABLE = re.compile(
+    "[\x7f-\x9f\ud800-\udfff\ufffe\uffff\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u2069\ufeff]"
+)
 _NUMBER_LIKE = re.compile(r"^[-+]?(\.?[0-9]|\.(inf|nan))", re.IGNORECASE)
 
 

@@ -382,6 +382,12 @@ BUILTIN_COLUMNS: dict[str, list[dict[str, Any]]] = {
 # --------------------------------------------------------------------------- errors
 
 
+#: The largest request body kube-apiserver reads (`MaxRequestBodyBytes`, 3 MiB).
+MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
+#: What a body nested past the JSON decoder's depth limit parses to.
+TOO_DEEP: Any = object()
+
+
 class ApiError(Exception):
     """An API answer other than success, rendered as a `Status` object."""
 
@@ -1107,7 +1113,19 @@ class KubeAPI(kmock.KubernetesEmulator):
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         # As kmock's RawHandler.__call__, but parsing paths like the API server does (kmock 0.8
         # fails on /api/v1/namespaces and reads /api/v1/namespaces/x as a namespace scope).
-        await raw_request.read()
+        # Bodies up to the real server's limit (3 MiB), and over it a Status naming the limit,
+        # as kube-apiserver answers (aiohttp's own 413 is a bare 1 MiB one).
+        raw_request._client_max_size = MAX_REQUEST_BODY_BYTES
+        try:
+            await raw_request.read()
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            too_large = ApiError(
+                413,
+                "RequestEntityTooLarge",
+                f"the request body is over the limit of {MAX_REQUEST_BODY_BYTES} bytes "
+                f"(Request entity too large: limit is {MAX_REQUEST_BODY_BYTES})",
+            )
+            return aiohttp.web.json_response(too_large.status(), status=413)
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
             if self.limit is not None and len(self._requests) >= self.limit:
@@ -1139,6 +1157,8 @@ class KubeAPI(kmock.KubernetesEmulator):
         if text.strip():
             try:
                 data = json.loads(text)
+            except RecursionError:
+                data = TOO_DEEP
             except ValueError:
                 try:
                     data = yaml.safe_load(text)
@@ -1522,6 +1542,10 @@ class KubeAPI(kmock.KubernetesEmulator):
 
     @staticmethod
     def _body(request: rendering.Request) -> dict[str, Any]:
+        if request.data is TOO_DEEP:
+            raise ApiError.bad_request(
+                "the request body nests deeper than the JSON decoder's depth limit"
+            )
         if not isinstance(request.data, dict):
             raise ApiError.bad_request("the body of the request must be a JSON object")
         return copy.deepcopy(request.data)

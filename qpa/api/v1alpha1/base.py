@@ -17,12 +17,25 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
+
+from qpa.api.v1alpha1.rules import (
+    ENDPOINT_HOST_RULES,
+    ENDPOINT_QUERY_RULES,
+    PLAIN_TEXT,
+    URI_TEXT_RULES,
+    endpoint_host_problem,
+    endpoint_query_problem,
+    text_problem,
+    uri_text_problem,
+)
 
 GROUP: Final = "qpa.ai"
 VERSION: Final = "v1alpha1"
@@ -52,7 +65,21 @@ HTTP_URL = r"^https?://\S+$"
 # An S3 API endpoint: scheme and host name or IPv4 [:port] only (no credentials, path, query,
 # IPv6 literal), which the pods' StoreConfig accepts.
 S3_ENDPOINT = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?/?$"
-IMAGE = r"^\S+$"
+# A container image reference as registries read it: [host[:port]/]path[:tag][@sha256:digest],
+# lower-case path components; never an option (`--privileged`) or a word with spaces.
+IMAGE = (
+    r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([-a-z0-9._]*[a-z0-9])?)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+)
+# A DNS-1035 label: what a Service's name must be (children are named `<name>-<suffix>`).
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# A version a pod reads from its environment and a path is made of (Harness versions): words of
+# letters, digits, '-', '_', '.' and '+', never a '..' or a leading dot.
+VERSION_TEXT = r"^[A-Za-z0-9]+([-_.+][A-Za-z0-9]+)*$"
+VERSION_MESSAGE = "must be letters, digits, '-', '_', '.' and '+' (no '..', no path)"
+# An adb serial (`R58M123ABC`, `emulator-5554`, `192.168.1.5:5555`): it is passed to adb as an
+# argument, so no shell or option characters.
+ADB_SERIAL = r"^[A-Za-z0-9][-A-Za-z0-9._:]*$"
 # ConfigMap and Secret keys as Kubernetes checks them (IsConfigMapKey): [-._a-zA-Z0-9]+, but
 # not "." or ".." and never starting with "..": a key is also a file name in a mounted volume.
 CONFIG_KEY = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
@@ -159,25 +186,40 @@ class UriKind:
             "fragment)"
         )
 
+    @property
+    def endpoint(self) -> bool:
+        """Whether the URI is an HTTP endpoint a pod connects to (egress and query rules)."""
+        return self.schemes == ("http", "https")
+
     def rules(self) -> list[dict[str, str]]:
         schemes = "|".join(self.schemes)
         return [
             {"rule": f"!self.matches('{USERINFO}')", "message": USERINFO_MESSAGE},
             {"rule": f"!self.matches('{CREDENTIAL_QUERY}')", "message": CREDENTIAL_QUERY_MESSAGE},
+            *URI_TEXT_RULES,
             {"rule": f"self.matches('^({schemes})://')", "message": self.scheme_message},
+            *((*ENDPOINT_HOST_RULES, *ENDPOINT_QUERY_RULES) if self.endpoint else ()),
         ]
 
     def check(self, value: Any) -> Any:
         """Refuse `value` with the message the server gives (before pydantic's pattern check,
-        whose message says less); a non-string is left to pydantic's type check."""
+        whose message says less); a non-string is left to pydantic's type check. The text is
+        checked in its normal form first, so no later check reads other than what is fetched."""
         if not isinstance(value, str):
             return value
         if re.search(USERINFO, value):
             raise ValueError(USERINFO_MESSAGE)
         if re.search(CREDENTIAL_QUERY, value):
             raise ValueError(CREDENTIAL_QUERY_MESSAGE)
+        problem = uri_text_problem(value)
+        if problem:
+            raise ValueError(problem)
         if not re.match(rf"^({'|'.join(self.schemes)})://", value):
             raise ValueError(self.scheme_message)
+        if self.endpoint:
+            problem = endpoint_host_problem(value) or endpoint_query_problem(value)
+            if problem:
+                raise ValueError(problem)
         if not re.search(self.pattern, value):
             raise ValueError(self.shape_message)
         return value
@@ -286,11 +328,16 @@ RESOURCE_CAP_OTHER: Final = "1Pi"
 #: Resources counted in whole devices.
 WHOLE_RESOURCES: Final = ("nvidia.com/gpu", "amd.com/gpu")
 MAX_RESOURCES: Final = 16
-POSITIVE_QUANTITY_MESSAGE = "must be a positive Kubernetes quantity (e.g. 500m, 1Gi, 2)"
+POSITIVE_QUANTITY_MESSAGE = "must be a positive Kubernetes quantity below 8Ei (e.g. 500m, 1Gi, 2)"
+
+
+#: The largest quantity Kubernetes represents (an int64 count of units: 8Ei less one).
+MAX_QUANTITY: Final = "8Ei"
 
 
 def _positive_quantity(value: int | str) -> int | str:
-    if parse_quantity(value) <= 0:
+    number = parse_quantity(value)
+    if number <= 0 or number >= parse_quantity(MAX_QUANTITY):
         raise ValueError(POSITIVE_QUANTITY_MESSAGE)
     return value
 
@@ -414,6 +461,32 @@ def _snake(camel: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
 
 
+def _plain_text(value: Any) -> Any:
+    if isinstance(value, str):
+        problem = text_problem(value)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
+def _plain_text_field(info: FieldInfo) -> bool:
+    """Whether a field is a string with no pattern of its own, short of free text (a message
+    up to `MAX_MESSAGE_LENGTH` may hold line breaks): it gets the `PLAIN_TEXT` pattern, since
+    such strings reach environment variables, labels, events and paths."""
+    if info.annotation not in (str, str | None):
+        return False
+    if isinstance(info.json_schema_extra, dict) and {"pattern", "enum"} & set(
+        info.json_schema_extra
+    ):
+        return False
+    for meta in info.metadata:
+        if getattr(meta, "pattern", None) is not None:
+            return False
+        if getattr(meta, "max_length", 0) >= MAX_MESSAGE_LENGTH:
+            return False
+    return True
+
+
 class _Model(BaseModel):
     """Base of every spec and status model: camelCase on the wire, unknown fields are errors."""
 
@@ -425,6 +498,26 @@ class _Model(BaseModel):
     )
 
     RULES: ClassVar[tuple[CrossFieldRule, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """Integers are integers: `4.0`, `"4"` and `true` are refused where an integer is
+        meant, as the API server's schema refuses them (pydantic would otherwise coerce)."""
+        super().__pydantic_init_subclass__(**kwargs)
+        changed = False
+        for info in cls.model_fields.values():
+            if info.annotation in (int, int | None) and not any(
+                isinstance(m, Strict) for m in info.metadata
+            ):
+                info.metadata.append(Strict())
+                changed = True
+            elif _plain_text_field(info):
+                info.metadata.append(AfterValidator(_plain_text))
+                extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+                info.json_schema_extra = {**extra, "pattern": PLAIN_TEXT}
+                changed = True
+        if changed:
+            cls.model_rebuild(force=True)
 
     @model_validator(mode="after")
     def _check_rules(self) -> Any:
@@ -472,7 +565,8 @@ Quantity = Annotated[
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": f"{_valid_q('self')} && {_q('self')}.sign() == 1",
+                    "rule": f"{_valid_q('self')} && {_q('self')}.sign() == 1 && "
+                    f"{_q('self')}.isLessThan(quantity('{MAX_QUANTITY}'))",
                     "message": POSITIVE_QUANTITY_MESSAGE,
                 }
             ]
@@ -488,6 +582,20 @@ class LocalObjectReference(_Model):
     """A reference to another object in the same namespace, by name."""
 
     name: Name = Field(description="Name of the referenced object (same namespace).")
+
+
+LabelName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
+"""A name that is also a Service's or a label's (a DNS-1035 label: no dots)."""
+
+
+class ServiceObjectReference(_Model):
+    """A reference to a qpa object of the same namespace whose Service pods call (a pool)."""
+
+    name: LabelName = Field(description="Name of the referenced object (a DNS-1035 label).")
+
+
+Version = Annotated[str, Field(min_length=1, max_length=63, pattern=VERSION_TEXT)]
+"""A version a pod reads from its environment and names a path with (no `..`, no path)."""
 
 
 class SecretKeySelector(_Model):
@@ -530,12 +638,36 @@ class StoreSecretRef(_Model):
     )
 
 
+def _store_endpoint(value: Any) -> Any:
+    """An object store's endpoint: no credentials, and no host no workload may reach."""
+    if isinstance(value, str):
+        if re.search(USERINFO, value):
+            raise ValueError(USERINFO_MESSAGE)
+        problem = endpoint_host_problem(value)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
 class ObjectStore(_Model):
     """S3-compatible object storage (MinIO, S3, SeaweedFS) that a resource reads or writes."""
 
-    endpoint: str = Field(
-        pattern=S3_ENDPOINT,
-        max_length=2048,
+    endpoint: Annotated[
+        str,
+        Field(pattern=S3_ENDPOINT, max_length=2048),
+        BeforeValidator(_store_endpoint),
+        WithJsonSchema(
+            {
+                "type": "string",
+                "maxLength": 2048,
+                "pattern": S3_ENDPOINT,
+                "x-kubernetes-validations": [
+                    {"rule": f"!self.matches('{USERINFO}')", "message": USERINFO_MESSAGE},
+                    *ENDPOINT_HOST_RULES,
+                ],
+            }
+        ),
+    ] = Field(
         description="S3 API endpoint (scheme and host:port), e.g. http://minio.qpa-system:9000.",
     )
     region: str = Field(default="us-east-1", min_length=1, max_length=63, description="S3 region.")

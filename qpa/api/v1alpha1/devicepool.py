@@ -9,6 +9,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Field, field_validator, model_validator
 
 from qpa.api.v1alpha1.base import (
+    ADB_SERIAL,
     Condition,
     CrossFieldRule,
     _check_unique,
@@ -31,8 +32,8 @@ from qpa.api.v1alpha1.resource import (
 class DeviceFilter(_Model):
     """Which attached phones join the pool (all filters must match; empty lists match all)."""
 
-    serials: list[Annotated[str, Field(min_length=1, max_length=255)]] = _list_set(
-        "Only phones with these adb serials.", max_length=1024
+    serials: list[Annotated[str, Field(min_length=1, max_length=255, pattern=ADB_SERIAL)]] = (
+        _list_set("Only phones with these adb serials.", max_length=1024)
     )
     models: list[Annotated[str, Field(min_length=1, max_length=255)]] = _list_set(
         "Only these models (ro.product.model).", max_length=256

@@ -18,17 +18,18 @@ from qpa.api.v1alpha1.base import (
     CrossFieldRule,
     EndpointUrl,
     EnvironmentKind,
-    LocalObjectReference,
     Message,
     ObjectStore,
     OutputUri,
     ResourceRequirements,
     SecretKeySelector,
+    ServiceObjectReference,
     ServingUri,
     ShortText,
     Split,
     Text,
     UriText,
+    Version,
     _conditions,
     _defaulted,
     _Model,
@@ -141,9 +142,7 @@ class HarnessServing(_Model):
         description="Harness image with qpa installed; default: the operator's "
         "(the chart's images.harness).",
     )
-    version: str = Field(
-        min_length=1, max_length=63, description="Harness version (Skills and config)."
-    )
+    version: Version = Field(description="Harness version (Skills and config).")
     config_map_ref: ConfigMapKeySelector | None = Field(
         default=None, description="ConfigMap key with the Harness YAML (--harness-config)."
     )
@@ -173,7 +172,7 @@ class BenchmarkSettings(_Model):
     environment: EnvironmentKind = Field(
         default="sandbox", description="Environment kind the benchmark runs in."
     )
-    rollout_pool_ref: LocalObjectReference | None = Field(
+    rollout_pool_ref: ServiceObjectReference | None = Field(
         default=None, description="RolloutPool serving the benchmark's environments."
     )
 

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from qpa.api.v1alpha1 import podspec, rules
 from qpa.api.v1alpha1.base import (
     CONFIG_KEY,
     MAX_MAP_ENTRIES,
@@ -126,8 +127,13 @@ def mount_path_problem(path: str) -> str | None:
 class Toleration(_Model):
     """A taint the pods tolerate (Kubernetes `Toleration`)."""
 
-    key: str | None = Field(
-        default=None, max_length=316, description="Taint key (empty with Exists: every taint)."
+    key: str = Field(
+        min_length=1,
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+        r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="Taint key (required: a toleration of every taint would let the pods onto "
+        "any node, control plane and quarantined ones included).",
     )
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
     value: str | None = Field(default=None, max_length=63, description="Taint value (Equal).")
@@ -146,11 +152,6 @@ class Toleration(_Model):
             cel="self.operator != 'Exists' || !has(self.value)",
             message="a toleration with operator Exists takes no value",
             check=lambda m: m.operator != "Exists" or m.value is None,
-        ),
-        CrossFieldRule(
-            cel="has(self.key) || self.operator == 'Exists'",
-            message="a toleration without key needs operator Exists",
-            check=lambda m: m.key is not None or m.operator == "Exists",
         ),
         CrossFieldRule(
             cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
@@ -231,9 +232,11 @@ class EmptyDirVolume(_Model):
 class EphemeralVolume(_Model):
     """A generic ephemeral volume: a PVC made from the template for the pod's life."""
 
-    volume_claim_template: dict[str, Any] = Field(
-        description="A PersistentVolumeClaim template (metadata and spec), as in a pod spec.",
-    )
+    volume_claim_template: podspec.part_type(  # type: ignore[valid-type]
+        "volumeClaimTemplate",
+        "A PersistentVolumeClaim template (metadata and spec, checked against the official "
+        "schema), as in a pod spec; it may not clone a claim or a snapshot.",
+    ) = Field(description="A PersistentVolumeClaim template (metadata and spec).")
 
 
 class CsiVolume(_Model):
@@ -459,16 +462,9 @@ class EnvVar(_Model):
         min_length=1,
         max_length=253,
         pattern=ENV_NAME,
-        description=f"Variable name (not {RESERVED_ENV_PREFIX}* nor one the operator sets).",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": f"!self.startsWith('{RESERVED_ENV_PREFIX}') && "
-                    f"!(self in {_cel_list(RESERVED_ENV)})",
-                    "message": _ENV_MESSAGE,
-                }
-            ]
-        },
+        description="Variable name: not one that changes how the pod's processes load code or "
+        "where they connect, nor one the operator sets (`qpa.api.v1alpha1.rules`, any case).",
+        json_schema_extra={"x-kubernetes-validations": list(rules.ENV_NAME_RULES)},
     )
     value: str | None = Field(
         default=None, max_length=MAX_VALUE_LENGTH, description="The value (`$(VAR)` expands)."
@@ -486,18 +482,10 @@ class EnvVar(_Model):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, value: str) -> str:
-        if value.startswith(RESERVED_ENV_PREFIX) or value in RESERVED_ENV:
-            raise ValueError(_ENV_MESSAGE)
+        problem = rules.env_name_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
-
-
-class Affinity(_Model):
-    """Scheduling constraints, as a pod's `affinity` (each part free-form, checked by the API
-    server when the operator creates the pod)."""
-
-    node_affinity: dict[str, Any] | None = Field(default=None, description="nodeAffinity.")
-    pod_affinity: dict[str, Any] | None = Field(default=None, description="podAffinity.")
-    pod_anti_affinity: dict[str, Any] | None = Field(default=None, description="podAntiAffinity.")
 
 
 # --------------------------------------------------------------------------- the template
@@ -532,9 +520,13 @@ class PodTemplate(_Model):
             ],
         },
     )
-    affinity: Affinity | None = Field(
-        default=None, description="Node and pod (anti-)affinity of the pods."
-    )
+    affinity: (
+        podspec.part_type(  # type: ignore[valid-type]
+            "affinity",
+            "Node and pod (anti-)affinity of the pods, checked against the official schema.",
+        )
+        | None
+    ) = Field(default=None, description="Node and pod (anti-)affinity of the pods.")
     tolerations: list[Toleration] = Field(
         default_factory=list,
         max_length=MAX_TOLERATIONS,

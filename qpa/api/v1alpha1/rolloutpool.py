@@ -14,9 +14,9 @@ from qpa.api.v1alpha1.base import (
     CrossFieldRule,
     EndpointUrl,
     EnvironmentKind,
-    LocalObjectReference,
     ResourceRequirements,
     SecretKeySelector,
+    ServiceObjectReference,
     UriText,
     _check_unique,
     _conditions,
@@ -168,7 +168,7 @@ class RolloutPoolSpec(_Model):
     llm_sim: LLMSimSettings | None = Field(
         default=None, description="Endpoint settings, for environment llm_sim only."
     )
-    device_pool_ref: LocalObjectReference | None = Field(
+    device_pool_ref: ServiceObjectReference | None = Field(
         default=None, description="DevicePool whose phones back the sessions (device only)."
     )
     mcp: McpSettings | None = Field(

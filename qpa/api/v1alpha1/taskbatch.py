@@ -25,16 +25,17 @@ from qpa.api.v1alpha1.base import (
     DataUri,
     EndpointUrl,
     LocalDataUri,
-    LocalObjectReference,
     ObjectStore,
     OutputUri,
     Planner,
     ResourceRequirements,
     SecretKeySelector,
+    ServiceObjectReference,
     ShortText,
     Split,
     Text,
     UriText,
+    Version,
     _check_unique,
     _conditions,
     _defaulted,
@@ -150,11 +151,8 @@ class TaskBatchSource(TaskSource):
 class HarnessVersion(_Model):
     """The Harness version acting around the model: its name and its config."""
 
-    version: str = Field(
-        default="harness-v1",
-        min_length=1,
-        max_length=63,
-        description="Harness version label recorded in every trajectory.",
+    version: Version = Field(
+        default="harness-v1", description="Harness version label recorded in every trajectory."
     )
     config_map_ref: ConfigMapKeySelector | None = Field(
         default=None,
@@ -206,7 +204,7 @@ class TaskBatchSpec(_Model):
         json_schema_extra=_immutable("source is immutable; create a new TaskBatch"),
     )
     policy: PolicyEndpoint = Field(description="The model and Harness version that act.")
-    rollout_pool_ref: LocalObjectReference | None = Field(
+    rollout_pool_ref: ServiceObjectReference | None = Field(
         default=None,
         description="RolloutPool whose environment servers run the episodes "
         "(in-process sandbox when unset).",

@@ -23,6 +23,7 @@ from qpa.api.v1alpha1.base import (
     OutputUri,
     Quantity,
     ResourceRequirements,
+    ServiceObjectReference,
     Stage,
     Text,
     UriText,
@@ -249,7 +250,7 @@ class TaskSampling(_Model):
 class RLSettings(_Model):
     """Online agentic RL (GRPO with CARE) in a RolloutPool's environments."""
 
-    rollout_pool_ref: LocalObjectReference = Field(
+    rollout_pool_ref: ServiceObjectReference = Field(
         description="RolloutPool whose environment servers run the rollouts."
     )
     samples_per_task: int = Field(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -365,6 +366,213 @@ MALFORMED: list[tuple[str, int, dict[str, Any], str]] = [
     ("TrainingRun", 0, {"metadata.name": "Planner_SFT"}, "metadata.name"),
 ]
 
+
+def _nested(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {}
+    for _ in range(depth):
+        node = {"a": node}
+    return node
+
+
+_PT = "spec.podTemplate"
+# The second pass, by class (cases written as an attacker would, not from the rules): egress
+# to addresses no workload should reach, URIs that hide traversal or credentials, pod templates
+# that smuggle structure, and values a real API server or a pod would refuse.
+MALFORMED += [
+    # egress: metadata, link-local, loopback and unspecified addresses, however written
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://169.254.169.254/v1"}, "spec.policy.modelUrl"),
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://127.0.0.1:8080/v1"}, "spec.policy.modelUrl"),
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://localhost:8080/v1"}, "spec.policy.modelUrl"),
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://2852039166/v1"}, "spec.policy.modelUrl"),
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://0xA9FEA9FE/v1"}, "spec.policy.modelUrl"),
+    (
+        "TaskBatch",
+        0,
+        {"spec.policy.modelUrl": "http://0251.0376.0251.0376/"},
+        "spec.policy.modelUrl",
+    ),
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://127.1:8080/v1"}, "spec.policy.modelUrl"),
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://0.0.0.0/v1"}, "spec.policy.modelUrl"),
+    (
+        "TaskBatch",
+        0,
+        {"spec.policy.modelUrl": "http://metadata.google.internal/computeMetadata/v1"},
+        "spec.policy.modelUrl",
+    ),
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://api.localhost/v1"}, "spec.policy.modelUrl"),
+    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://[fd00:ec2::254]/"}, "spec.policy.modelUrl"),
+    ("TaskBatch", 0, {"spec.store.endpoint": "http://127.0.0.1:9000"}, "spec.store.endpoint"),
+    ("HarnessRelease", 0, {"spec.store.endpoint": "http://169.254.169.254"}, "spec.store.endpoint"),
+    (
+        "RolloutPool",
+        0,
+        {"spec.environment": "llm_sim", "spec.llmSim": {"modelUrl": "http://169.254.170.2/v1"}},
+        "spec.llmSim.modelUrl",
+    ),
+    # credentials and state in query strings and fragments: only allow-listed keys pass
+    (
+        "TaskBatch",
+        0,
+        {"spec.policy.modelUrl": "https://p.example/v1?key=abc"},
+        "spec.policy.modelUrl",
+    ),
+    (
+        "TaskBatch",
+        0,
+        {"spec.policy.modelUrl": "https://p.example/v1?x-api-key=abc"},
+        "spec.policy.modelUrl",
+    ),
+    (
+        "TaskBatch",
+        0,
+        {"spec.policy.modelUrl": "https://p.example/v1#access_token=abc"},
+        "spec.policy.modelUrl",
+    ),
+    (
+        "TaskBatch",
+        0,
+        {"spec.policy.modelUrl": "https://p.example/v1?code=1"},
+        "spec.policy.modelUrl",
+    ),
+    # traversal, plain, percent-encoded or with backslashes
+    ("TaskBatch", 0, {"spec.outputUri": "s3://qpa/default/../other/"}, "spec.outputUri"),
+    ("TaskBatch", 0, {"spec.outputUri": "s3://qpa/default/%2e%2e/other/"}, "spec.outputUri"),
+    ("TaskBatch", 0, {"spec.outputUri": "s3://qpa/default/%2E%2E%2Fother/"}, "spec.outputUri"),
+    ("TaskBatch", 0, {"spec.outputUri": "s3://qpa/default\\..\\other/"}, "spec.outputUri"),
+    ("TrainingRun", 0, {"spec.baseModelUri": "s3://qpa/default/./x/"}, "spec.baseModelUri"),
+    ("HarnessRelease", 0, {"spec.reportUri": "s3://qpa/default/releases/.."}, "spec.reportUri"),
+    (
+        "TrainingRun",
+        0,
+        {"spec.datasets.1.uri": "s3://qpa/default/d/%252e%252e/"},
+        "spec.datasets[1].uri",
+    ),
+    # pod templates: structure the PodSpec schema does not have, nesting, loader and proxy
+    # variables, claims cloned from other claims, tolerations of every taint
+    (
+        "HarnessRelease",
+        0,
+        {f"{_PT}.affinity": {"nodeAffinity": {"bogus": {"x": 1}}}},
+        f"{_PT}.affinity",
+    ),
+    ("HarnessRelease", 0, {f"{_PT}.affinity": {"nodeAffinity": _nested(300)}}, f"{_PT}.affinity"),
+    (
+        "TaskBatch",
+        0,
+        {
+            f"{_PT}.affinity": {
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": 7}]
+                }
+            }
+        },
+        f"{_PT}.affinity",
+    ),
+    (
+        "TaskBatch",
+        0,
+        {f"{_PT}.env": [{"name": "LD_PRELOAD", "value": "/x.so"}]},
+        f"{_PT}.env[0].name",
+    ),
+    (
+        "TaskBatch",
+        0,
+        {f"{_PT}.env": [{"name": "https_proxy", "value": "http://e"}]},
+        f"{_PT}.env[0].name",
+    ),
+    (
+        "TaskBatch",
+        0,
+        {f"{_PT}.env": [{"name": "HTTPS_PROXY", "value": "http://e"}]},
+        f"{_PT}.env[0].name",
+    ),
+    (
+        "TrainingRun",
+        0,
+        {f"{_PT}.env": [{"name": "AWS_ENDPOINT_URL", "value": "http://e"}]},
+        f"{_PT}.env[0].name",
+    ),
+    (
+        "RolloutPool",
+        0,
+        {f"{_PT}.env": [{"name": "qpa_store_endpoint", "value": "http://e"}]},
+        f"{_PT}.env[0].name",
+    ),
+    ("TaskBatch", 0, {f"{_PT}.env": [{"name": "PYTHONPATH", "value": "/x"}]}, f"{_PT}.env[0].name"),
+    ("TaskBatch", 0, {f"{_PT}.env": [{"name": "Home", "value": "/x"}]}, f"{_PT}.env[0].name"),
+    (
+        "TaskBatch",
+        0,
+        {
+            f"{_PT}.volumes": [
+                {
+                    "name": "scratch",
+                    "ephemeral": {
+                        "volumeClaimTemplate": {
+                            "spec": {
+                                "accessModes": ["ReadWriteOnce"],
+                                "resources": {"requests": {"storage": "1Gi"}},
+                                "dataSource": {"kind": "PersistentVolumeClaim", "name": "other"},
+                            }
+                        }
+                    },
+                }
+            ]
+        },
+        f"{_PT}.volumes[0].ephemeral.volumeClaimTemplate",
+    ),
+    (
+        "TaskBatch",
+        0,
+        {
+            f"{_PT}.volumes": [
+                {
+                    "name": "scratch",
+                    "ephemeral": {
+                        "volumeClaimTemplate": {
+                            "spec": {
+                                "accessModes": ["ReadWriteOnce"],
+                                "resources": {"requests": {"storage": "1Gi"}},
+                                "dataSourceRef": {"kind": "VolumeSnapshot", "name": "snap"},
+                            }
+                        }
+                    },
+                }
+            ]
+        },
+        f"{_PT}.volumes[0].ephemeral.volumeClaimTemplate",
+    ),
+    ("TaskBatch", 0, {f"{_PT}.tolerations": [{"operator": "Exists"}]}, f"{_PT}.tolerations[0]"),
+    (
+        "TrainingRun",
+        0,
+        {f"{_PT}.tolerations": [{"operator": "Exists", "effect": "NoExecute"}]},
+        f"{_PT}.tolerations[0]",
+    ),
+    # values a real API server or a pod refuses
+    ("TaskBatch", 0, {f"{_PT}.scratchSizeLimit": "1e400"}, f"{_PT}.scratchSizeLimit"),
+    (
+        "TaskBatch",
+        0,
+        {f"{_PT}.volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1e400"}}]},
+        f"{_PT}.volumes[0].emptyDir.sizeLimit",
+    ),
+    ("TaskBatch", 0, {"spec.parallelism": 4.0}, "spec.parallelism"),
+    ("TrainingRun", 0, {"spec.nodes": 2.5}, "spec.nodes"),
+    ("HarnessRelease", 0, {"spec.harness.version": "v3\u200b"}, "spec.harness.version"),
+    ("HarnessRelease", 0, {"spec.harness.version": "v3\nInjected: 1"}, "spec.harness.version"),
+    ("HarnessRelease", 0, {"spec.harness.version": "../../etc/passwd"}, "spec.harness.version"),
+    ("TaskBatch", 0, {"spec.policy.harness.version": "v3 --x"}, "spec.policy.harness.version"),
+    ("TaskBatch", 0, {"spec.image": "--privileged"}, "spec.image"),
+    ("RolloutPool", 0, {"spec.image": "ghcr.io/qpa/x:1 -it"}, "spec.image"),
+    ("HarnessRelease", 0, {"spec.harness.image": "-v/:/host"}, "spec.harness.image"),
+    ("DevicePool", 0, {"spec.selector.serials": ["ABC;rm -rf /"]}, "spec.selector.serials[0]"),
+    ("DevicePool", 0, {"spec.selector.serials": ["$(id)"]}, "spec.selector.serials[0]"),
+    ("TaskBatch", 0, {"spec.rolloutPoolRef.name": "pool.with.dots"}, "spec.rolloutPoolRef.name"),
+    ("TaskBatch", 0, {"spec.policy.model": "planner\u0000"}, "spec.policy.model"),
+    ("TaskBatch", 0, {"spec.policy.model": "m" * 1_000_000}, "spec.policy.model"),
+]
+
 # Values at a bound and every scheme a field takes: both accept.
 VALID: list[tuple[str, int, dict[str, Any]]] = [
     ("TaskBatch", 0, {"spec.resources": {"requests": {"cpu": "1024", "memory": "16Ti"}}}),
@@ -467,11 +675,16 @@ def server_causes(
     server: KubeAPIServer, kind: str, body: dict[str, Any]
 ) -> list[tuple[str, str]] | None:
     """(field, message) of each cause of the API server's refusal of `body` (None when it
-    stores it; then it is deleted again)."""
-    code, answer = call(server, "POST", collection(kind), body)
+    stores it; then it is deleted again). It is sent as `kubectl apply` sends it, with
+    `fieldValidation=Strict`: an unknown field is then a 400 strict decoding error naming it
+    (without, a server drops unknown fields, so they reach nothing either)."""
+    code, answer = call(server, "POST", collection(kind) + "?fieldValidation=Strict", body)
     if code == 201:
         call(server, "DELETE", f"{collection(kind)}/{answer['metadata']['name']}")
         return None
+    if code == 400 and "strict decoding error" in answer.get("message", ""):
+        unknown = re.findall(r'unknown field "([^"]+)"', answer["message"])
+        return [(path, "unknown field") for path in unknown]
     assert code == 422 and answer["reason"] == "Invalid", answer
     assert answer["message"].startswith(f'{kind}.qpa.ai "{body["metadata"]["name"]}" is invalid')
     return [(c["field"], c["message"]) for c in answer["details"]["causes"]]
@@ -585,7 +798,8 @@ KUBECTL_CASES = [
     ("TaskBatch", {"spec.outputUri": "s3://AKIA:secret@qpa/out/"}, "spec.outputUri"),
     ("TrainingRun", {"spec.outputUri": "file:///out/"}, "spec.outputUri"),
     ("TaskBatch", {"spec.resources.requests.cpu": "-1"}, "spec.resources.requests.cpu"),
-    # 300 KB: kubectl doubles it (last-applied-configuration), the test server takes 1 MB bodies
+    # 300 KB: kubectl doubles it (last-applied-configuration); the test server takes 3 MiB
+    # bodies, as kube-apiserver does
     ("TaskBatch", {"metadata.annotations": {"note": "x" * 300_000}}, "metadata.annotations"),
 ]
 
@@ -598,3 +812,31 @@ def test_kubectl_apply_prints_the_field(kubectl: Kubectl, tmp_path: Path) -> Non
         assert result.returncode != 0, result.stdout
         assert f"{field}: " in result.stderr, result.stderr
     assert "No resources found" in kubectl("get", "taskbatches,trainingruns", check=False).stderr
+
+
+# --------------------------------------------------------------------------- the server's limits
+
+
+def test_a_body_over_the_servers_limit_is_refused_naming_the_limit(server: KubeAPIServer) -> None:
+    body = patched("TaskBatch", 0, {"metadata.annotations": {"note": "x" * (4 * 1024 * 1024)}})
+    code, answer = call(server, "POST", collection("TaskBatch"), body)
+    assert code == 413 and answer["kind"] == "Status", answer
+    assert answer["reason"] == "RequestEntityTooLarge" and "3145728 bytes" in answer["message"]
+    # under the limit, an oversized field is named (not a bare 413)
+    body = patched("TaskBatch", 0, {"spec.policy.model": "m" * 2_000_000})
+    assert server_names(server_causes(server, "TaskBatch", body) or [], "spec.policy.model")
+
+
+def test_a_body_nested_past_the_decoders_depth_is_a_bad_request(server: KubeAPIServer) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    text = json.dumps(example("TaskBatch"))[:-1] + f', "x": {deep}}}'
+    request = urllib.request.Request(
+        server.url + collection("TaskBatch"), data=text.encode(), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 400
+    assert "depth" in json.loads(refused.value.read())["message"]
+    code, _ = call(server, "GET", collection("TaskBatch"))
+    assert code == 200  # the server is still there

@@ -38,7 +38,13 @@ def server_errors(body: dict[str, Any]) -> str:
 GOOD = {
     "serviceAccountName": "trainer-identity",
     "nodeSelector": {"pool": "gpu"},
-    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]
+            }
+        }
+    },
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}],
     "priorityClassName": "high",
     "runtimeClassName": "nvidia",
@@ -49,7 +55,10 @@ GOOD = {
         {"name": "keys", "secret": {"secretName": "keys"}},
         {"name": "scratch", "emptyDir": {"sizeLimit": "10Gi"}},
         {"name": "csi", "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True}},
-        {"name": "eph", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["RWO"]}}}},
+        {
+            "name": "eph",
+            "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}},
+        },
     ],
     "volumeMounts": [
         {"name": "data", "mountPath": "/data"},
@@ -87,8 +96,9 @@ def test_a_full_template_is_accepted_by_both_and_kept_as_written() -> None:
             "exactly one of",
         ),
         ({"volumes": [{"name": "work", "emptyDir": {}}]}, "is a volume name of the operator"),
-        ({"env": [{"name": "QPA_S3_ENDPOINT", "value": "x"}]}, "is set by the operator"),
-        ({"env": [{"name": "HOME", "value": "/root"}]}, "is set by the operator"),
+        ({"env": [{"name": "QPA_S3_ENDPOINT", "value": "x"}]}, "or one the operator sets"),
+        ({"env": [{"name": "HOME", "value": "/root"}]}, "or one the operator sets"),
+        ({"env": [{"name": "ld_preload", "value": "/x.so"}]}, "a variable that changes how"),
         (
             {
                 "env": [
@@ -134,8 +144,21 @@ def test_a_full_template_is_accepted_by_both_and_kept_as_written() -> None:
             "every volumeMounts[].name must be one of podTemplate.volumes",
         ),
         (
-            {"tolerations": [{"operator": "Equal", "value": "x"}]},
-            "a toleration without key needs operator Exists",
+            {
+                "volumes": [
+                    {
+                        "name": "d",
+                        "ephemeral": {
+                            "volumeClaimTemplate": {
+                                "spec": {
+                                    "dataSource": {"kind": "PersistentVolumeClaim", "name": "other"}
+                                }
+                            }
+                        },
+                    }
+                ]
+            },
+            "dataSource",
         ),
         (
             {"tolerations": [{"key": "k", "operator": "Exists", "value": "x"}]},
