@@ -70,6 +70,12 @@ def _claim_template_schema() -> dict[str, Any]:
     }
 
 
+class OfficialPart(BaseModel):
+    """Base of the models made from the official schema: unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 def _model_of(schema: dict[str, Any], name: str, drop: frozenset[str]) -> Any:
     """The pydantic type of a structural schema node: a model per object (unknown keys refused,
     so an error's location is the path inside the part), bounded lists, maps and strings."""
@@ -102,7 +108,7 @@ def _model_of(schema: dict[str, Any], name: str, drop: frozenset[str]) -> Any:
             continue
         annotation = _model_of(sub, name + key[:1].upper() + key[1:], drop)
         fields[key] = (annotation, ...) if key in required else (annotation | None, None)
-    return create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
+    return create_model(name, __base__=OfficialPart, **fields)
 
 
 @functools.cache

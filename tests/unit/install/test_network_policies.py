@@ -49,6 +49,7 @@ from qpa_operator.handlers.netpolicy import CONDITION, egress_status
 
 from qpa.api import parse_resource
 from qpa.api.v1alpha1 import HarnessReleaseStatus
+from qpa.api.v1alpha1.podspec import OfficialPart
 
 NS = "team-a"
 STORE = "http://qpa-store.qpa-system.svc.cluster.local:8333"
@@ -333,6 +334,8 @@ def _unset(model: BaseModel, path: str) -> Iterator[str]:
         value = getattr(model, name)
         if name not in model.model_fields_set:
             yield here
+        if isinstance(value, OfficialPart):
+            continue  # Kubernetes' own structure (affinity): set as a whole
         if isinstance(value, BaseModel):
             yield from _unset(value, here)
         elif isinstance(value, list):  # a field of the items is set when any item sets it

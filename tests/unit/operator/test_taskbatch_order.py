@@ -22,6 +22,7 @@ from qpa_operator.builders.common import HARNESS_CONFIG_MOUNT, Defaults
 
 from qpa.api import TaskBatch
 from qpa.api.v1alpha1 import TaskBatchSpec, WorkOrder
+from qpa.api.v1alpha1.podspec import OfficialPart
 from qpa.api.v1alpha1.taskbatch import HARNESS_CONFIG_DIR, CollectSummary
 from qpa.data.collect_config import CollectConfig
 
@@ -56,8 +57,11 @@ def leaf_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tup
     for name, info in model.model_fields.items():
         alias = info.alias or name
         inner = [a for a in get_args(info.annotation) if a is not type(None)] or [info.annotation]
+        inner = [get_args(a)[0] if get_origin(a) is Annotated else a for a in inner]
         nested = [a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)]
         if get_origin(info.annotation) is list:  # a list of objects is one field
+            nested = []
+        if issubclass(model, OfficialPart):  # Kubernetes' own structure: its parts are leaves
             nested = []
         if nested:
             paths += leaf_paths(nested[0], (*prefix, alias))
