@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -110,6 +111,34 @@ REPORT_FILE: Final = "report.json"
 TOKENS_MOUNT: Final = "/var/run/secrets/qpa/harness-tokens"
 TOKENS_FILE: Final = "tokens.yaml"
 TOKENS_PATH: Final = f"{TOKENS_MOUNT}/{TOKENS_FILE}"
+#: Where the identity proxy's shared secret is mounted (`--proxy-secret-file`).
+PROXY_SECRET_MOUNT: Final = "/var/run/secrets/qpa/harness-proxy"
+PROXY_SECRET_FILE: Final = "proxy-secret"
+PROXY_SECRET_PATH: Final = f"{PROXY_SECRET_MOUNT}/{PROXY_SECRET_FILE}"
+
+
+@dataclass(frozen=True)
+class IdentityProxy:
+    """The trusted proxy of identity-header mode: the pods it runs in (a required, non-empty
+    label selector, in `namespace` or the release's own) and the Secret key holding the secret
+    it proves itself with (`X-Qpa-Proxy-Secret`). What `spec.harness.auth.proxySelector` and
+    `proxySecretRef` will carry once `qpa.api` has them."""
+
+    pod_labels: Mapping[str, str]
+    secret_name: str
+    secret_key: str
+    namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.pod_labels or not all(k and v for k, v in self.pod_labels.items()):
+            raise ValueError(
+                "spec.harness.auth.proxySelector: identity-header mode needs the proxy's pod "
+                "labels (a non-empty selector): only those pods may reach the Harness"
+            )
+        if not self.secret_name or not self.secret_key:
+            raise ValueError("spec.harness.auth.proxySecretRef: the proxy's shared secret")
+
+
 #: What `spec.podTemplate` changes in the model predictor (its resources are the model's own).
 MODEL_PARTS: Final = podtemplate.ALL_PARTS - {podtemplate.RESOURCES, podtemplate.SERVICE_ACCOUNT}
 #: The KServe deployment mode every InferenceService of a release is pinned to (the canary
@@ -456,16 +485,45 @@ def stable_endpoint(hr: HarnessRelease, defaults: Defaults, model: ModelServing)
     return with_spec_hash(manifest)
 
 
-def harness_auth_parts(harness: HarnessServing) -> tuple[PodParts, list[str]]:
+def identity_auth_parts(header: str, proxy: IdentityProxy) -> tuple[PodParts, list[str]]:
+    """Identity-header mode: the proxy secret's key mounted read-only at `PROXY_SECRET_PATH`
+    (the kubelet reads it, as for tokens) and `--identity-header <header> --proxy-secret-file
+    <path>`; the server refuses the mode without the secret."""
+    volume = {
+        "name": "harness-proxy",
+        "secret": {
+            "secretName": proxy.secret_name,
+            "items": [{"key": proxy.secret_key, "path": PROXY_SECRET_FILE}],
+            "defaultMode": 0o440,
+        },
+    }
+    mount = {"name": "harness-proxy", "mountPath": PROXY_SECRET_MOUNT, "readOnly": True}
+    args = ["--identity-header", header, "--proxy-secret-file", PROXY_SECRET_PATH]
+    return PodParts(volumes=(volume,), mounts=(mount,)), args
+
+
+def proxy_peers(proxy: IdentityProxy) -> list[JsonDict]:
+    """The only ingress sources of a Harness in identity-header mode: the proxy's pods."""
+    return [netpol.pods_peer(dict(proxy.pod_labels), proxy.namespace)]
+
+
+def harness_auth_parts(
+    harness: HarnessServing, proxy: IdentityProxy | None = None
+) -> tuple[PodParts, list[str]]:
     """The Harness's caller authentication: the tokens Secret's volume and mount, and flags.
 
     The Secret key lands at a fixed path (`TOKENS_PATH`), so no name from the spec reaches argv;
-    an identity header does, after the CRD and `qpa.api` validated it as a header name.
+    an identity header does, after the CRD and `qpa.api` validated it as a header name, with
+    the proxy's secret (`identity_auth_parts`). Without `proxy` identity-header mode renders
+    only the header flag, which `qpa harness serve` refuses (no proof the header came from a
+    proxy): until `qpa.api` carries the proxy, such a release does not serve.
     """
     auth = harness.auth
     if auth is None:
         return PodParts(), []
     if auth.identity_header is not None:
+        if proxy is not None:
+            return identity_auth_parts(auth.identity_header, proxy)
         return PodParts(), ["--identity-header", auth.identity_header]
     ref = auth.tokens_secret_ref
     if ref is None:  # HarnessAuth's rule: exactly one of the two
@@ -508,15 +566,17 @@ def harness_service(
     defaults: Defaults,
     version: ReleaseVersion | None = None,
     traffic: int = 100,
+    proxy: IdentityProxy | None = None,
 ) -> JsonDict:
     """The Harness InferenceService serving `version` (the spec's) on `traffic` percent.
 
-    Below 100 KServe keeps the rest of the requests on the last rolled-out revision.
+    Below 100 KServe keeps the rest of the requests on the last rolled-out revision. `proxy`:
+    the identity proxy of identity-header mode (`harness_auth_parts`).
     """
     version = version or candidate(hr, defaults)
     harness = version.harness
     config_parts, config_path = harness_config_parts(harness.config_map_ref)
-    auth_parts, auth_args = harness_auth_parts(harness)
+    auth_parts, auth_args = harness_auth_parts(harness, proxy)
     parts = combine(
         [
             PodParts(
@@ -685,14 +745,19 @@ def _isvc_names(isvcs: list[JsonDict], component: str) -> list[str]:
 
 
 def network_policies(
-    hr: HarnessRelease, defaults: Defaults, children: list[JsonDict]
+    hr: HarnessRelease,
+    defaults: Defaults,
+    children: list[JsonDict],
+    proxy: IdentityProxy | None = None,
 ) -> list[JsonDict]:
     """The policies of the InferenceServices among `children` (and of the benchmark Job):
 
     - `<model isvc>-ingress`: from this release's benchmark pods and Harness predictor pods
       and the admin's serving gateway (`networkPolicy.ingress.servingGateway`), KServe ports;
       the stable model (behind `<release>-model`) also from the namespace's TaskBatch pods;
-    - `<harness isvc>-ingress`: from the benchmark pods and the serving gateway;
+    - `<harness isvc>-ingress`: from the benchmark pods and the serving gateway; with
+      `proxy` (identity-header mode: the header is trusted only from the proxy) from the
+      proxy's pods alone, its required selector;
     - `<harness isvc>-egress`: the Harness predictor reaches DNS and the release's models;
     - `<release>-bench-egress` while a benchmark Job is among `children`.
     """
@@ -725,6 +790,9 @@ def network_policies(
                 sources=[(clients, ports)],
             )
         )
+    auth = hr.spec.harness.auth
+    identity = auth is not None and auth.identity_header is not None
+    harness_clients = proxy_peers(proxy) if identity and proxy is not None else [*bench, *gateway]
     for name in harnesses:
         result.append(
             netpol.ingress_policy(
@@ -733,7 +801,7 @@ def network_policies(
                 HARNESS_COMPONENT,
                 defaults,
                 pod_selector=netpol.predictor_pods(name),
-                sources=[([*bench, *gateway], ports)],
+                sources=[(harness_clients, ports)],
             )
         )
         result.append(

@@ -43,7 +43,17 @@ def serve(
     ] = None,
     identity_header: Annotated[
         str | None,
-        typer.Option(help="Header a trusted proxy sets to the authenticated user id."),
+        typer.Option(
+            help="Header a trusted proxy sets to the authenticated user id (needs "
+            "--proxy-secret-file; X-Forwarded-*, Forwarded, Host, X-Real-IP are refused)."
+        ),
+    ] = None,
+    proxy_secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="The trusted proxy's shared secret (at least 32 characters), which it sends "
+            "in X-Qpa-Proxy-Secret: --identity-header is honoured only on requests carrying it."
+        ),
     ] = None,
     insecure_single_user: Annotated[
         str | None,
@@ -68,19 +78,22 @@ def serve(
             env_url=env_url,
             tokens_file=str(tokens_file) if tokens_file else None,
             identity_header=identity_header,
+            proxy_secret_file=str(proxy_secret_file) if proxy_secret_file else None,
             insecure_single_user=insecure_single_user,
             max_body_bytes=max_body_bytes,
             read_timeout_seconds=read_timeout_seconds,
         )
     except ValidationError as exc:
         die(first_error(exc))
-    from qpa.harness.server import Authenticator, HarnessModel
+    from qpa.harness.server import Authenticator, HarnessModel, ProxySecretError
     from qpa.harness.server import serve as run_server
 
     try:
         authenticator = Authenticator(config)
     except TokenFileError as exc:
         die(f"--tokens-file: {exc}")
+    except ProxySecretError as exc:
+        die(f"--proxy-secret-file: {exc}")
     if config.insecure_single_user:
         err_console.print(
             f"[bold yellow]warning:[/] --insecure-single-user: every caller acts as "

@@ -3,7 +3,9 @@
 Each server (each `create_app`) has its own `CollectorRegistry`, so several servers in one
 process (tests, benchmarks) never mix their numbers. Besides the session gauges the server's
 `SessionMetrics` collector reads from its store when scraped (`qpa_env_sessions_in_use`,
-`_capacity`, `_live`, `qpa_env_draining`, `qpa_env_session_evictions_total`), this module counts
+`_capacity`, `_live`, `qpa_env_draining`, `qpa_env_session_evictions_total`,
+`qpa_env_sessions_refused_total{reason}`: new sessions refused because live sessions hold the
+capacity, `client_busy` for 429 and `full` for 503), this module counts
 what the server does:
 
 - `qpa_env_requests_total{kind, op, channel, code}`: requests answered, by operation (`reset`,

@@ -16,9 +16,13 @@ OpenEnv-style endpoints, one environment per session id, so one server holds man
 Errors of the *request* (it cannot be understood, or names no live session) answer a JSON body
 `{"error": {"kind", "message", "field"?}}` with a matching HTTP status: 400 malformed JSON,
 401 missing or unknown bearer token (when tokens are configured), 408 a request not received
-within the read timeout, 413 body too large, 404 unknown, expired or evicted session, 409
-out-of-order step, 422 a task or action that breaks the contract (the field path is named), 429
-a client over its own session limit, 503 when all session slots are taken.
+within the read timeout, 413 body too large, 404 unknown, expired or evicted session (or
+another client's: exactly as an unknown one, on reset too), 409 out-of-order step, 422 a task or
+action that breaks the contract (the field path is named; so is a non-finite number, `NaN`,
+`Infinity` or a literal overflowing a double, anywhere in a body: JSON has none, though
+Python's parsers accept them), 429 a client at its own session limit whose sessions are all
+busy, 503 when live sessions hold every slot. 429 and 503 carry `Retry-After` (and
+`retry_after_s` in the body, for the session channel).
 Errors of the *episode* (unknown tool, bad tool arguments, actions after finish) are ordinary
 200 `Feedback` with `status="error"`, exactly as the environment returns them in-process, so a
 rollout cannot tell a local environment from a remote one. A bug anywhere answers 500 JSON and
@@ -35,13 +39,19 @@ number of steps the client has already applied since reset) makes a retried step
 server replays the answer of a duplicate instead of applying it twice. Idle sessions expire
 after `session_ttl_s`.
 
-Abandoned sessions cannot lock anyone out. A client (its token's identity, else its peer
-address) holds at most `max_sessions_per_client` sessions; over that, its own least recently
-used session idle for `evict_idle_s` makes room, else 429. When every slot is taken, a new
-session first takes the slot of the least recently used session idle for `evict_idle_s`
-(anyone's); failing that, a client holding less than its fair share (`max_sessions` over the
-clients holding sessions, itself included) takes the least recently used idle session of the
-client holding the most; only then 503. An evicted session's id answers 404 `session_evicted`.
+Abandoned sessions cannot lock anyone out, not even their own client. A client (its token's
+identity, else its peer address) holds at most `max_sessions_per_client` sessions; at that
+limit its new session takes the slot of its own least recently used session that no request
+is using (its own idle sessions go first, oldest first), else 429. When every slot is taken, a
+new session takes, in this order, the slot of: the client's own least recently used session
+idle for `evict_idle_s`; anyone's; for a client holding less than its fair share
+(`max_sessions` over the clients holding sessions, itself included), the least recently used
+session not busy of the client holding the most; the client's own least recently used session
+not busy. Only then 503: live sessions hold the capacity, `Retry-After` says when the least
+recently used one will have been idle `evict_idle_s`. Both refusals are counted
+(`qpa_env_sessions_refused_total{reason="client_busy"|"full"}`). A session busy with a request
+is never evicted. An evicted session's id answers 404 `session_evicted` (to its own client;
+another client's expired or evicted session is `unknown_session`).
 
 A session lives in one pod's memory, so it is addressed to its pod. A server that knows its
 pod (`PodIdentity`: the pod name and the pod's own base URL, from the downward API variables
@@ -57,7 +67,8 @@ episodes (503 `draining`, so the client starts over on another pod; `/ready` ans
 and answers once no episode is live (a session reset and not yet done, idle less than the
 session TTL) or after `timeout_s`. Steps, verify and close of live episodes keep working.
 `/metrics` exports `qpa_env_sessions_in_use` (slots taken), `qpa_env_sessions_capacity`,
-`qpa_env_sessions_live`, `qpa_env_draining` and `qpa_env_session_evictions_total`: what a
+`qpa_env_sessions_live`, `qpa_env_draining`, `qpa_env_session_evictions_total` and
+`qpa_env_sessions_refused_total`: what a
 HorizontalPodAutoscaler scales a pool on (through a metrics adapter).
 
 Slow clients are cut off: `serve` runs uvicorn with `TimedHttpToolsProtocol`, which closes a
@@ -76,7 +87,9 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import json
 import logging
+import math
 import os
 import secrets
 import time
@@ -239,16 +252,28 @@ class ServerError(Exception):
         self.session_id = session_id
 
 
-def error_body(kind: str, message: str, field: str | None = None) -> bytes:
+def error_body(
+    kind: str, message: str, field: str | None = None, retry_after_s: int | None = None
+) -> bytes:
     error: dict[str, Any] = {"kind": kind, "message": message}
     if field is not None:
         error["field"] = field
+    if retry_after_s is not None:
+        error["retry_after_s"] = retry_after_s
     return orjson.dumps({"error": error})
+
+
+def refusal_body(exc: ServerError) -> bytes:
+    """The error contract's body of `exc`; a `Retry-After` it carries is in the body too, as
+    `retry_after_s` (the session channel's replies have no headers)."""
+    retry = (exc.headers or {}).get("Retry-After")
+    seconds = int(retry) if retry is not None and retry.isdigit() else None
+    return error_body(exc.kind, exc.message, exc.field, seconds)
 
 
 def _error_response(exc: ServerError) -> Response:
     return Response(
-        error_body(exc.kind, exc.message, exc.field),
+        refusal_body(exc),
         status_code=exc.status,
         media_type=_JSON,
         headers=exc.headers,
@@ -307,7 +332,47 @@ def _from_validation(exc: ValidationError) -> ServerError:
     return ServerError(422, "invalid_request", "; ".join(problems), field=first_field)
 
 
+def non_finite_field(body: bytes | str) -> str | None:
+    """The path of the first non-finite number in a JSON body (`NaN`, `Infinity`, `-Infinity`,
+    or a literal such as `1e400` that overflows to infinity), `body` for a bare one; else None.
+
+    JSON has no such numbers, but Python's `json` and pydantic's parser accept them. orjson
+    refuses them, so a body orjson parses has none (the common case: one fast parse); only a
+    body it refuses is parsed again, permissively, to find the field. A body malformed in any
+    other way answers None (the model's parser reports it).
+    """
+    try:
+        orjson.loads(body)
+        return None
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(data, ())]
+    while stack:
+        value, loc = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return field_path(loc) or "body"
+        elif isinstance(value, dict):
+            stack.extend((v, (*loc, k)) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((v, (*loc, i)) for i, v in reversed(list(enumerate(value))))
+    return None
+
+
+def non_finite_message(path: str) -> str:
+    return (
+        f"field '{path}': NaN and Infinity are not JSON numbers (nor is a number too large for "
+        "a double); send a finite number"
+    )
+
+
 def _parse(model: type[M], body: bytes) -> M:
+    if (path := non_finite_field(body)) is not None:
+        raise ServerError(422, "invalid_request", non_finite_message(path), field=path)
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
@@ -421,8 +486,12 @@ class SessionStore:
         self.env_options = dict(env_options or {})
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._owned: Counter[str] = Counter()
-        self._expired: OrderedDict[str, str] = OrderedDict()  # id -> why it is gone
+        # id -> (why it is gone, whose it was)
+        self._expired: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self.evictions = 0
+        #: new sessions refused because live sessions hold the capacity, by reason:
+        #: `client_busy` (429, every session of the client is busy), `full` (503)
+        self.refused: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -438,8 +507,10 @@ class SessionStore:
         now = time.monotonic()
         return sum(1 for s in self._sessions.values() if s.live(now, self.session_ttl_s))
 
-    def _missing(self, session_id: str) -> ServerError:
-        why = self._expired.get(session_id)
+    def _missing(self, session_id: str, client: str = "") -> ServerError:
+        gone = self._expired.get(session_id)
+        # another client's session, gone or not, is an id this client never had
+        why = gone[0] if gone and (not self.bind_owner or gone[1] == client) else None
         if why == "expired":
             return ServerError(
                 404,
@@ -469,54 +540,45 @@ class SessionStore:
         (another client's session, when sessions are bound to tokens, does not exist)."""
         session = self._sessions.get(session_id)
         if session is None or (self.bind_owner and session.owner != client):
-            raise self._missing(session_id)  # another client's session: "unknown", never "yours"
+            raise self._missing(session_id, client)  # another client's: "unknown", never "yours"
         now = time.monotonic()
         if now - session.last_used > self.session_ttl_s and not session.lock.locked():
             self._drop(session, why="expired")
-            raise self._missing(session_id)
+            raise self._missing(session_id, client)
         session.last_used = now
         self._sessions.move_to_end(session_id)
         return session
 
     def get_or_create(self, session_id: str, client: str = "") -> Session:
         """For reset: the live session of that id, or a new one (room made by the rules of the
-        module docstring; 429 when the client is over its limit, 503 when the server is full)."""
+        module docstring; 429 when every session of a client at its limit is busy, 503 when
+        live sessions hold every slot; both with `Retry-After`, both counted in `refused`).
+        Another client's session id answers 404, as an id that never existed does."""
         existing = self._sessions.get(session_id)
         if existing is not None:
             if self.bind_owner and existing.owner != client:
-                raise ServerError(
-                    409,
-                    "session_conflict",
-                    "this session id is taken; choose another (or let the server choose)",
-                    field="session_id",
-                )
+                raise self._missing(session_id, client)
             with contextlib.suppress(ServerError):
                 return self.get(session_id, client)
-        capped = self.max_per_client < self.max_sessions  # else "full" is the better answer
-        if capped and self._owned[client] >= self.max_per_client:
+        if self._owned[client] >= self.max_per_client:
             self.sweep()
-        if (
-            capped
-            and self._owned[client] >= self.max_per_client
-            and not self._evict_lru(owner=client)
+        if self._owned[client] >= self.max_per_client and not self._evict_lru(
+            owner=client, min_idle_s=0.0
         ):
-            raise ServerError(
-                429,
-                "too_many_sessions_for_client",
-                f"this client holds {self._owned[client]} sessions, its limit; close sessions "
-                "(DELETE /sessions/{id}) or retry later",
-                headers={"Retry-After": "1"},
-            )
+            if self.max_per_client < self.max_sessions:
+                self.refused["client_busy"] += 1
+                raise ServerError(
+                    429,
+                    "too_many_sessions_for_client",
+                    f"this client holds {self._owned[client]} sessions, its limit, and each is "
+                    "busy with a request; close sessions (DELETE /sessions/{id}) or retry later",
+                    headers={"Retry-After": "1"},
+                )
+            raise self._full()  # its limit is the whole server
         if len(self._sessions) >= self.max_sessions:
             self.sweep()
         if len(self._sessions) >= self.max_sessions and not self._make_room(client):
-            raise ServerError(
-                503,
-                "too_many_sessions",
-                f"all {self.max_sessions} session slots are in use; close sessions "
-                "(DELETE /sessions/{id}) or retry later",
-                headers={"Retry-After": "1"},
-            )
+            raise self._full()
         session = Session(
             id=session_id,
             env=make_env(self.kind, **self.env_options),
@@ -544,17 +606,40 @@ class SessionStore:
         return False
 
     def _make_room(self, client: str) -> bool:
-        if self._evict_lru():
+        """A slot for `client` on a full server: its own session idle for `evict_idle_s`,
+        anyone's, a fair share's worth from the biggest holder, then its own least recently
+        used session that no request is using; whether one was freed."""
+        if self._evict_lru(owner=client) or self._evict_lru():
             return True
         holders = [c for c, n in self._owned.items() if n > 0]
         clients = len(set(holders) | {client})
         fair = max(1, self.max_sessions // clients)
-        if self._owned[client] >= fair:
-            return False
-        biggest = max(holders, key=lambda c: self._owned[c], default=None)
-        if biggest is None or biggest == client or self._owned[biggest] <= fair:
-            return False
-        return self._evict_lru(owner=biggest, min_idle_s=0.0)
+        if self._owned[client] < fair:
+            biggest = max(holders, key=lambda c: self._owned[c], default=None)
+            if (
+                biggest is not None
+                and biggest != client
+                and self._owned[biggest] > fair
+                and self._evict_lru(owner=biggest, min_idle_s=0.0)
+            ):
+                return True
+        return self._owned[client] > 0 and self._evict_lru(owner=client, min_idle_s=0.0)
+
+    def _full(self) -> ServerError:
+        """503: live sessions hold every slot (counted; `Retry-After`: until the least recently
+        used one not busy with a request has been idle `evict_idle_s`, at least 1 s)."""
+        self.refused["full"] += 1
+        now = time.monotonic()
+        idle = next((s for s in self._sessions.values() if not s.lock.locked()), None)
+        wait = self.evict_idle_s - (now - idle.last_used) if idle is not None else 1.0
+        retry = max(1, min(math.ceil(wait), math.ceil(self.evict_idle_s)))
+        return ServerError(
+            503,
+            "too_many_sessions",
+            f"all {self.max_sessions} session slots are held by live sessions; close sessions "
+            f"(DELETE /sessions/{{id}}) or retry in {retry}s",
+            headers={"Retry-After": str(retry)},
+        )
 
     def remove(self, session_id: str) -> Session | None:
         session = self._sessions.get(session_id)
@@ -583,7 +668,7 @@ class SessionStore:
                 del self._owned[session.owner]
         session.closed = True
         if why is not None:
-            self._expired[session.id] = why
+            self._expired[session.id] = (why, session.owner)
             while len(self._expired) > _EXPIRED_MEMORY:
                 self._expired.popitem(last=False)
         try:
@@ -843,6 +928,15 @@ class SessionMetrics(Collector):
         )
         evictions.add_metric([store.kind], store.evictions)
         yield evictions
+        refused = CounterMetricFamily(
+            "qpa_env_sessions_refused",
+            "New sessions refused because live sessions hold the capacity, by reason "
+            "(client_busy: 429, full: 503).",
+            labels=["kind", "reason"],
+        )
+        for reason in ("client_busy", "full"):
+            refused.add_metric([store.kind, reason], store.refused[reason])
+        yield refused
 
 
 # --------------------------------------------------------------------------- ASGI layer
@@ -1011,9 +1105,7 @@ class _FastPath:
         self.metrics.answered(op, "http", status, time.perf_counter() - began)
 
     async def _refuse(self, scope: Scope, send: Send, exc: ServerError, began: float) -> None:
-        await _send_json(
-            send, exc.status, error_body(exc.kind, exc.message, exc.field), exc.headers
-        )
+        await _send_json(send, exc.status, refusal_body(exc), exc.headers)
         self._count(scope, exc.status, began, exc.kind)
 
     # ------------------------------------------------------------------ the session channel
@@ -1090,7 +1182,7 @@ class _FastPath:
                 except ServerError as error:
                     found = service.locate(error, claimed)
                     status = found.status
-                    reply = b"%d " % status + error_body(found.kind, found.message, found.field)
+                    reply = b"%d " % status + refusal_body(found)
                     if metrics is not None:
                         metrics.refused(op, found.kind)
                 except Exception as exc:
@@ -1116,7 +1208,7 @@ class _FastPath:
         if "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1008})
             return
-        payload = error_body(exc.kind, exc.message, exc.field)
+        payload = refusal_body(exc)
         raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
         raw.extend(
             (k.lower().encode("latin-1"), v.encode("latin-1"))

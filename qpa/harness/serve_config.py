@@ -8,7 +8,11 @@ it, an in-process sandbox. Who the caller is comes from here too (see `qpa.harne
   the user id it stands for (`qpa.envs.tokens`);
 - `identity_header`: a header a trusted proxy sets after authenticating the caller (mTLS or
   OIDC at an Istio/Envoy sidecar or an oauth2-proxy), whose value is the user id; the proxy must
-  overwrite any value a client sent, and the pod must be reachable only through it;
+  overwrite any value a client sent, and the pod must be reachable only through it. That the
+  header came from the proxy must be provable: the mode needs `proxy_secret_file`, a shared
+  secret the proxy sends in `X-Qpa-Proxy-Secret` on every request (the server has no TLS of
+  its own, so no client certificate could prove it instead). A header clients control
+  (`X-Forwarded-*`, `Forwarded`, `Host`, `X-Real-IP`, ...: `qpa.headers`) is refused;
 - `insecure_single_user`: a development mode in which every caller is that one user;
 - none of these: callers are anonymous, and each episode gets a fresh memory that is thrown away
   (nothing read from or written to any user's stored memory).
@@ -23,6 +27,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from qpa.envs.tokens import IDENTITY_PATTERN
+from qpa.headers import client_controlled_header, client_controlled_message
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")
@@ -39,6 +44,7 @@ class HarnessServeConfig(BaseModel):
     env_url: str | None = Field(default=None, description="Environment server for episodes.")
     tokens_file: str | None = Field(default=None, min_length=1)
     identity_header: str | None = Field(default=None)
+    proxy_secret_file: str | None = Field(default=None, min_length=1)
     insecure_single_user: str | None = Field(default=None, pattern=IDENTITY_PATTERN)
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024, le=64 * 1024 * 1024)
     read_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
@@ -62,8 +68,11 @@ class HarnessServeConfig(BaseModel):
             return None
         if not _HEADER.match(value):
             raise ValueError("identity_header: expected an HTTP header name")
-        if value.lower() in ("authorization", "host", "content-type", "content-length"):
-            raise ValueError(f"identity_header: {value!r} cannot carry an identity")
+        if client_controlled_header(value):
+            raise ValueError(
+                f"identity_header: {value!r} cannot carry an identity "
+                f"({client_controlled_message()})"
+            )
         return value.lower()
 
     @model_validator(mode="after")
@@ -73,6 +82,14 @@ class HarnessServeConfig(BaseModel):
                 "insecure_single_user: a development mode; it cannot be combined with "
                 "tokens_file or identity_header"
             )
+        if self.identity_header and not self.proxy_secret_file:
+            raise ValueError(
+                "proxy_secret_file: identity_header trusts a header only from the proxy; give "
+                "the proxy's shared secret (--proxy-secret-file; the proxy sends it in "
+                "X-Qpa-Proxy-Secret), else any client that reaches the pod is whoever it names"
+            )
+        if self.proxy_secret_file and not self.identity_header:
+            raise ValueError("proxy_secret_file: only with identity_header")
         return self
 
     @property

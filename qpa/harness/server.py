@@ -12,11 +12,19 @@ What a caller cannot do (the server's configuration, `HarnessServeConfig`, decid
   with (`--env-url`, e.g. a RolloutPool's Service) or in an in-process sandbox; a request that
   names `env_url`, or any other unknown field, is refused (400, the field named).
 - **act as another user.** With bearer tokens (`--tokens-file`) or a trusted proxy's identity
-  header (`--identity-header`), the caller's user id comes from its credentials: a request's
+  header (`--identity-header`, honoured only on a request that carries the proxy's shared
+  secret, `--proxy-secret-file`, in `X-Qpa-Proxy-Secret`: one that reaches the pod without the
+  proxy is 401 and touches no memory), the caller's user id comes from its credentials: a request's
   `user_id`, when given, must be that id (else 403), and the episode reads and writes that
   user's memory only. Without credentials configured, callers are anonymous: each episode gets a
   fresh memory that is thrown away, so no request reads or writes any user's stored memory
   (`--insecure-single-user ID` is the development mode in which every caller is user ID).
+- **confirm payments for the user.** Which payment tools the user confirmed comes from the
+  caller's own top-level `confirm` field, and only from an authenticated caller; a request's
+  `task` carrying `confirmations` is refused (400, `task.confirmations`). A suite task
+  (`task_id`) keeps the confirmations its suite gives it.
+- **send numbers JSON does not have.** `NaN`, `Infinity` or a literal overflowing a double
+  anywhere in the body is refused (400, the field named).
 
 Every bad request gets a 4xx JSON answer `{"error": message, "kind": kind, "field": path}`:
 400 malformed JSON or a field that breaks the request schema, 401 missing or unknown
@@ -31,22 +39,37 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
+import os
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qpa.contract import Environment, Policy, Task
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.registry import all_apps
 from qpa.envs.sandbox.suite import DEFAULT_SUITE, get_task
-from qpa.envs.server import ServerError, field_path, timed_protocol
+from qpa.envs.server import (
+    ServerError,
+    field_path,
+    non_finite_field,
+    non_finite_message,
+    timed_protocol,
+)
 from qpa.envs.tokens import IDENTITY_PATTERN, AuthError, TokenTable
 from qpa.harness.agent import HarnessPlanner
 from qpa.harness.factory import PlannerFactory, PlannerSpec
@@ -54,6 +77,7 @@ from qpa.harness.memory import MemoryStore
 from qpa.harness.metrics import IN_FLIGHT, episode_recorded, error_recorded, recorded
 from qpa.harness.runner import run_episode
 from qpa.harness.serve_config import HarnessServeConfig
+from qpa.headers import PROXY_SECRET_HEADER
 
 logger = logging.getLogger("qpa.harness.server")
 
@@ -61,6 +85,10 @@ MAX_QUERY_CHARS = 8000
 TASK_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
 SUITE_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"
 _IDENTITY = re.compile(IDENTITY_PATTERN)
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
+MAX_CONFIRMATIONS = 64
+#: The shortest proxy secret accepted (characters, after stripping surrounding whitespace).
+MIN_PROXY_SECRET_CHARS = 32
 
 
 def _import_kserve() -> Any:
@@ -87,6 +115,10 @@ class HarnessRequest(BaseModel):
     task: Task | None = None
     suite: str = Field(default=DEFAULT_SUITE, pattern=SUITE_PATTERN)
     max_turns: int = Field(default=40, ge=1, le=200)
+    #: payment tools the (authenticated) caller confirms for this episode
+    confirm: list[Annotated[str, StringConstraints(pattern=TOOL_NAME_PATTERN)]] = Field(
+        default_factory=list, max_length=MAX_CONFIRMATIONS
+    )
 
     @model_validator(mode="after")
     def _what_to_do(self) -> Self:
@@ -94,6 +126,11 @@ class HarnessRequest(BaseModel):
             raise ValueError("task_id: give 'task_id' or 'task', not both")
         if self.task is None and self.task_id is None and self.query is None:
             raise ValueError("query: give one of 'query', 'task_id' or 'task'")
+        if self.task is not None and self.task.confirmations:
+            raise ValueError(
+                "task.confirmations: a task cannot bring its own payment confirmations; the "
+                "caller confirms payment tools in the request's 'confirm' field"
+            )
         return self
 
 
@@ -129,14 +166,63 @@ class Caller:
         return "ephemeral" if self.user_id is None else "persistent"
 
 
+class ProxySecretError(ValueError):
+    """The proxy secret file cannot be read or is too short to be a secret."""
+
+
+class ProxySecret:
+    """The secret a trusted proxy sends in `X-Qpa-Proxy-Secret`, from a file (a mounted
+    Secret), re-read when the file changes (a rotated Secret); compared in constant time."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._secret = b""
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            stat = os.stat(self.path)
+            stamp = (stat.st_mtime_ns, stat.st_size)
+            if stamp == self._stamp:
+                return
+            with open(self.path, "rb") as handle:
+                secret = handle.read(4096).strip()
+        except OSError as exc:
+            raise ProxySecretError(f"cannot read {self.path}: {exc.strerror}") from None
+        if len(secret) < MIN_PROXY_SECRET_CHARS:
+            raise ProxySecretError(
+                f"{self.path}: the proxy secret must be at least {MIN_PROXY_SECRET_CHARS} "
+                "characters"
+            )
+        self._secret, self._stamp = secret, stamp
+
+    def matches(self, given: str | None) -> bool:
+        if given is None:
+            return False
+        try:
+            self._load()
+        except ProxySecretError:
+            logger.exception("proxy secret: keeping the last one read")
+        return hmac.compare_digest(given.encode("latin-1", "replace"), self._secret)
+
+
 class Authenticator:
     """Maps a request's headers to its `Caller`, as `HarnessServeConfig` says."""
 
-    def __init__(self, config: HarnessServeConfig, tokens: TokenTable | None = None) -> None:
+    def __init__(
+        self,
+        config: HarnessServeConfig,
+        tokens: TokenTable | None = None,
+        proxy: ProxySecret | None = None,
+    ) -> None:
         self.config = config
         self.tokens = tokens
         if tokens is None and config.tokens_file:
             self.tokens = TokenTable(config.tokens_file)
+        self.proxy = proxy
+        if proxy is None and config.proxy_secret_file:
+            self.proxy = ProxySecret(config.proxy_secret_file)
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
         config = self.config
@@ -152,6 +238,16 @@ class Authenticator:
                 raise _unauthenticated(exc.message, "Authorization") from None
         header = str(config.identity_header)
         value = headers.get(header)
+        proof = headers.get(PROXY_SECRET_HEADER)
+        if value is None and proof is None:
+            raise _unauthenticated(f"missing the '{header}' identity header", header)
+        if self.proxy is None or not self.proxy.matches(proof):
+            # the header did not provably come from the proxy: whoever set it is no one
+            raise _unauthenticated(
+                f"the '{header}' identity header is trusted only from the proxy, which proves "
+                f"itself with '{PROXY_SECRET_HEADER}'; this request did not come through it",
+                PROXY_SECRET_HEADER,
+            )
         if value is None:
             raise _unauthenticated(f"missing the '{header}' identity header", header)
         if not _IDENTITY.fullmatch(value):
@@ -167,6 +263,8 @@ def _unauthenticated(message: str, field: str) -> RequestRefused:
 
 def parse_request(body: bytes | str | Mapping[str, Any]) -> HarnessRequest:
     """A `HarnessRequest` from a raw or decoded body; RequestRefused names the field."""
+    if isinstance(body, bytes | str) and (path := non_finite_field(body)) is not None:
+        raise RequestRefused(400, "invalid_input", non_finite_message(path), field=path)
     try:
         if isinstance(body, bytes | str):
             return HarnessRequest.model_validate_json(body)
@@ -270,6 +368,14 @@ class HarnessModel(kserve.Model):  # type: ignore[name-defined]
                     field="user_id",
                 )
             user = caller.user_id
+        elif request.confirm:
+            raise RequestRefused(
+                401,
+                "unauthenticated",
+                "field 'confirm': only an authenticated caller confirms payments",
+                field="confirm",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         elif request.user_id is None:
             raise RequestRefused(400, "invalid_input", "missing field 'user_id'", field="user_id")
         else:
@@ -292,6 +398,9 @@ class HarnessModel(kserve.Model):  # type: ignore[name-defined]
             task = adhoc_task(user_id, str(request.query))
         user = task.user.model_copy(update={"user_id": user_id})
         update: dict[str, Any] = {"user": user}
+        if request.confirm:  # the caller's own confirmations, besides a suite task's
+            mine = [t for t in request.confirm if t not in task.confirmations]
+            update["confirmations"] = [*task.confirmations, *mine]
         if request.query and task.source != "request":
             update["instruction"] = request.query
         return task.model_copy(update=update)

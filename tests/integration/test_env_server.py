@@ -595,16 +595,26 @@ def test_idle_sessions_expire(messaging_task: Task) -> None:
 
 
 def test_capacity_is_bounded(messaging_task: Task) -> None:
-    with serving(max_sessions=2) as base, httpx.Client(base_url=base, timeout=10) as http:
+    def at(base: str, address: str) -> httpx.Client:
+        transport = httpx.HTTPTransport(local_address=address)
+        return httpx.Client(base_url=base, timeout=10, transport=transport)
+
+    with serving(max_sessions=2) as base, at(base, "127.0.0.1") as http, at(base, "127.0.0.2") as b:
         first = reset(http, messaging_task)
-        reset(http, messaging_task)
+        second = reset(http, messaging_task)
         reset(http, messaging_task, session_id=first)  # restarting a live session takes no slot
-        full = http.post(
-            "/reset", content=orjson.dumps({"task": messaging_task.model_dump(mode="json")})
-        )
+        third = reset(http, messaging_task)  # a full server: its own oldest session gives way
+        assert http.get("/state", params={"session_id": second}).status_code == 404
+        reset(b, messaging_task)  # a second client below its fair share takes the other's
+        assert http.get("/state", params={"session_id": first}).status_code == 404
+        assert http.get("/state", params={"session_id": third}).status_code == 200
+        with at(base, "127.0.0.3") as c:  # each client holds its fair share, none is idle
+            full = c.post(
+                "/reset", content=orjson.dumps({"task": messaging_task.model_dump(mode="json")})
+            )
         assert full.status_code == 503 and full.headers["retry-after"]
         assert error_of(full)["kind"] == "too_many_sessions"
-        assert http.delete(f"/sessions/{first}").json() == {"deleted": first}
+        assert http.delete(f"/sessions/{third}").json() == {"deleted": third}
         reset(http, messaging_task)
         assert http.get("/health").json()["sessions"] == 2
 

@@ -85,8 +85,11 @@ def test_a_thousand_abandoned_sessions_do_not_block_a_new_client() -> None:
             abandoned.append(response.json()["session_id"])
         assert len(set(abandoned)) == 1024 and all(len(s) >= 43 for s in abandoned)
         assert hog.get("/health").json()["sessions"] == 1024
-        more = reset(hog)  # the hog, over its fair share with nothing idle, is refused
-        assert more.status_code == 503 and error_of(more)["kind"] == "too_many_sessions"
+        more = reset(hog)  # the hog, holding every slot, gives up its own oldest idle session
+        assert more.status_code == 200, more.text
+        own = finish(hog, abandoned[0])
+        assert own.status_code == 404 and error_of(own)["kind"] == "session_evicted"
+        assert hog.get("/health").json()["sessions"] == 1024
         t0 = time.perf_counter()
         fresh = reset(newcomer)  # ... while a new client gets a slot at once
         answered = time.perf_counter() - t0
@@ -94,38 +97,83 @@ def test_a_thousand_abandoned_sessions_do_not_block_a_new_client() -> None:
         assert answered < 1.0
         sid = fresh.json()["session_id"]
         assert finish(newcomer, sid).status_code == 200
-        evicted = abandoned[0]  # the hog's least recently used session gave its slot
+        evicted = abandoned[1]  # the hog's least recently used session gave its slot
         gone = finish(hog, evicted)
         assert gone.status_code == 404 and error_of(gone)["kind"] == "session_evicted"
         assert finish(hog, abandoned[-1]).status_code == 200
         print(f"1024 resets in {time.perf_counter() - started:.2f}s; newcomer in {answered:.3f}s")
 
 
-def test_a_client_over_its_own_limit_gets_429_and_others_are_served() -> None:
-    with serving(max_sessions=64, max_sessions_per_client=8) as base, client(base) as a:
+def test_a_client_at_its_own_limit_replaces_its_own_oldest_idle_session() -> None:
+    """At its limit a client's new session takes the slot of its own least recently used one
+    (idle: no request in flight), never another client's; 429 is for a client whose sessions
+    are all busy (`tests/unit/envs/test_session_store.py`)."""
+    with (
+        serving(max_sessions=64, max_sessions_per_client=8) as base,
+        client(base) as a,
+        client(base, "127.0.0.2") as b,
+    ):
+        theirs = [reset(b).json()["session_id"] for _ in range(8)]
         sids = [reset(a).json()["session_id"] for _ in range(8)]
-        over = reset(a)
-        assert over.status_code == 429 and over.headers["retry-after"]
-        assert error_of(over)["kind"] == "too_many_sessions_for_client"
         assert reset(a, sids[0]).status_code == 200  # restarting one of its own takes no slot
-        with client(base, "127.0.0.2") as b:
-            assert reset(b).status_code == 200
-        assert a.delete(f"/sessions/{sids[1]}").status_code == 200
+        over = reset(a)  # sids[0] was just used: sids[1] is a's least recently used
+        assert over.status_code == 200, over.text
+        assert error_of(finish(a, sids[1]))["kind"] == "session_evicted"
         assert reset(a).status_code == 200
-        with RemoteEnv(base) as remote:  # RemoteEnv reports 429 as a transient failure
-            for _ in range(2):
-                a.post("/reset", content=orjson.dumps({"task": TASK_JSON}))
-            feedback = remote.reset(TASK)
-            assert feedback.error == "transient" and "too_many_sessions_for_client" in (
-                feedback.message or ""
-            )
+        assert error_of(finish(a, sids[2]))["kind"] == "session_evicted"
+        for sid in (sids[0], *sids[3:]):
+            assert finish(a, sid).status_code == 200
+        for sid in theirs:  # the other client lost nothing
+            assert finish(b, sid).status_code == 200
+        assert a.get("/health").json()["sessions"] == 16
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    want = {"kind": "sandbox", **labels}
+    text = httpx.get(f"{base}/metrics").text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and s.labels == want
+    )
+
+
+def test_capacity_held_by_live_sessions_answers_503_with_retry_after_and_is_counted() -> None:
+    """One session from each of many addresses fills the server: a new client is told when to
+    come back (the header, and `retry_after_s` for the session channel), the refusal is
+    counted, and once a session has been idle `evict_idle_s` the newcomer is served."""
+    with serving(max_sessions=4, evict_idle_s=0.5) as base:
+        holders = [client(base, f"127.0.0.{i}") for i in range(2, 6)]
+        try:
+            held = [reset(h).json()["session_id"] for h in holders]
+            with client(base, "127.0.0.6") as newcomer:
+                full = reset(newcomer)
+                assert full.status_code == 503 and full.headers["retry-after"] == "1"
+                error = error_of(full)
+                assert error["kind"] == "too_many_sessions" and error["retry_after_s"] == 1
+                assert metric(base, "qpa_env_sessions_refused_total", reason="full") == 1
+                assert metric(base, "qpa_env_sessions_refused_total", reason="client_busy") == 0
+                with RemoteEnv(base) as remote:  # reported as a transient failure
+                    feedback = remote.reset(TASK)
+                    assert feedback.error == "transient"
+                    assert "too_many_sessions" in (feedback.message or "")
+                assert metric(base, "qpa_env_sessions_refused_total", reason="full") >= 2
+                time.sleep(0.6)
+                assert finish(holders[1], held[1]).status_code == 200  # used again: not LRU
+                assert reset(newcomer).status_code == 200  # the oldest idle one gave its slot
+                assert error_of(finish(holders[0], held[0]))["kind"] == "session_evicted"
+                assert finish(holders[1], held[1]).status_code == 200
+        finally:
+            for h in holders:
+                h.close()
 
 
 def test_idle_sessions_give_their_slots_least_recently_used_first() -> None:
-    with serving(max_sessions=4, evict_idle_s=0.3) as base, client(base) as http:
+    with serving(max_sessions=4) as base, client(base) as http:
         sids = [reset(http).json()["session_id"] for _ in range(4)]
-        assert reset(http).status_code == 503  # nothing idle long enough yet
-        time.sleep(0.4)
         assert finish(http, sids[0]).status_code == 200  # sids[0] is used again: sids[1] is LRU
         assert reset(http).status_code == 200
         assert error_of(finish(http, sids[1]))["kind"] == "session_evicted"
@@ -224,9 +272,16 @@ def test_tokens_identify_clients_and_bind_sessions(tmp_path: Path) -> None:
             assert stolen.status_code == 404 and error_of(stolen)["kind"] == "unknown_session"
             assert beta.get("/state", params={"session_id": sid}).status_code == 404
             assert beta.delete(f"/sessions/{sid}").status_code == 404
-            taken = reset(beta, sid)
-            assert taken.status_code == 409 and error_of(taken)["field"] == "session_id"
+            taken = reset(beta, sid)  # another client's id: 404, as if it never existed
+            assert taken.status_code == 404 and error_of(taken)["field"] == "session_id"
+            never = finish(beta, GHOST)
+            assert error_of(taken)["kind"] == error_of(never)["kind"] == "unknown_session"
+            assert error_of(taken)["message"] == error_of(never)["message"].replace(GHOST, sid)
             assert alpha.get("/state", params={"session_id": sid}).status_code == 200
+            assert alpha.delete(f"/sessions/{sid}").status_code == 200
+            gone = finish(beta, sid)  # ... nor does beta learn that alpha's session is gone
+            assert error_of(gone)["kind"] == "unknown_session"
+            assert error_of(finish(alpha, sid))["kind"] == "unknown_session"  # deleted: unknown
         with RemoteEnv(base, token="beta-token") as remote:
             assert run_episode(remote, TASK, OraclePlanner()).success
 
@@ -347,6 +402,42 @@ MALFORMED: list[tuple[str, str, str, bytes | None, int, str | None]] = [
         "seq",
     ),
     ("step extra field", "POST", "/step", _with(admin=True), 422, "admin"),
+    (
+        "NaN inside a world",
+        "POST",
+        "/reset",
+        _task(world={"wallet": {"balance": 5}}).replace(b'"balance":5', b'"balance":NaN'),
+        422,
+        "task.world.wallet.balance",
+    ),
+    (
+        "Infinity in a world's list",
+        "POST",
+        "/reset",
+        _task(world={"notes": {"items": [1, 2]}}).replace(b"[1,2]", b"[1,Infinity]"),
+        422,
+        "task.world.notes.items[1]",
+    ),
+    (
+        "-Infinity in tool arguments",
+        "POST",
+        "/step",
+        _with(
+            action={"type": "tool_call", "tool": "wallet_send_money", "arguments": {"a": 1}}
+        ).replace(b'"a":1', b'"a":-Infinity'),
+        422,
+        "action.arguments.a",
+    ),
+    (
+        "1e400 in tool arguments",
+        "POST",
+        "/step",
+        _with(
+            action={"type": "tool_call", "tool": "wallet_send_money", "arguments": {"a": 1}}
+        ).replace(b'"a":1', b'"a":1e400'),
+        422,
+        "action.arguments.a",
+    ),
     ("unknown session step", "POST", "/step", _with(), 404, "session_id"),
     (
         "unknown session verify",

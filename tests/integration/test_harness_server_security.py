@@ -3,7 +3,9 @@ and a trusted proxy's identity header, its environment fixed to an environment s
 memory store on disk the test reads.
 
 What is checked: a request cannot choose the environment (`env_url` is refused and episodes run
-in the configured server), memory writes land only in the authenticated caller's memory, and
+in the configured server), memory writes land only in the authenticated caller's memory, an
+identity header counts only on a request carrying the proxy's secret (one that bypasses the
+proxy is 401 and writes no memory), a task cannot bring its own payment confirmations, and
 54 malformed or abusive requests each get a 4xx JSON answer naming the field, never a 5xx, with
 the server still serving a good request afterwards.
 """
@@ -39,6 +41,8 @@ QPA = str(Path(sys.executable).with_name("qpa"))
 PREDICT = "/v1/models/harness:predict"
 ALICE = {"authorization": "Bearer alice-secret-token"}
 HEADER = "x-qpa-user"
+PROXY_SECRET = "proxy-secret-" + "p" * 40
+PROXY = {"x-qpa-proxy-secret": PROXY_SECRET}  # what the trusted proxy adds to each request
 MAX_BODY = 64 * 1024
 
 
@@ -92,6 +96,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     memory = tmp / "memory.sqlite"
     config = tmp / "harness.yaml"
     config.write_text(f"version: harness-sec\nmemory_path: {memory}\n")
+    secret = tmp / "proxy-secret"
+    secret.write_text(PROXY_SECRET + "\n")
     model = FakeOpenAI(solver)
     with model, env_server() as (env_url, resets):
         port = free_port()
@@ -111,6 +117,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             str(tokens),
             "--identity-header",
             HEADER,
+            "--proxy-secret-file",
+            str(secret),
             "--max-body-bytes",
             str(MAX_BODY),
             "--read-timeout-seconds",
@@ -158,12 +166,17 @@ def test_memory_is_written_only_for_the_authenticated_caller(served: dict[str, A
     assert other.status_code == 403 and refusal(other)["field"] == "user_id"
     own = predict(url, orjson.dumps({"user_id": "alice", "task_id": MEMORY_TASK.id}), ALICE)
     assert own.status_code == 200, own.text
-    via_proxy = predict(url, orjson.dumps({"query": "hello"}), {HEADER: "carol"})
+    via_proxy = predict(url, orjson.dumps({"query": "hello"}), {HEADER: "carol", **PROXY})
     assert via_proxy.status_code == 200 and via_proxy.json()["user_id"] == "carol"
+    memory_task = orjson.dumps({"task_id": MEMORY_TASK.id})
+    for bypass in ({HEADER: "mallory"}, {HEADER: "mallory", "x-qpa-proxy-secret": "guess"}):
+        around = predict(url, memory_task, bypass)  # reached the pod without the proxy
+        assert around.status_code == 401, around.text
+        assert refusal(around)["field"] == "x-qpa-proxy-secret"
     with MemoryStore(served["memory"]) as store:
         assert store.count("bob") == 0
         assert {m.key for m in MEMORY_TASK.memory} <= set(store.keys("alice"))
-        assert "bob" not in store.users()
+        assert "bob" not in store.users() and "mallory" not in store.users()
 
 
 GOOD = {"task_id": TASK.id}
@@ -194,9 +207,68 @@ ABUSE: list[tuple[str, str, bytes | None, dict[str, Any], int, str | None]] = [
         401,
         "Authorization",
     ),
-    ("identity with spaces", PREDICT, _b(GOOD), {HEADER: "mallory admin"}, 401, HEADER),
-    ("identity not ascii", PREDICT, _b(GOOD), {HEADER: "m\xe9l".encode("latin-1")}, 401, HEADER),
-    ("identity too long", PREDICT, _b(GOOD), {HEADER: "u" * 300}, 401, HEADER),
+    ("identity with spaces", PREDICT, _b(GOOD), {HEADER: "mallory admin", **PROXY}, 401, HEADER),
+    (
+        "identity not ascii",
+        PREDICT,
+        _b(GOOD),
+        {HEADER: "m\xe9l".encode("latin-1"), **PROXY},
+        401,
+        HEADER,
+    ),
+    ("identity too long", PREDICT, _b(GOOD), {HEADER: "u" * 300, **PROXY}, 401, HEADER),
+    ("proxy secret, no identity", PREDICT, _b(GOOD), PROXY, 401, HEADER),
+    ("identity without the proxy", PREDICT, _b(GOOD), {HEADER: "alice"}, 401, "x-qpa-proxy-secret"),
+    (
+        "identity with a guessed proxy secret",
+        PREDICT,
+        _b(GOOD),
+        {HEADER: "alice", "x-qpa-proxy-secret": PROXY_SECRET[:-1]},
+        401,
+        "x-qpa-proxy-secret",
+    ),
+    (
+        "task brings payment confirmations",
+        PREDICT,
+        _b({"task": {**TASK.model_dump(mode="json"), "confirmations": ["wallet_send_money"]}}),
+        ALICE,
+        400,
+        "task.confirmations",
+    ),
+    (
+        "confirm not a tool name",
+        PREDICT,
+        _b({**GOOD, "confirm": ["a b"]}),
+        ALICE,
+        400,
+        "confirm[0]",
+    ),
+    (
+        "confirm a string",
+        PREDICT,
+        _b({**GOOD, "confirm": "wallet_send_money"}),
+        ALICE,
+        400,
+        "confirm",
+    ),
+    (
+        "NaN inside a task's world",
+        PREDICT,
+        _b({"task": {**TASK.model_dump(mode="json"), "world": {"w": {"x": 1}}}}).replace(
+            b'"x":1', b'"x":NaN'
+        ),
+        ALICE,
+        400,
+        "task.world.w.x",
+    ),
+    (
+        "Infinity turns",
+        PREDICT,
+        b'{"task_id": "%s", "max_turns": Infinity}' % TASK.id.encode(),
+        ALICE,
+        400,
+        "max_turns",
+    ),
     ("empty body", PREDICT, b"", ALICE, 400, "body"),
     ("truncated JSON", PREDICT, b'{"query": ', ALICE, 400, "body"),
     ("invalid UTF-8", PREDICT, b'{"query": "\xff\xfe"}', ALICE, 400, "body"),
@@ -219,7 +291,7 @@ ABUSE: list[tuple[str, str, bytes | None, dict[str, Any], int, str | None]] = [
         "proxy user acting for another",
         PREDICT,
         _b({**GOOD, "user_id": "a"}),
-        {HEADER: "b"},
+        {HEADER: "b", **PROXY},
         403,
         "user_id",
     ),

@@ -20,6 +20,17 @@ from qpa.harness.serve_config import HarnessServeConfig
         ({"env_url": "envs.example"}, "env_url"),
         ({"identity_header": "Authorization"}, "identity_header"),
         ({"identity_header": "x user"}, "identity_header"),
+        # headers clients set, or proxies append to, cannot carry an identity
+        ({"identity_header": "X-Forwarded-For", "proxy_secret_file": "/s"}, "identity_header"),
+        ({"identity_header": "x-forwarded-user", "proxy_secret_file": "/s"}, "identity_header"),
+        ({"identity_header": "Forwarded", "proxy_secret_file": "/s"}, "identity_header"),
+        ({"identity_header": "HOST", "proxy_secret_file": "/s"}, "identity_header"),
+        ({"identity_header": "X-Real-IP", "proxy_secret_file": "/s"}, "identity_header"),
+        ({"identity_header": "x-qpa-proxy-secret", "proxy_secret_file": "/s"}, "identity_header"),
+        # the mode needs the proof that the header came from the proxy
+        ({"identity_header": "x-qpa-user"}, "proxy_secret_file"),
+        ({"tokens_file": "/t.yaml", "identity_header": "x-qpa-user"}, "proxy_secret_file"),
+        ({"proxy_secret_file": "/s"}, "proxy_secret_file"),
         ({"insecure_single_user": "a b"}, "insecure_single_user"),
         ({"insecure_single_user": "dev", "tokens_file": "/t.yaml"}, "insecure_single_user"),
         ({"max_body_bytes": 10}, "max_body_bytes"),
@@ -33,7 +44,9 @@ def test_harness_serve_config_refuses(settings: dict[str, object], field: str) -
 
 
 def test_harness_serve_config_normalizes() -> None:
-    config = HarnessServeConfig(env_url="http://pool-env.ns.svc/", identity_header="X-Qpa-User")
+    config = HarnessServeConfig(
+        env_url="http://pool-env.ns.svc/", identity_header="X-Qpa-User", proxy_secret_file="/s"
+    )
     assert config.env_url == "http://pool-env.ns.svc"
     assert config.identity_header == "x-qpa-user" and config.authenticates
     assert not HarnessServeConfig().authenticates
@@ -58,6 +71,24 @@ def test_cli_names_the_bad_flag(tmp_path: object) -> None:
          "--identity-header", "x-user"],
     )  # fmt: skip
     assert both.exit_code == 2 and "insecure_single_user" in both.output
+    unproven = runner.invoke(
+        app, ["harness", "serve", "--planner", "oracle", "--identity-header", "x-user"]
+    )
+    assert unproven.exit_code == 2 and "proxy_secret_file" in unproven.output
+    forwarded = runner.invoke(
+        app,
+        ["harness", "serve", "--planner", "oracle", "--identity-header", "X-Forwarded-For",
+         "--proxy-secret-file", "/s"],
+    )  # fmt: skip
+    assert forwarded.exit_code == 2 and "identity_header" in forwarded.output
+    short = tmp_path / "short-secret"  # type: ignore[operator]
+    short.write_text("too-short")
+    weak = runner.invoke(
+        app,
+        ["harness", "serve", "--planner", "oracle", "--identity-header", "x-user",
+         "--proxy-secret-file", str(short)],
+    )  # fmt: skip
+    assert weak.exit_code == 2 and "--proxy-secret-file" in weak.output
     missing = runner.invoke(
         app, ["harness", "serve", "--planner", "oracle", "--tokens-file", "/nonexistent.yaml"]
     )

@@ -12,6 +12,7 @@ import pytest
 import typer
 import yaml
 from helpers.podsecurity import violations
+from pydantic import ValidationError
 from qpa_operator.builders import Defaults, harnessrelease
 
 from qpa.api import HarnessRelease, parse_resource
@@ -21,7 +22,13 @@ from qpa.harness.serve_config import HarnessServeConfig
 ROOT = Path(__file__).resolve().parents[3]
 D = Defaults(harness_image="registry.example/harness:1")
 TOKENS = {"tokensSecretRef": {"name": "harness-tokens", "key": "alice-and-bob.yaml"}}
-HEADER = {"identityHeader": "X-Forwarded-User"}
+HEADER = {"identityHeader": "X-Qpa-User"}
+PROXY = harnessrelease.IdentityProxy(
+    pod_labels={"app": "oauth2-proxy"},
+    secret_name="harness-proxy",
+    secret_key="shared",
+    namespace="auth",
+)
 
 
 def release(auth: dict[str, Any] | None) -> HarnessRelease:
@@ -35,8 +42,11 @@ def release(auth: dict[str, Any] | None) -> HarnessRelease:
     return hr
 
 
-def predictor(hr: HarnessRelease) -> dict[str, Any]:
-    spec: dict[str, Any] = harnessrelease.harness_service(hr, D)["spec"]["predictor"]
+def predictor(
+    hr: HarnessRelease, proxy: harnessrelease.IdentityProxy | None = None
+) -> dict[str, Any]:
+    service = harnessrelease.harness_service(hr, D, proxy=proxy)
+    spec: dict[str, Any] = service["spec"]["predictor"]
     return spec
 
 
@@ -80,17 +90,70 @@ def test_tokens_secret_is_mounted_read_only_and_passed_as_tokens_file() -> None:
     assert violations(pod) == []
 
 
-def test_identity_header_is_passed_and_mounts_nothing() -> None:
+def test_identity_header_is_passed_with_the_proxy_secret_mounted() -> None:
     plain = predictor(release(None))
-    pod = predictor(release(HEADER))
+    pod = predictor(release(HEADER), PROXY)
     (container,) = pod["containers"]
     argv = container["command"]
-    assert flag_value(argv, "--identity-header") == "X-Forwarded-User"
-    assert "--tokens-file" not in argv
-    assert pod["volumes"] == plain["volumes"]
-    assert container["volumeMounts"] == plain["containers"][0]["volumeMounts"]
+    assert flag_value(argv, "--identity-header") == "X-Qpa-User"
+    assert flag_value(argv, "--proxy-secret-file") == harnessrelease.PROXY_SECRET_PATH
+    assert "--tokens-file" not in argv and not any("shared" in word for word in argv)
+    volume = next(v for v in pod["volumes"] if v["name"] == "harness-proxy")
+    assert volume["secret"] == {
+        "secretName": "harness-proxy",
+        "items": [{"key": "shared", "path": "proxy-secret"}],
+        "defaultMode": 0o440,
+    }
+    assert [v for v in pod["volumes"] if v["name"] != "harness-proxy"] == plain["volumes"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "harness-proxy")
+    assert mount["readOnly"] is True
     assert {w for w in argv if w.startswith("--")} <= serve_options()
     assert violations(pod) == []
+
+
+def test_identity_header_without_the_proxy_is_refused_by_the_server() -> None:
+    """Until `qpa.api` carries the proxy, identity-header mode renders the header alone, which
+    `qpa harness serve` refuses: no release trusts a header nothing proves."""
+    argv = predictor(release(HEADER))["containers"][0]["command"]
+    with pytest.raises(ValidationError, match="proxy_secret_file"):
+        HarnessServeConfig(identity_header=flag_value(argv, "--identity-header"))
+
+
+def test_identity_mode_admits_only_the_proxy_pods() -> None:
+    for proxy, auth in ((PROXY, HEADER), (None, TOKENS)):
+        hr = release(auth)
+        children = harnessrelease.services(hr, D)
+        policies = harnessrelease.network_policies(hr, D, children, proxy)
+        (ingress,) = [
+            p
+            for p in policies
+            if p["metadata"]["name"] == f"{harnessrelease.harness_name(hr)}-ingress"
+        ]
+        peers = [peer for rule in ingress["spec"]["ingress"] for peer in rule["from"]]
+        if proxy is not None:
+            assert peers == [
+                {
+                    "podSelector": {"matchLabels": {"app": "oauth2-proxy"}},
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "auth"}},
+                }
+            ]
+        else:  # tokens: the gateway and the benchmark pods, as before
+            assert peers and all(p["podSelector"]["matchLabels"] for p in peers)
+
+
+@pytest.mark.parametrize(
+    ("labels", "name", "field"),
+    [
+        ({}, "s", "proxySelector"),
+        ({"app": ""}, "s", "proxySelector"),
+        ({"app": "proxy"}, "", "proxySecretRef"),
+    ],
+)
+def test_the_proxy_selector_and_secret_are_required(
+    labels: dict[str, str], name: str, field: str
+) -> None:
+    with pytest.raises(ValueError, match=field):
+        harnessrelease.IdentityProxy(pod_labels=labels, secret_name=name, secret_key="k")
 
 
 def test_without_auth_no_auth_flag_and_no_tokens_volume() -> None:
@@ -103,16 +166,17 @@ def test_without_auth_no_auth_flag_and_no_tokens_volume() -> None:
 @pytest.mark.parametrize("auth", [TOKENS, HEADER], ids=["tokens", "header"])
 def test_the_flags_parse_into_an_authenticating_serve_config(auth: dict[str, Any]) -> None:
     """What the builder passes is what `qpa harness serve` accepts as authentication."""
-    argv = predictor(release(auth))["containers"][0]["command"]
+    argv = predictor(release(auth), PROXY)["containers"][0]["command"]
     settings: dict[str, Any] = {}
     if "--tokens-file" in argv:
         settings["tokens_file"] = flag_value(argv, "--tokens-file")
     if "--identity-header" in argv:
         settings["identity_header"] = flag_value(argv, "--identity-header")
+        settings["proxy_secret_file"] = flag_value(argv, "--proxy-secret-file")
     config = HarnessServeConfig(**settings)
     assert config.authenticates
     if "identity_header" in settings:
-        assert config.identity_header == "x-forwarded-user"
+        assert config.identity_header == "x-qpa-user"
 
 
 def test_the_release_renders_no_secret_and_the_bench_job_no_tokens() -> None:
