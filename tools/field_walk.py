@@ -486,7 +486,14 @@ def kinds() -> list[KindWalk]:
                         "spec.harness.auth.tokensSecretRef",
                         {"name": "harness-tokens", "key": "tokens.yaml"},
                     ),
-                    ("spec.harness.auth.identityHeader", "x-forwarded-user"),
+                    (
+                        "spec.harness.auth",
+                        {
+                            "identityHeader": "x-auth-request-user",
+                            "proxySelector": {"app": "oauth2-proxy"},
+                            "proxySecretRef": {"name": "harness-proxy", "key": "secret"},
+                        },
+                    ),
                     ("spec.benchmark.limit", 50),
                     ("spec.gate.maxCostIncrease", 0.2),
                     ("spec.gate.maxEnvironmentErrorRate", 0.1),

@@ -121,8 +121,8 @@ PROXY_SECRET_PATH: Final = f"{PROXY_SECRET_MOUNT}/{PROXY_SECRET_FILE}"
 class IdentityProxy:
     """The trusted proxy of identity-header mode: the pods it runs in (a required, non-empty
     label selector, in `namespace` or the release's own) and the Secret key holding the secret
-    it proves itself with (`X-Qpa-Proxy-Secret`). What `spec.harness.auth.proxySelector` and
-    `proxySecretRef` will carry once `qpa.api` has them."""
+    it proves itself with (`X-Qpa-Proxy-Secret`): `spec.harness.auth.proxySelector`,
+    `proxyNamespace` and `proxySecretRef`."""
 
     pod_labels: Mapping[str, str]
     secret_name: str
@@ -137,6 +137,21 @@ class IdentityProxy:
             )
         if not self.secret_name or not self.secret_key:
             raise ValueError("spec.harness.auth.proxySecretRef: the proxy's shared secret")
+
+    @classmethod
+    def of(cls, harness: HarnessServing) -> IdentityProxy | None:
+        """The proxy a release's `spec.harness.auth` names (None outside identity-header mode;
+        the CRD's rule makes the selector and secret required in it)."""
+        auth = harness.auth
+        if auth is None or auth.identity_header is None:
+            return None
+        ref = auth.proxy_secret_ref
+        return cls(
+            pod_labels=dict(auth.proxy_selector or {}),
+            secret_name=ref.name if ref else "",
+            secret_key=ref.key if ref else "",
+            namespace=auth.proxy_namespace,
+        )
 
 
 #: What `spec.podTemplate` changes in the model predictor (its resources are the model's own).
@@ -514,17 +529,16 @@ def harness_auth_parts(
 
     The Secret key lands at a fixed path (`TOKENS_PATH`), so no name from the spec reaches argv;
     an identity header does, after the CRD and `qpa.api` validated it as a header name, with
-    the proxy's secret (`identity_auth_parts`). Without `proxy` identity-header mode renders
-    only the header flag, which `qpa harness serve` refuses (no proof the header came from a
-    proxy): until `qpa.api` carries the proxy, such a release does not serve.
+    the proxy's secret (`identity_auth_parts`); `proxy` defaults to the one
+    `spec.harness.auth` names (`IdentityProxy.of`).
     """
     auth = harness.auth
     if auth is None:
         return PodParts(), []
     if auth.identity_header is not None:
-        if proxy is not None:
-            return identity_auth_parts(auth.identity_header, proxy)
-        return PodParts(), ["--identity-header", auth.identity_header]
+        proxy = proxy or IdentityProxy.of(harness)
+        assert proxy is not None  # identity-header mode
+        return identity_auth_parts(auth.identity_header, proxy)
     ref = auth.tokens_secret_ref
     if ref is None:  # HarnessAuth's rule: exactly one of the two
         raise ValueError("spec.harness.auth: set exactly one of tokensSecretRef or identityHeader")
@@ -790,9 +804,8 @@ def network_policies(
                 sources=[(clients, ports)],
             )
         )
-    auth = hr.spec.harness.auth
-    identity = auth is not None and auth.identity_header is not None
-    harness_clients = proxy_peers(proxy) if identity and proxy is not None else [*bench, *gateway]
+    proxy = proxy or IdentityProxy.of(hr.spec.harness)
+    harness_clients = proxy_peers(proxy) if proxy is not None else [*bench, *gateway]
     for name in harnesses:
         result.append(
             netpol.ingress_policy(

@@ -12,7 +12,7 @@ it, an in-process sandbox. Who the caller is comes from here too (see `qpa.harne
   header came from the proxy must be provable: the mode needs `proxy_secret_file`, a shared
   secret the proxy sends in `X-Qpa-Proxy-Secret` on every request (the server has no TLS of
   its own, so no client certificate could prove it instead). A header clients control
-  (`X-Forwarded-*`, `Forwarded`, `Host`, `X-Real-IP`, ...: `qpa.headers`) is refused;
+  (`X-Forwarded-*`, `Forwarded`, `Host`, `X-Real-IP`, ...: `qpa.api.v1alpha1.rules`) is refused;
 - `insecure_single_user`: a development mode in which every caller is that one user;
 - none of these: callers are anonymous, and each episode gets a fresh memory that is thrown away
   (nothing read from or written to any user's stored memory).
@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from qpa.api.v1alpha1.rules import client_controlled_header, client_controlled_message
 from qpa.envs.tokens import IDENTITY_PATTERN
-from qpa.headers import client_controlled_header, client_controlled_message
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")

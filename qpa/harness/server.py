@@ -59,6 +59,7 @@ from pydantic import (
 )
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from qpa.api.v1alpha1.rules import PROXY_SECRET_HEADER
 from qpa.contract import Environment, Policy, Task
 from qpa.envs.sandbox import SandboxEnv
 from qpa.envs.sandbox.registry import all_apps
@@ -77,7 +78,6 @@ from qpa.harness.memory import MemoryStore
 from qpa.harness.metrics import IN_FLIGHT, episode_recorded, error_recorded, recorded
 from qpa.harness.runner import run_episode
 from qpa.harness.serve_config import HarnessServeConfig
-from qpa.headers import PROXY_SECRET_HEADER
 
 logger = logging.getLogger("qpa.harness.server")
 

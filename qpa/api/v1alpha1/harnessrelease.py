@@ -18,6 +18,7 @@ from qpa.api.v1alpha1.base import (
     CrossFieldRule,
     EndpointUrl,
     EnvironmentKind,
+    LabelName,
     Message,
     ObjectStore,
     OutputUri,
@@ -36,6 +37,7 @@ from qpa.api.v1alpha1.base import (
     _observed_generation,
     _timestamp,
 )
+from qpa.api.v1alpha1.devicepool import LABEL_VALUE
 from qpa.api.v1alpha1.podtemplate import PodTemplate
 from qpa.api.v1alpha1.resource import (
     AGE_COLUMN,
@@ -43,6 +45,11 @@ from qpa.api.v1alpha1.resource import (
     CustomResource,
     KindInfo,
     PrinterColumn,
+)
+from qpa.api.v1alpha1.rules import (
+    client_controlled_cel,
+    client_controlled_header,
+    client_controlled_message,
 )
 from qpa.api.v1alpha1.workorder import PodSummary
 
@@ -89,14 +96,17 @@ class ModelServing(_Model):
 
 #: An HTTP header name (what `qpa harness serve --identity-header` accepts).
 HEADER_NAME: Final = r"^[A-Za-z0-9-]{1,64}$"
-#: Headers a client or HTTP itself sets: none of them can carry a proxy's identity.
-RESERVED_HEADERS: Final = ("authorization", "host", "content-type", "content-length")
+#: A label value of the proxy's selector (never empty: an empty value selects unlabelled pods).
+ProxyLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)]
 
 
 class HarnessAuth(_Model):
     """How the Harness authenticates its callers, exactly one of two modes.
 
-    Without it callers are anonymous and every episode gets a throwaway memory.
+    Without it callers are anonymous and every episode gets a throwaway memory. In
+    identity-header mode the header is believed only from the proxy: the operator admits only
+    `proxySelector`'s pods to the Harness (an ingress policy) and the proxy proves itself with
+    the shared secret of `proxySecretRef` (`X-Qpa-Proxy-Secret`).
     """
 
     tokens_secret_ref: SecretKeySelector | None = Field(
@@ -110,8 +120,23 @@ class HarnessAuth(_Model):
         pattern=HEADER_NAME,
         max_length=64,
         description="Header a trusted proxy sets to the authenticated user id "
-        "(`--identity-header`, e.g. x-forwarded-user); the proxy must overwrite a client's "
-        "value and be the only way to the Harness.",
+        "(`--identity-header`, e.g. x-auth-request-user); never one clients set or proxies "
+        "append to (X-Forwarded-*, Forwarded, Host, X-Real-IP, ...).",
+    )
+    proxy_selector: dict[str, ProxyLabel] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MAP_ENTRIES,
+        description="Pod labels of the trusted proxy (identity-header mode, required): the only "
+        "pods the Harness admits.",
+    )
+    proxy_namespace: LabelName | None = Field(
+        default=None, description="Namespace of the proxy's pods (default: the release's)."
+    )
+    proxy_secret_ref: SecretKeySelector | None = Field(
+        default=None,
+        description="Secret key with the shared secret the proxy sends in X-Qpa-Proxy-Secret "
+        "(identity-header mode, required; at least 32 characters).",
     )
 
     RULES = (
@@ -121,12 +146,24 @@ class HarnessAuth(_Model):
             check=lambda m: (m.tokens_secret_ref is None) != (m.identity_header is None),
         ),
         CrossFieldRule(
-            cel="!has(self.identityHeader) || !(self.identityHeader.lowerAscii() in ["
-            + ", ".join(f"'{h}'" for h in RESERVED_HEADERS)
-            + "])",
-            message="identityHeader cannot be " + ", ".join(RESERVED_HEADERS),
+            cel="!has(self.identityHeader) || " + client_controlled_cel("self.identityHeader"),
+            message="identityHeader: " + client_controlled_message(),
             check=lambda m: (
-                m.identity_header is None or m.identity_header.lower() not in RESERVED_HEADERS
+                m.identity_header is None or not client_controlled_header(m.identity_header)
+            ),
+        ),
+        CrossFieldRule(
+            cel="has(self.identityHeader) ? (has(self.proxySelector) && "
+            "has(self.proxySecretRef)) : !(has(self.proxySelector) || has(self.proxySecretRef) "
+            "|| has(self.proxyNamespace))",
+            message="identityHeader needs proxySelector and proxySecretRef (the proxy's pods "
+            "and shared secret), and they belong to identity-header mode only",
+            check=lambda m: (
+                m.proxy_selector is not None and m.proxy_secret_ref is not None
+                if m.identity_header is not None
+                else m.proxy_selector is None
+                and m.proxy_secret_ref is None
+                and m.proxy_namespace is None
             ),
         ),
     )

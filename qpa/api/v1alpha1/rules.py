@@ -16,6 +16,10 @@ A rule is written for a class of input, not for the cases that found it:
 - **environment names** (`env_name_problem`): matched case-insensitively against the variables
   that change how a process loads code or where it connects (loader, interpreter, proxy and
   cloud-SDK variables, and the operator's own `QPA_` ones);
+- **identity headers** (`client_controlled_header`): a header a client sets itself, or that
+  proxies append to rather than overwrite (`Host`, `Authorization`, `Forwarded`,
+  `X-Forwarded-*`, `X-Real-IP`, ...), never carries an identity a proxy vouches for (the
+  HarnessRelease CRD and `qpa harness serve --identity-header` apply this one rule);
 - **text** (`text_problem`): a string that reaches an environment variable, a label, an event or
   a path holds no control, zero-width or bidirectional character.
 """
@@ -279,3 +283,60 @@ TEXT_MESSAGE: Final = "must not contain control, zero-width or bidirectional cha
 def text_problem(value: str) -> str | None:
     """Why `value` may not reach an environment variable, a label, an event or a path."""
     return None if re.match(PLAIN_TEXT, value) else TEXT_MESSAGE
+
+
+# --------------------------------------------------------------------------- identity headers
+
+#: Exact names (lower case) no identity can ride on.
+CLIENT_CONTROLLED_HEADERS: Final = (
+    "authorization",
+    "host",
+    "content-type",
+    "content-length",
+    "cookie",
+    "forwarded",
+    "x-real-ip",
+    "x-client-ip",
+    "true-client-ip",
+    "user-agent",
+    "origin",
+    "referer",
+)
+#: Prefixes (lower case) of names no identity can ride on.
+CLIENT_CONTROLLED_PREFIXES: Final = ("x-forwarded-",)
+#: The header a trusted proxy proves itself with (`qpa harness serve --proxy-secret-file`).
+PROXY_SECRET_HEADER: Final = "x-qpa-proxy-secret"
+
+
+def client_controlled_header(name: str) -> bool:
+    """Whether a client controls header `name` (any case), so it cannot carry an identity.
+
+    The proxy's own secret header is refused too: it proves the proxy, it names no one.
+    """
+    lowered = name.strip().lower()
+    return (
+        lowered in CLIENT_CONTROLLED_HEADERS
+        or lowered.startswith(CLIENT_CONTROLLED_PREFIXES)
+        or lowered == PROXY_SECRET_HEADER
+    )
+
+
+def client_controlled_cel(field: str) -> str:
+    """The same rule as a CEL expression, true when `field` (e.g. `self.identityHeader`) is
+    *not* client controlled: for the CRD's `x-kubernetes-validations`."""
+    exact = ", ".join(f"'{h}'" for h in (*CLIENT_CONTROLLED_HEADERS, PROXY_SECRET_HEADER))
+    lowered = f"{field}.lowerAscii()"
+    prefixes = " || ".join(f"{lowered}.startsWith('{p}')" for p in CLIENT_CONTROLLED_PREFIXES)
+    return f"!({lowered} in [{exact}] || {prefixes})"
+
+
+def client_controlled_message() -> str:
+    """What a refusal says: the rule in words."""
+    return (
+        "a header clients set or proxies append to cannot carry an identity: not "
+        + ", ".join(CLIENT_CONTROLLED_HEADERS)
+        + ", "
+        + PROXY_SECRET_HEADER
+        + ", nor any "
+        + ", ".join(f"{p}*" for p in CLIENT_CONTROLLED_PREFIXES)
+    )

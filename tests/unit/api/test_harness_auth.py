@@ -12,9 +12,16 @@ import yaml
 from pydantic import ValidationError
 
 from qpa.api import HarnessRelease, parse_resource
-from qpa.api.v1alpha1.harnessrelease import RESERVED_HEADERS, HarnessAuth
+from qpa.api.v1alpha1.harnessrelease import HarnessAuth
+from qpa.api.v1alpha1.rules import CLIENT_CONTROLLED_HEADERS
 
 ROOT = Path(__file__).resolve().parents[3]
+
+PROXY: dict[str, Any] = {
+    "identityHeader": "x-auth-request-user",
+    "proxySelector": {"app": "oauth2-proxy"},
+    "proxySecretRef": {"name": "harness-proxy", "key": "secret"},
+}
 
 
 def body(auth: Any) -> dict[str, Any]:
@@ -37,8 +44,8 @@ def refusal(auth: Any) -> tuple[str, str]:
     "auth",
     [
         {"tokensSecretRef": {"name": "harness-tokens", "key": "tokens.yaml"}},
-        {"identityHeader": "x-forwarded-user"},
-        {"identityHeader": "X-Auth-Request-User"},
+        PROXY,
+        {**PROXY, "identityHeader": "X-Auth-Request-User", "proxyNamespace": "auth"},
     ],
 )
 def test_one_mode_is_accepted_and_round_trips(auth: dict[str, Any]) -> None:
@@ -52,7 +59,7 @@ def test_both_modes_are_refused_naming_the_field() -> None:
     where, message = refusal(
         {
             "tokensSecretRef": {"name": "harness-tokens", "key": "tokens.yaml"},
-            "identityHeader": "x-forwarded-user",
+            **PROXY,
         }
     )
     assert where == "spec.harness.auth"
@@ -87,11 +94,29 @@ def test_bad_values_are_refused_naming_the_field(auth: dict[str, Any], field: st
     assert any(where.startswith(field) for where in locations), locations
 
 
-@pytest.mark.parametrize("header", [*RESERVED_HEADERS, "Authorization", "HOST"])
+@pytest.mark.parametrize(
+    "header",
+    [*CLIENT_CONTROLLED_HEADERS, "Authorization", "HOST", "X-Forwarded-For", "x-forwarded-user"],
+)
 def test_headers_a_client_sets_cannot_carry_an_identity(header: str) -> None:
-    where, message = refusal({"identityHeader": header})
+    where, message = refusal({**PROXY, "identityHeader": header})
     assert where == "spec.harness.auth"
-    assert "identityHeader cannot be" in message
+    assert "cannot carry an identity" in message
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        {"identityHeader": "x-auth-request-user"},  # no proxy: anyone could set the header
+        {k: v for k, v in PROXY.items() if k != "proxySecretRef"},
+        {k: v for k, v in PROXY.items() if k != "proxySelector"},
+        {"tokensSecretRef": {"name": "t", "key": "k"}, "proxySelector": {"app": "p"}},
+    ],
+)
+def test_identity_header_mode_needs_the_proxys_pods_and_secret(auth: dict[str, Any]) -> None:
+    where, message = refusal(auth)
+    assert where == "spec.harness.auth"
+    assert "proxySelector and proxySecretRef" in message
 
 
 def crd_auth_schema() -> dict[str, Any]:
@@ -122,7 +147,9 @@ def test_the_crd_enforces_the_same_rules() -> None:
     ("auth", "valid"),
     [
         ({"tokensSecretRef": {"name": "t", "key": "k"}}, True),
-        ({"identityHeader": "x-forwarded-user"}, True),
+        (PROXY, True),
+        ({"identityHeader": "x-auth-request-user"}, False),
+        ({**PROXY, "identityHeader": "X-Forwarded-For"}, False),
         ({"tokensSecretRef": {"name": "t", "key": "k"}, "identityHeader": "x-user"}, False),
         ({}, False),
         ({"identityHeader": "Authorization"}, False),

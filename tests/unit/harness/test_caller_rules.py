@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from qpa.api.v1alpha1.rules import client_controlled_cel, client_controlled_header
 from qpa.envs.sandbox.suite import generate_suite
 from qpa.harness.factory import PlannerSpec
 from qpa.harness.serve_config import HarnessServeConfig
@@ -18,7 +19,6 @@ from qpa.harness.server import (
     RequestRefused,
     parse_request,
 )
-from qpa.headers import client_controlled_cel, client_controlled_header
 
 SECRET = "s" * 40
 TASK = next(t for t in generate_suite() if t.split == "test" and not t.confirmations)

@@ -324,7 +324,12 @@ def releases() -> list[Any]:
 def release_variants() -> list[Any]:
     """The maximal release and one with the other `harness.auth` mode (a proxy's header)."""
     header = copy.deepcopy(RELEASE)
-    header["harness"]["auth"] = {"identityHeader": "x-forwarded-user"}
+    header["harness"]["auth"] = {
+        "identityHeader": "x-auth-request-user",
+        "proxySelector": {"app": "oauth2-proxy"},
+        "proxyNamespace": "auth",
+        "proxySecretRef": {"name": "harness-proxy", "key": "secret"},
+    }
     return [*releases(), resource("HarnessRelease", "max-release-header", header)]
 
 
@@ -351,7 +356,13 @@ def _unset(model: BaseModel, path: str) -> Iterator[str]:
         (runs, {"spec.sft", "spec.rl"}),
         (
             release_variants,
-            {"spec.harness.auth.tokensSecretRef", "spec.harness.auth.identityHeader"},
+            {
+                "spec.harness.auth.tokensSecretRef",
+                "spec.harness.auth.identityHeader",
+                "spec.harness.auth.proxySelector",
+                "spec.harness.auth.proxyNamespace",
+                "spec.harness.auth.proxySecretRef",
+            },
         ),
     ],
     ids=["TaskBatch", "RolloutPool", "TrainingRun", "HarnessRelease"],

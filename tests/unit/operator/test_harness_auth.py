@@ -22,7 +22,12 @@ from qpa.harness.serve_config import HarnessServeConfig
 ROOT = Path(__file__).resolve().parents[3]
 D = Defaults(harness_image="registry.example/harness:1")
 TOKENS = {"tokensSecretRef": {"name": "harness-tokens", "key": "alice-and-bob.yaml"}}
-HEADER = {"identityHeader": "X-Qpa-User"}
+HEADER = {
+    "identityHeader": "X-Qpa-User",
+    "proxySelector": {"app": "oauth2-proxy"},
+    "proxyNamespace": "auth",
+    "proxySecretRef": {"name": "harness-proxy", "key": "shared"},
+}
 PROXY = harnessrelease.IdentityProxy(
     pod_labels={"app": "oauth2-proxy"},
     secret_name="harness-proxy",
@@ -111,10 +116,11 @@ def test_identity_header_is_passed_with_the_proxy_secret_mounted() -> None:
     assert violations(pod) == []
 
 
-def test_identity_header_without_the_proxy_is_refused_by_the_server() -> None:
-    """Until `qpa.api` carries the proxy, identity-header mode renders the header alone, which
-    `qpa harness serve` refuses: no release trusts a header nothing proves."""
+def test_the_release_names_its_proxy_and_the_server_refuses_the_header_alone() -> None:
+    """The proxy comes from `spec.harness.auth` (the CRD requires it in identity-header mode);
+    `qpa harness serve` refuses the header without the proxy's secret."""
     argv = predictor(release(HEADER))["containers"][0]["command"]
+    assert flag_value(argv, "--proxy-secret-file").endswith("/proxy-secret")
     with pytest.raises(ValidationError, match="proxy_secret_file"):
         HarnessServeConfig(identity_header=flag_value(argv, "--identity-header"))
 
