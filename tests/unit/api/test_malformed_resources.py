@@ -381,8 +381,6 @@ _PT = "spec.podTemplate"
 MALFORMED += [
     # egress: metadata, link-local, loopback and unspecified addresses, however written
     ("TaskBatch", 0, {"spec.policy.modelUrl": "http://169.254.169.254/v1"}, "spec.policy.modelUrl"),
-    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://127.0.0.1:8080/v1"}, "spec.policy.modelUrl"),
-    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://localhost:8080/v1"}, "spec.policy.modelUrl"),
     ("TaskBatch", 0, {"spec.policy.modelUrl": "http://2852039166/v1"}, "spec.policy.modelUrl"),
     ("TaskBatch", 0, {"spec.policy.modelUrl": "http://0xA9FEA9FE/v1"}, "spec.policy.modelUrl"),
     (
@@ -399,9 +397,7 @@ MALFORMED += [
         {"spec.policy.modelUrl": "http://metadata.google.internal/computeMetadata/v1"},
         "spec.policy.modelUrl",
     ),
-    ("TaskBatch", 0, {"spec.policy.modelUrl": "http://api.localhost/v1"}, "spec.policy.modelUrl"),
     ("TaskBatch", 0, {"spec.policy.modelUrl": "http://[fd00:ec2::254]/"}, "spec.policy.modelUrl"),
-    ("TaskBatch", 0, {"spec.store.endpoint": "http://127.0.0.1:9000"}, "spec.store.endpoint"),
     ("HarnessRelease", 0, {"spec.store.endpoint": "http://169.254.169.254"}, "spec.store.endpoint"),
     (
         "RolloutPool",
