@@ -504,17 +504,18 @@ def identity_auth_parts(header: str, proxy: IdentityProxy) -> tuple[PodParts, li
     """Identity-header mode: the proxy secret's key mounted read-only at `PROXY_SECRET_PATH`
     (the kubelet reads it, as for tokens) and `--identity-header <header> --proxy-secret-file
     <path>`; the server refuses the mode without the secret."""
-    volume = {
-        "name": "harness-proxy",
-        "secret": {
-            "secretName": proxy.secret_name,
-            "items": [{"key": proxy.secret_key, "path": PROXY_SECRET_FILE}],
-            "defaultMode": 0o440,
-        },
-    }
-    mount = {"name": "harness-proxy", "mountPath": PROXY_SECRET_MOUNT, "readOnly": True}
-    args = ["--identity-header", header, "--proxy-secret-file", PROXY_SECRET_PATH]
-    return PodParts(volumes=(volume,), mounts=(mount,)), args
+    parts = _secret_file(
+        "harness-proxy", proxy.secret_name, proxy.secret_key, PROXY_SECRET_FILE, PROXY_SECRET_MOUNT
+    )
+    return parts, ["--identity-header", header, "--proxy-secret-file", PROXY_SECRET_PATH]
+
+
+def _secret_file(volume: str, secret: str, key: str, file: str, mount_path: str) -> PodParts:
+    """One Secret key as a read-only file `file` under `mount_path` (a fixed name, so no name
+    from the spec reaches argv)."""
+    source = {"secretName": secret, "items": [{"key": key, "path": file}], "defaultMode": 0o440}
+    mount = {"name": volume, "mountPath": mount_path, "readOnly": True}
+    return PodParts(volumes=({"name": volume, "secret": source},), mounts=(mount,))
 
 
 def proxy_peers(proxy: IdentityProxy) -> list[JsonDict]:
@@ -542,16 +543,8 @@ def harness_auth_parts(
     ref = auth.tokens_secret_ref
     if ref is None:  # HarnessAuth's rule: exactly one of the two
         raise ValueError("spec.harness.auth: set exactly one of tokensSecretRef or identityHeader")
-    volume = {
-        "name": "harness-tokens",
-        "secret": {
-            "secretName": ref.name,
-            "items": [{"key": ref.key, "path": TOKENS_FILE}],
-            "defaultMode": 0o440,
-        },
-    }
-    mount = {"name": "harness-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True}
-    return PodParts(volumes=(volume,), mounts=(mount,)), ["--tokens-file", TOKENS_PATH]
+    parts = _secret_file("harness-tokens", ref.name, ref.key, TOKENS_FILE, TOKENS_MOUNT)
+    return parts, ["--tokens-file", TOKENS_PATH]
 
 
 def harness_args(
