@@ -29,12 +29,13 @@ import copy
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pydantic import ValidationError
 from qpa_operator.builders.netsettings import NetworkSettings
+from qpa_operator.builders.resolver import dns_addresses, no_addresses
 
 from qpa.api.v1alpha1 import (
     ConfigMapKeySelector,
@@ -109,6 +110,11 @@ class Defaults:
     device_node_selector: tuple[tuple[str, str], ...] = (("qpa.ai/device-node", "true"),)
     #: the admin's network-policy settings (the chart's `networkPolicy`; `builders.netpol`)
     network: NetworkSettings = field(default_factory=NetworkSettings)
+    #: a host's addresses at reconcile time (`builders.resolver`: DNS in the operator, none
+    #: for a `Defaults()` built in code)
+    resolve: Callable[[str], tuple[str, ...]] = field(
+        default=no_addresses, compare=False, repr=False
+    )
     #: the namespaces the operator serves (the chart's `operator.watchNamespaces`); () = all
     namespaces: tuple[str, ...] = ()
     #: the prefix each namespace's store URIs must lie under (`{namespace}` is replaced; the
@@ -156,6 +162,7 @@ class Defaults:
             gpu_tolerations=tuple(_json_env(env, "QPA_OPERATOR_GPU_TOLERATIONS", list)),
             device_node_selector=_device_node_selector(env) or base.device_node_selector,
             network=NetworkSettings.from_env(env),
+            resolve=dns_addresses,
             namespaces=_names_env(env, "QPA_OPERATOR_NAMESPACES"),
             store_prefix=(env.get("QPA_OPERATOR_STORE_PREFIX") or "").strip(),
             store_prefixes=tuple(

@@ -7,7 +7,11 @@ policy `<server>-ingress`, each selecting exactly its pods. Egress is denied but
 - **DNS**: UDP/TCP 53 to the cluster DNS pods (`networkPolicy.dns.namespace`/`podLabels`,
   `k8s-app: kube-dns` in `kube-system`) and to the NodeLocal DNSCache addresses
   (`networkPolicy.dns.nodeLocalCidrs`, `169.254.20.10/32`); nothing else on 53;
-- each **endpoint URL** the pods are given (model, object store, ...), by its host:
+- each **endpoint URL** the pods are given (model, object store, ...), by its host, never
+  into a denied range (the always-denied link-local and metadata ranges and the admin's
+  `networkPolicy.egress.denied`, loopback by default), whether the host is an address or a
+  name that resolves there at reconcile time: such an endpoint is not opened and is listed as
+  blocked, like one no allowlist covers;
   - an IP address: that address (`/32`, `/128`) on the URL's port;
   - an in-cluster Service (`svc`, `svc.ns`, `svc.ns.svc[.<cluster domain>]`): only that
     Service's pods and their port: a Service the admin named in `networkPolicy.egress.services`
@@ -53,6 +57,7 @@ from qpa_operator.builders.common import (
 from qpa_operator.builders.netsettings import NetworkSettings, PodPeer
 
 from qpa.api.v1alpha1 import CustomResource
+from qpa.api.v1alpha1.rules import address_denied
 
 NAMESPACE_LABEL: Final = "kubernetes.io/metadata.name"
 #: KServe's label on an InferenceService's predictor pods.
@@ -65,6 +70,7 @@ BLOCKED_ANNOTATION: Final = "qpa.ai/egress-blocked"
 #: The chart's setting that opens external endpoints (named in conditions and Events).
 EXTERNAL_SETTING: Final = "networkPolicy.egress.external"
 API_SERVER_SETTING: Final = "networkPolicy.egress.apiServer"
+DENIED_SETTING: Final = "networkPolicy.egress.denied"
 DNS_PORT: Final = 53
 DEFAULT_PORTS: Final = {"http": 80, "https": 443, "s3": 443}
 ENV_PORT: Final = "http"
@@ -209,11 +215,16 @@ def endpoint_rules(
     if not host:
         raise ValueError(f"endpoint {url!r} has no host")
     port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address | None
     try:
         address = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
+    except ValueError:  # RFC 6761: localhost names are loopback whatever DNS says
+        is_local = host == "localhost" or host.endswith(".localhost")
+        address = ipaddress.ip_address("127.0.0.1") if is_local else None
+    denied = defaults.network.egress.denied
     if address is not None:
+        if address_denied(address, denied):
+            return [], [f"{url} ({host}: a denied address; see {DENIED_SETTING})"]
         cidr = f"{address}/{address.max_prefixlen}"
         return [{"to": [{"ipBlock": {"cidr": cidr}}], "ports": tcp([port])}], []
     labels = host.split(".")
@@ -222,6 +233,10 @@ def endpoint_rules(
         return _service_rules(labels[0], namespace, port, namespace, defaults), []
     if len(labels) >= 3 and labels[2:] in (cluster[:1], cluster):
         return _service_rules(labels[0], labels[1], port, namespace, defaults), []
+    resolved = [a for a in defaults.resolve(host) if address_denied(a, denied)]
+    if resolved:
+        why = f"{host} resolves to {resolved[0]}, a denied address; see {DENIED_SETTING}"
+        return [], [f"{url} ({why})"]
     external = _external_rules(host, port, defaults)
     if len(labels) == 2:  # `svc.ns` as the resolver's search path tries it, or a domain
         return _service_rules(labels[0], labels[1], port, namespace, defaults) + external, []

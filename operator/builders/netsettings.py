@@ -15,6 +15,10 @@ widen a policy beyond them.
   (`podLabels`) and target `ports` the operator would not know otherwise (the chart adds its
   bundled store);
 - `egress.apiServer`: the API server's addresses and ports, for pods that hold Leases;
+- `egress.denied`: ranges no endpoint may lie in, literal or after DNS at reconcile time, on
+  top of the link-local and metadata ranges that are always denied
+  (`qpa.api.v1alpha1.rules.DENIED_EGRESS_CIDRS`); loopback by default, the admin adds the
+  node and private ranges of their cluster (`builders.netpol.endpoint_rules` applies them);
 - `ingress.servingGateway`: peers allowed into the InferenceServices' predictors besides the
   qpa pods that use them (the KServe/Knative activator or ingress gateway);
 - `ingress.metricsScrapers`: peers allowed into the env servers' port for `/metrics` (the
@@ -45,6 +49,8 @@ from pydantic.alias_generators import to_camel
 
 ENV_VAR: Final = "QPA_OPERATOR_NETWORK_POLICY"
 NODE_LOCAL_DNS: Final = "169.254.20.10/32"
+#: A pod's loopback is its own: an endpoint there is a mistake or an attack on a sidecar.
+DEFAULT_DENIED: Final = ("127.0.0.0/8", "::1/128")
 
 
 def _cidr(value: str) -> str:
@@ -138,6 +144,7 @@ class EgressSettings(_Frozen):
     external: tuple[CidrPorts, ...] = ()
     services: tuple[ServicePods, ...] = ()
     api_server: tuple[CidrPorts, ...] = ()
+    denied: tuple[Cidr, ...] = DEFAULT_DENIED
 
 
 class IngressSettings(_Frozen):

@@ -12,16 +12,14 @@ to do sends no request at all. kopf fills every index before it runs the first h
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeVar
 
 from pydantic import ValidationError
 from qpa_operator.builders.common import JsonDict, kind_label
+from qpa_operator.handlers.invalid import schedule_report
 
 from qpa.api import CustomResource, parse_resource
-
-logger = logging.getLogger("qpa_operator")
 
 R = TypeVar("R", bound=CustomResource)
 
@@ -177,7 +175,7 @@ def parse(obj: Mapping[str, Any], cls: type[R]) -> R | None:
         try:
             resource = parse_resource(body)
         except ValidationError as exc:
-            logger.error("cannot parse %s: %s", (obj.get("metadata") or {}).get("name"), exc)
+            schedule_report(obj, exc)  # once per generation, on its status
             return None
     return resource if isinstance(resource, cls) else None
 

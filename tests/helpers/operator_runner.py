@@ -48,6 +48,8 @@ def operator_env(kube_config: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Short backoffs, no metrics port; the kubeconfig of the test API server."""
     monkeypatch.setenv("QPA_OPERATOR_RETRY_SCALE", "0.1")
     monkeypatch.delenv("QPA_OPERATOR_METRICS_PORT", raising=False)
+    # the single-machine path: store, models and env servers all listen on 127.0.0.1
+    monkeypatch.setenv("QPA_OPERATOR_NETWORK_POLICY", '{"egress": {"denied": []}}')
     return kube_config
 
 

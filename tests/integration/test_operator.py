@@ -349,6 +349,72 @@ async def test_a_pod_template_the_operator_refuses_fails_the_resource_and_builds
         await exists(kube_api, "jobs", "nightly-tool-use-collect")
 
 
+def lax_crd(file: str) -> dict[str, Any]:
+    """A qpa CRD as an older, looser release might have shipped it: any spec is stored."""
+    crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / file).read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"]["spec"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema.pop("x-kubernetes-validations", None)
+    return dict(crd)
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"matchExpressions": []}
+    for _ in range(depth):
+        value = {"nodeSelectorTerms": value}
+    return value
+
+
+async def test_a_hostile_stored_pod_template_is_reported_once_and_never_loops_a_handler(
+    kube_api: KubeAPIServer, operator_env: Path
+) -> None:
+    """Objects stored under looser CRDs (before an upgrade tightened them) with pod templates
+    the models refuse: unknown structure nested 300 deep in `affinity`, a loader variable.
+    Each handler says so once (`Ready=False`, `Stalled=True`, reason `InvalidSpec`, the field
+    named) and builds nothing; no handler retries on a timer (the status is written once and
+    the requests stop); a corrected spec is reconciled at once."""
+    kube_api.apply(lax_crd("qpa.ai_harnessreleases.yaml"))
+    kube_api.apply(lax_crd("qpa.ai_taskbatches.yaml"))
+    hostile = {
+        "affinity": {"nodeAffinity": {"preferred": nested(300)}},
+        "env": [{"name": "LD_PRELOAD", "value": "/tmp/x.so"}],
+    }
+    release_doc, batch = example("harnessrelease.yaml"), example("taskbatch.yaml")
+    release_doc["spec"]["podTemplate"] = hostile
+    batch["spec"]["podTemplate"] = hostile
+    with operator():
+        kube_api.create(release_doc)
+        kube_api.create(batch)
+        names = (("qhr", release_doc["metadata"]["name"]), ("qtb", batch["metadata"]["name"]))
+
+        def reported() -> bool:
+            reasons = [
+                {c.get("reason") for c in status(kube_api, plural, name).get("conditions", [])}
+                for plural, name in names
+            ]
+            return all("InvalidSpec" in r for r in reasons)
+
+        await kube_api.eventually(reported)
+        for plural, name in names:
+            cond = {c["type"]: c for c in status(kube_api, plural, name)["conditions"]}
+            assert (cond["Ready"]["status"], cond["Stalled"]["status"]) == ("False", "True")
+            assert "podTemplate" in cond["Ready"]["message"]
+            assert cond["Ready"]["observedGeneration"] == 1
+        since = kube_api.request_count()
+        await asyncio.sleep(4)  # a minute's timers at the tests' retry scale, and more
+        writes = [
+            (method, path)
+            for method, path, _, watch in kube_api.request_log(since)
+            if not watch and method in ("PATCH", "PUT", "POST", "DELETE")
+        ]
+        assert writes == [], writes
+        for plural in ("jobs", "deployments", "inferenceservices", "configmaps"):
+            assert kube_api.list_objects(plural, NS) == [], plural
+        name = batch["metadata"]["name"]
+        kube_api.patch("taskbatches", NS, name, {"spec": {"podTemplate": None}})
+        await exists(kube_api, "jobs", f"{name}-collect")
+
+
 # --------------------------------------------------------------------------- RolloutPool
 
 

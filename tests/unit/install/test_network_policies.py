@@ -748,6 +748,66 @@ def test_endpoint_rules_by_host_shape(url: str, expected: list[dict[str, Any]]) 
     assert bool(blocked) == (expected == [])
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8333",  # loopback: denied by default
+        "http://localhost:8000/v1",  # RFC 6761: loopback whatever DNS says
+        "http://api.localhost/v1",
+        "https://[::1]/v1",
+        "http://169.254.169.254/latest",  # metadata: denied whatever the settings say
+        "http://[fe80::1]/v1",
+        "http://[::ffff:169.254.169.254]/",
+    ],
+)
+def test_an_endpoint_in_a_denied_range_is_never_opened(url: str) -> None:
+    for defaults in (D, Defaults(network=SETTINGS)):
+        rules, blocked = netpol.endpoint_rules(url, NS, defaults)
+        assert rules == [] and len(blocked) == 1
+        assert url in blocked[0] and netpol.DENIED_SETTING in blocked[0]
+    # the admin's list drops loopback (the single-machine path), never the metadata ranges
+    local = Defaults(network=NetworkSettings.model_validate({"egress": {"denied": []}}))
+    rules, blocked = netpol.endpoint_rules(url, NS, local)
+    metadata = "169.254" in url or "fe80" in url
+    assert bool(blocked) == metadata and bool(rules) != metadata
+
+
+def test_a_name_resolving_into_a_denied_range_is_refused_at_reconcile_time() -> None:
+    """DNS at reconcile time: the allowlist covers the name, the address it resolves to is
+    the admin's denied range (or the metadata service): not opened, the address named."""
+    settings = NetworkSettings.model_validate(
+        {
+            "egress": {
+                "external": [{"cidr": "10.0.0.0/8", "ports": [443], "hosts": ["*.corp.example"]}],
+                "denied": ["10.20.0.0/16", "127.0.0.0/8"],
+            }
+        }
+    )
+    answers = {
+        "nodes.corp.example": ("10.20.0.7",),
+        "meta.corp.example": ("10.1.0.1", "169.254.169.254"),
+        "models.corp.example": ("10.1.0.9",),
+    }
+    defaults = Defaults(network=settings, resolve=lambda host: answers.get(host, ()))
+    for host, address in (("nodes", "10.20.0.7"), ("meta", "169.254.169.254")):
+        rules, (why,) = netpol.endpoint_rules(f"https://{host}.corp.example/v1", NS, defaults)
+        assert rules == [] and f"resolves to {address}" in why
+    rules, blocked = netpol.endpoint_rules("https://models.corp.example/v1", NS, defaults)
+    assert rules == _ip("10.0.0.0/8", 443) and blocked == []
+
+
+def test_the_operator_resolves_with_dns_and_unit_defaults_do_not() -> None:
+    from qpa_operator.builders import resolver
+
+    assert Defaults().resolve("localhost") == ()
+    assert Defaults.from_env({}).resolve is resolver.dns_addresses
+    assert any(ipaddress.ip_address(a).is_loopback for a in resolver.dns_addresses("localhost"))
+    assert resolver.dns_addresses("no-such-host.invalid") == ()  # RFC 6761: never resolves
+    assert Defaults.from_env({}).network.egress.denied == ("127.0.0.0/8", "::1/128")
+    with pytest.raises(ValueError, match=r"networkPolicy\.egress\.denied\.0"):
+        NetworkSettings.from_env({"QPA_OPERATOR_NETWORK_POLICY": '{"egress": {"denied": ["x"]}}'})
+
+
 def test_settings_refuse_everything_and_name_the_field() -> None:
     for cidr in ("0.0.0.0/0", "::/0"):
         with pytest.raises(ValueError, match=r"networkPolicy\.egress\.external\.0\.cidr"):
