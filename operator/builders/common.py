@@ -130,6 +130,9 @@ class Defaults:
     #: ServiceAccounts a `podTemplate.serviceAccountName` may name (the chart's
     #: `podOverrides.serviceAccounts`); () = none (`builders.podtemplate`)
     pod_service_accounts: tuple[str, ...] = ()
+    #: whether a `podTemplate` toleration may omit its key, tolerating every taint (the chart's
+    #: `podOverrides.wildcardTolerations`; `builders.podtemplate`)
+    pod_wildcard_tolerations: bool = False
     #: the ephemeral-storage request of every main container that names none (the chart's
     #: `podOverrides.ephemeralStorageRequest`)
     ephemeral_storage_request: str = "1Gi"
@@ -174,6 +177,7 @@ class Defaults:
             readable_secrets=_names_env(env, "QPA_OPERATOR_READABLE_SECRETS"),
             image_pull_secrets=_names_env(env, "QPA_OPERATOR_IMAGE_PULL_SECRETS"),
             pod_service_accounts=_names_env(env, "QPA_OPERATOR_POD_SERVICE_ACCOUNTS"),
+            pod_wildcard_tolerations=_flag_env(env, "QPA_OPERATOR_POD_WILDCARD_TOLERATIONS"),
             ephemeral_storage_request=_quantity_env(
                 env, "QPA_OPERATOR_EPHEMERAL_STORAGE_REQUEST", base.ephemeral_storage_request
             ),
@@ -216,6 +220,13 @@ def _quantity_env(env: Mapping[str, str], name: str, default: str) -> str:
     if not positive:
         raise ValueError(f"{name}: {value!r} must be a positive quantity (e.g. 1Gi)")
     return value
+
+
+def _flag_env(env: Mapping[str, str], name: str) -> bool:
+    value = (env.get(name) or "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"{name}: expected true or false, got {value!r}")
+    return value == "true"
 
 
 def _names_env(env: Mapping[str, str], name: str) -> tuple[str, ...]:

@@ -18,6 +18,8 @@ overrides"):
 - **lists are appended** after the operator's (tolerations, image pull secrets, volumes,
   mounts, env: so `$(POD_NAME)` and the like expand in the user's values), without duplicates;
 - **maps are merged, the operator's keys winning** (nodeSelector, affinity's parts);
+- **a toleration of every taint** (no `key`) is refused unless the admin allows it
+  (`Defaults.pod_wildcard_tolerations`, the chart's `podOverrides.wildcardTolerations`);
 - **the service account** is allowed only if the admin lists it (`Defaults.pod_service_accounts`,
   the chart's `podOverrides.serviceAccounts`), never in a pod that runs as the operator's own
   account (device-backed env servers), and its API token is never mounted;
@@ -246,7 +248,13 @@ def _placement(pod: JsonDict, raw: Mapping[str, Any], defaults: Defaults, field:
     if affinity:
         pod["affinity"] = {**affinity, **(pod.get("affinity") or {})}
     tolerations = list(pod.get("tolerations") or [])
-    for toleration in raw.get("tolerations") or []:
+    for index, toleration in enumerate(raw.get("tolerations") or []):
+        if not toleration.get("key") and not defaults.pod_wildcard_tolerations:
+            raise PodTemplateRefused(
+                f"{field}.tolerations[{index}].key: a toleration without a key tolerates every "
+                "taint (control plane and quarantined nodes included); the chart's "
+                "podOverrides.wildcardTolerations allows it"
+            )
         if toleration not in tolerations:
             tolerations.append(toleration)
     if tolerations:

@@ -127,13 +127,15 @@ def mount_path_problem(path: str) -> str | None:
 class Toleration(_Model):
     """A taint the pods tolerate (Kubernetes `Toleration`)."""
 
-    key: str = Field(
+    key: str | None = Field(
+        default=None,
         min_length=1,
         max_length=316,
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
         r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
-        description="Taint key (required: a toleration of every taint would let the pods onto "
-        "any node, control plane and quarantined ones included).",
+        description="Taint key. Unset (with operator Exists) tolerates every taint, which lets "
+        "the pods onto any node, control plane and quarantined ones included: the operator "
+        "refuses it unless the chart's podOverrides.wildcardTolerations allows it.",
     )
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
     value: str | None = Field(default=None, max_length=63, description="Taint value (Equal).")
@@ -148,6 +150,11 @@ class Toleration(_Model):
     )
 
     RULES = (
+        CrossFieldRule(
+            cel="has(self.key) || self.operator == 'Exists'",
+            message="a toleration without a key needs operator Exists",
+            check=lambda m: m.key is not None or m.operator == "Exists",
+        ),
         CrossFieldRule(
             cel="self.operator != 'Exists' || !has(self.value)",
             message="a toleration with operator Exists takes no value",

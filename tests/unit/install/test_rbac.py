@@ -258,7 +258,7 @@ def client_needs() -> Sources:
                     add({(g, p, verb) for g, p in children.values()}, source)
                 elif function.name == "delete_child":
                     add({(*children[kind], verb) for kind in deleted}, source)
-                elif function.name in ("write_status", "child_event"):
+                elif function.name in ("write_status", "child_event", "report_invalid"):
                     suffix = "/status" if status else ""
                     add({(g, p + suffix, verb) for g, p in PARENTS}, source)
                 elif verb == "create" and function.name in getattr(module, "CREATES", {}):

@@ -28,6 +28,7 @@ from qpa_operator.builders import (
 from qpa_operator.builders.podtemplate import PodTemplateRefused, merge
 
 from qpa.api import parse_resource
+from qpa.api.v1alpha1.podtemplate import PodTemplate
 
 ROOT = Path(__file__).resolve().parents[3]
 D = Defaults(
@@ -356,6 +357,24 @@ def test_a_pod_running_as_the_operators_account_keeps_it() -> None:
 def test_without_an_allow_list_no_service_account_is_allowed() -> None:
     with pytest.raises(PodTemplateRefused, match=r"podOverrides\.serviceAccounts: none"):
         merge(pod(), {"serviceAccountName": "default"}, Defaults())
+
+
+@pytest.mark.parametrize(
+    "toleration", [{"operator": "Exists"}, {"operator": "Exists", "effect": "NoExecute"}]
+)
+def test_a_toleration_of_every_taint_needs_the_admins_consent(toleration: dict[str, Any]) -> None:
+    """No key: every taint (of that effect) is tolerated, the control plane's too."""
+    template = PodTemplate.model_validate({"tolerations": [toleration]})  # valid Kubernetes
+    with pytest.raises(PodTemplateRefused) as refused_by_default:
+        merge(pod(), template, Defaults())
+    assert str(refused_by_default.value).startswith(f"{FIELD}.tolerations[0].key: ")
+    assert "podOverrides.wildcardTolerations" in str(refused_by_default.value)
+    allowed = Defaults.from_env({"QPA_OPERATOR_POD_WILDCARD_TOLERATIONS": "true"})
+    assert toleration in merge(pod(), template, allowed)["tolerations"]
+    with pytest.raises(ValueError, match="QPA_OPERATOR_POD_WILDCARD_TOLERATIONS"):
+        Defaults.from_env({"QPA_OPERATOR_POD_WILDCARD_TOLERATIONS": "yes"})
+    with pytest.raises(ValueError, match="without a key needs operator Exists"):
+        PodTemplate.model_validate({"tolerations": [{"operator": "Equal", "value": "x"}]})
 
 
 # --------------------------------------------------------------------------- every kind
