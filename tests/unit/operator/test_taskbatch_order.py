@@ -199,21 +199,24 @@ def test_the_work_order_maps_the_policy_and_resolved_fields() -> None:
 # --------------------------------------------------------------------------- any valid spec
 
 
-def strategy(annotation: Any, metadata: list[Any] | None = None) -> st.SearchStrategy[Any]:
-    """Values of a field's type, honouring its bounds and pattern (then the model decides)."""
+def strategy(
+    annotation: Any, metadata: list[Any] | None = None, example: Any = None
+) -> st.SearchStrategy[Any]:
+    """Values of a field's type, honouring its bounds and pattern (then the model decides);
+    a model's fields near `example`'s (see `model_strategy`)."""
     metadata = metadata or []
     origin = get_origin(annotation)
     if origin is Annotated:
         inner, *extra = get_args(annotation)
-        return strategy(inner, [*metadata, *extra])
+        return strategy(inner, [*metadata, *extra], example)
     if origin in (Union, types.UnionType):
-        return st.one_of(*(strategy(a, metadata) for a in get_args(annotation)))
+        return st.one_of(*(strategy(a, metadata, example) for a in get_args(annotation)))
     if annotation is type(None):
         return st.none()
     if origin is Literal:
         return st.sampled_from(get_args(annotation))
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return model_strategy(annotation)
+        return model_strategy(annotation, example if isinstance(example, dict) else None)
     if origin is list:
         return st.lists(strategy(get_args(annotation)[0]), max_size=3, unique_by=repr)
     if origin is dict:
@@ -231,13 +234,22 @@ def strategy(annotation: Any, metadata: list[Any] | None = None) -> st.SearchStr
     return text.filter(lambda s: 0 < len(s) <= min(longest, 60))
 
 
-def model_strategy(model: type[BaseModel]) -> st.SearchStrategy[dict[str, Any]]:
+def model_strategy(
+    model: type[BaseModel], example: dict[str, Any] | None = None
+) -> st.SearchStrategy[dict[str, Any]]:
+    """A model's fields; one `example` has is its value or any value, half and half (drawn
+    wholly at random, a TaskBatch spec passes its cross-field rules too rarely for a fixed
+    number of examples to be sure of any)."""
     fields = {}
     for name, info in model.model_fields.items():
-        values = strategy(info.annotation, list(info.metadata))
+        key = info.alias or name
+        known = (example or {}).get(key)
+        values = strategy(info.annotation, list(info.metadata), known)
         if not info.is_required():
             values = st.one_of(st.just(None), values)
-        fields[info.alias or name] = values
+        if known is not None:
+            values = st.one_of(st.just(known).map(copy.deepcopy), values)
+        fields[key] = values
     return st.fixed_dictionaries(fields).map(
         lambda d: {k: v for k, v in d.items() if v is not None}
     )
@@ -250,7 +262,11 @@ def valid_spec(data: dict[str, Any]) -> TaskBatchSpec | None:
         return None
 
 
-SPECS = model_strategy(TaskBatchSpec).map(valid_spec).filter(lambda spec: spec is not None)
+SPECS = (
+    model_strategy(TaskBatchSpec, BASE["spec"])
+    .map(valid_spec)
+    .filter(lambda spec: spec is not None)
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
