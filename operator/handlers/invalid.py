@@ -21,7 +21,7 @@ from qpa_operator.builders.common import JsonDict
 from qpa_operator.handlers.runtime import now, runtime
 from qpa_operator.kube import ApiError, plural_of
 
-from qpa.api.v1alpha1.base import Condition
+from qpa.api.v1alpha1.base import Condition, ConditionStatus, set_condition
 
 logger = logging.getLogger("qpa_operator")
 
@@ -49,18 +49,14 @@ def invalid_status_patch(obj: Mapping[str, Any], message: str, when: datetime) -
     """The status patch that says so: `Ready=False` and `Stalled=True` for this generation."""
     generation = (obj.get("metadata") or {}).get("generation")
     generation = generation if isinstance(generation, int) else None
-    conditions = [
-        Condition(
-            type=kind,
-            status=state,
-            reason=REASON,
-            message=message,
-            last_transition_time=when,
-            observed_generation=generation,
-        ).model_dump(mode="json", by_alias=True, exclude_none=True)
-        for kind, state in (("Ready", "False"), ("Stalled", "True"))
-    ]
-    return {"status": {"conditions": conditions}}
+    conditions: list[Condition] = []
+    states: tuple[tuple[str, ConditionStatus], ...] = (("Ready", "False"), ("Stalled", "True"))
+    for kind, state in states:
+        conditions = set_condition(
+            conditions, kind, state, REASON, message, observed_generation=generation, now=when
+        )
+    wire = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions]
+    return {"status": {"conditions": wire}}
 
 
 def already_said(obj: Mapping[str, Any], message: str) -> bool:
